@@ -1,0 +1,130 @@
+"""PPO as pure functions (Schulman et al. 2017), in the form of PureJaxRL
+(Lu et al. 2022): GAE, the clipped-surrogate loss, and an update of
+``epochs x shuffled minibatches`` with global-norm gradient clipping.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import distrax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+
+def make_optimizer(max_grad_norm: jax.Array, lr: jax.Array) -> optax.GradientTransformation:
+    """Global-norm clipping, then Adam (eps 1e-5), then a step of size ``lr``.
+
+    Both arguments may be traced: the optimiser is rebuilt inside the traced
+    function each step and its state's structure does not depend on them.
+    """
+    return optax.chain(
+        optax.clip_by_global_norm(max_grad_norm),
+        optax.scale_by_adam(eps=1e-5),
+        optax.scale(-lr),
+    )
+
+
+def init_optimizer(params) -> optax.OptState:
+    """Optimiser state for :func:`make_optimizer` (independent of its arguments)."""
+    return make_optimizer(1.0, 1.0).init(params)
+
+
+def gae(rewards, values, next_values, terminated, truncated, gamma, gae_lambda):
+    """Generalised advantage estimation over ``[T, N]`` arrays.
+
+    ``delta_t = r_t + gamma * (1 - terminated_t) * next_values_t - values_t``
+    (so truncated episodes bootstrap from the critic's value of the final
+    observation, terminated ones do not), and
+    ``A_t = delta_t + gamma * lambda * (1 - done_t) * A_{t+1}``.
+    Returns ``(advantages [T, N], targets [T, N])`` with ``targets = A + values``.
+    Differentiable in every argument (``lax.scan``).
+    """
+    not_term = 1.0 - terminated.astype(jnp.float32)
+    not_done = 1.0 - jnp.logical_or(terminated, truncated).astype(jnp.float32)
+    deltas = rewards + gamma * not_term * next_values - values
+
+    def back(carry, x):
+        delta, nd = x
+        adv = delta + gamma * gae_lambda * nd * carry
+        return adv, adv
+
+    _, adv = jax.lax.scan(back, jnp.zeros_like(deltas[0]), (deltas, not_done), reverse=True)
+    return adv, adv + values
+
+
+class PPOBatch(NamedTuple):
+    """Flat or ``[B]``-shaped training data for :func:`ppo_loss`."""
+
+    obs: jax.Array  # [B, ...]
+    action: jax.Array  # [B]
+    logp: jax.Array  # [B] behaviour log-probabilities
+    value: jax.Array  # [B] critic values at collection time
+    advantage: jax.Array  # [B]
+    target: jax.Array  # [B] value targets
+
+
+def ppo_loss(params, network: nn.Module, batch: PPOBatch, clip_eps, vf_coef, ent_coef, normalize_advantages=True):
+    """Clipped-surrogate PPO loss on a ``[B]`` batch.
+
+    ``loss = -E[min(rho A, clip(rho, 1 +- eps) A)] + vf_coef * value_loss - ent_coef * entropy``
+    with the clipped value loss of PureJaxRL. Returns ``(loss, metrics)``.
+    """
+    logits, value, _ = network.apply(params, batch.obs)
+    dist = distrax.Categorical(logits=logits)
+    logp = dist.log_prob(batch.action)
+    entropy = dist.entropy().mean()
+
+    value_clipped = batch.value + jnp.clip(value - batch.value, -clip_eps, clip_eps)
+    value_loss = 0.5 * jnp.maximum((value - batch.target) ** 2, (value_clipped - batch.target) ** 2).mean()
+
+    adv = batch.advantage
+    if normalize_advantages:
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+    ratio = jnp.exp(logp - batch.logp)
+    surrogate = jnp.minimum(ratio * adv, jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * adv)
+    policy_loss = -surrogate.mean()
+    loss = policy_loss + vf_coef * value_loss - ent_coef * entropy
+    metrics = {
+        "policy_loss": policy_loss,
+        "value_loss": value_loss,
+        "entropy": entropy,
+        "approx_kl": ((ratio - 1.0) - jnp.log(ratio)).mean(),
+        "clip_frac": (jnp.abs(ratio - 1.0) > clip_eps).mean(),
+    }
+    return loss, metrics
+
+
+def ppo_update(
+    params, opt_state, network: nn.Module, batch: PPOBatch, key: jax.Array, hp, lr,
+    num_epochs: int, num_minibatches: int, normalize_advantages: bool = True,
+):
+    """``num_epochs`` passes of shuffled minibatch PPO steps over ``batch``.
+
+    ``batch`` leaves have a leading ``[B]`` axis (flatten ``[T, N]`` first) and
+    ``B`` must be divisible by ``num_minibatches``. ``hp`` supplies
+    ``clip_eps, vf_coef, ent_coef, max_grad_norm``; ``lr`` is this step's
+    learning rate. Returns ``(params, opt_state, metrics)`` with metrics
+    averaged over all minibatch steps.
+    """
+    size = batch.action.shape[0]
+    mb = size // num_minibatches
+    tx = make_optimizer(hp.max_grad_norm, lr)
+    grad_fn = jax.value_and_grad(ppo_loss, has_aux=True)
+
+    def minibatch_step(carry, mb_batch):
+        p, o = carry
+        (loss, metrics), grads = grad_fn(p, network, mb_batch, hp.clip_eps, hp.vf_coef, hp.ent_coef, normalize_advantages)
+        updates, o = tx.update(grads, o, p)
+        p = optax.apply_updates(p, updates)
+        metrics = {**metrics, "loss": loss, "grad_norm": optax.global_norm(grads)}
+        return (p, o), metrics
+
+    def epoch(carry, epoch_key):
+        perm = jax.random.permutation(epoch_key, size)
+        shuffled = jax.tree.map(lambda x: jnp.take(x, perm, axis=0).reshape((num_minibatches, mb) + x.shape[1:]), batch)
+        return jax.lax.scan(minibatch_step, carry, shuffled)
+
+    (params, opt_state), metrics = jax.lax.scan(epoch, (params, opt_state), jax.random.split(key, num_epochs))
+    return params, opt_state, jax.tree.map(jnp.mean, metrics)

@@ -1,0 +1,182 @@
+"""The generic training loop: rollout -> signal (observe, gated update,
+rewards) -> GAE -> PPO, for every method.
+
+``make_train(static, env, env_params)`` returns ``train(key, hp) -> (state,
+metrics)``; ``jax.jit(jax.vmap(train))(keys, hps)`` runs a batch of seeds and
+hyperparameters in one compile. :class:`Trainer` exposes the same loop in
+chunks (``init``, ``run_chunk``) for progress bars and checkpoints.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from coevo_jax.config import HParams, StaticConfig, as_arrays, validate_static
+from coevo_jax.networks import make_policy_network
+from coevo_jax.ppo import PPOBatch, gae, init_optimizer, ppo_update
+from coevo_jax.rollout import RolloutState, Trajectory, rollout
+from coevo_jax.signals import PolicyView, Signal, gated_update, make_signal
+from envs_jax.core import EpisodeStats
+
+
+@struct.dataclass
+class TrainState:
+    """Everything one run carries between iterations (a pytree; batch it with vmap)."""
+
+    params: Any
+    opt_state: Any
+    signal_state: Any
+    rollout: RolloutState
+    key: jax.Array  # uint32 [2]
+    iteration: jax.Array  # int32 ()
+    diverged: jax.Array  # bool (): a non-finite value appeared; the run is frozen
+    last_return: jax.Array  # () mean return of the last finished episodes
+    last_success: jax.Array  # ()
+
+
+def raw_key(key: jax.Array) -> jax.Array:
+    """A uint32 ``[2]`` key from either a typed or a raw PRNG key."""
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        return jax.random.key_data(key)
+    return key
+
+
+def _all_finite(tree) -> jax.Array:
+    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.bool_(True)
+
+
+def flatten_time(traj_field: jax.Array) -> jax.Array:
+    """``[T, N, ...] -> [T * N, ...]``."""
+    return traj_field.reshape((-1,) + traj_field.shape[2:])
+
+
+def episode_metrics(traj: Trajectory, last_return, last_success):
+    """Mean return / success / length of episodes that ended in ``traj``, falling
+    back to the previous values when none ended. Returns ``(metrics, return, success)``."""
+    done = traj.episode_done.astype(jnp.float32)
+    count = done.sum()
+    safe = jnp.maximum(count, 1.0)
+    ret = jnp.where(count > 0, (traj.episode_return * done).sum() / safe, last_return)
+    succ = jnp.where(count > 0, (traj.episode_success * done).sum() / safe, last_success)
+    length = (traj.episode_length * done).sum() / safe
+    return {"episode_return": ret, "success_rate": succ, "episodes": count, "episode_length": length}, ret, succ
+
+
+class Trainer:
+    """The training loop for one (static config, environment, reward source).
+
+    All methods are pure functions of their array arguments; the object only
+    holds static things (config, env, network, signal), so it is hashable by
+    identity and safe to close over in ``jit``.
+    """
+
+    def __init__(self, static: StaticConfig, env, env_params, signal: Signal | None = None):
+        self.static = validate_static(static)
+        self.env = env if isinstance(env, EpisodeStats) else EpisodeStats(env)
+        self.env_params = env_params
+        self.network = make_policy_network(static, env, env_params)
+        self.signal = signal if signal is not None else make_signal(static, self.network, self.env, env_params)
+
+    # ------------------------------------------------------------------ init
+    def init(self, key: jax.Array, hp: HParams) -> TrainState:
+        """Fresh policy, optimiser, environments and signal state."""
+        hp = as_arrays(hp)
+        key = raw_key(key)
+        k_net, k_env, k_sig, k_run = jax.random.split(key, 4)
+        n = self.static.num_envs
+        obs, env_state = jax.vmap(self.env.reset, (0, None))(jax.random.split(k_env, n), self.env_params)
+        params = self.network.init(k_net, obs)
+        example = self._example_trajectory(params, obs, env_state)
+        signal_state = self.signal.init(k_sig, example, hp)
+        return TrainState(
+            params=params, opt_state=init_optimizer(params), signal_state=signal_state,
+            rollout=RolloutState(env_state, obs), key=k_run, iteration=jnp.int32(0),
+            diverged=jnp.bool_(False), last_return=jnp.float32(0.0), last_success=jnp.float32(0.0),
+        )
+
+    def _example_trajectory(self, params, obs, env_state) -> Trajectory:
+        shapes = jax.eval_shape(
+            lambda p, s: rollout(self.network, p, self.env, self.env_params, s, jax.random.PRNGKey(0),
+                                 self.static.rollout_len)[1],
+            params, RolloutState(env_state, obs),
+        )
+        return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+    # ------------------------------------------------------------------ one iteration
+    def learning_rate(self, state: TrainState, hp: HParams) -> jax.Array:
+        """``hp.lr``, linearly annealed to 0 over the run when ``static.anneal_lr``."""
+        if not self.static.anneal_lr:
+            return hp.lr
+        frac = 1.0 - state.iteration.astype(jnp.float32) / self.static.num_iterations
+        return hp.lr * jnp.maximum(frac, 0.0)
+
+    def iteration(self, state: TrainState, hp: HParams):
+        """One rollout + signal + PPO update. Returns ``(state, metrics)``."""
+        static = self.static
+        key, k_roll, k_sig, k_ppo = jax.random.split(state.key, 4)
+        ro_state, traj = rollout(self.network, state.params, self.env, self.env_params, state.rollout, k_roll,
+                                 static.rollout_len)
+        lr = self.learning_rate(state, hp)
+        policy = PolicyView(self.network, state.params, state.opt_state, lr)
+
+        sig_state = self.signal.observe(state.signal_state, traj, hp)
+        do_update = (state.iteration % hp.k) == 0
+        sig_state, upd_metrics = gated_update(self.signal, do_update, sig_state, traj, policy, hp, k_sig)
+        r_used, r_metrics = self.signal.rewards(sig_state, traj, hp)
+
+        adv, targets = gae(r_used, traj.value, traj.next_value, traj.terminated, traj.truncated,
+                           hp.gamma, hp.gae_lambda)
+        batch = PPOBatch(flatten_time(traj.obs), flatten_time(traj.action), flatten_time(traj.logp),
+                         flatten_time(traj.value), flatten_time(adv), flatten_time(targets))
+        params, opt_state, ppo_metrics = ppo_update(
+            state.params, state.opt_state, self.network, batch, k_ppo, hp, lr,
+            static.update_epochs, static.num_minibatches, static.normalize_advantages,
+        )
+        ep_metrics, last_return, last_success = episode_metrics(traj, state.last_return, state.last_success)
+
+        new = TrainState(params, opt_state, sig_state, ro_state, key, state.iteration + 1, state.diverged,
+                         last_return, last_success)
+        finite = _all_finite((params, sig_state, ppo_metrics, upd_metrics, r_metrics))
+        diverged = jnp.logical_or(state.diverged, jnp.logical_not(finite))
+        # A diverged run is frozen at its last finite state (only the counter moves on).
+        new = jax.tree.map(lambda a, b: jnp.where(diverged, a, b), state, new)
+        new = new.replace(iteration=state.iteration + 1, diverged=diverged)
+
+        metrics = {
+            "env_steps": (state.iteration + 1).astype(jnp.float32) * static.steps_per_iteration,
+            **ep_metrics,
+            **ppo_metrics,
+            "lr": lr,
+            "r_used_mean": r_used.mean(),
+            "r_used_std": r_used.std(),
+            **{f"signal/{k}": v for k, v in {**upd_metrics, **r_metrics}.items()},
+            "diverged": diverged.astype(jnp.float32),
+        }
+        return new, metrics
+
+    # ------------------------------------------------------------------ loops
+    def run_chunk(self, state: TrainState, hp: HParams, num_iterations: int):
+        """``num_iterations`` (static) iterations with ``lax.scan``.
+
+        Returns ``(state, metrics)`` with every metric stacked to ``[num_iterations]``.
+        """
+        hp = as_arrays(hp)
+        return jax.lax.scan(lambda s, _: self.iteration(s, hp), state, None, length=num_iterations)
+
+    def train(self, key: jax.Array, hp: HParams):
+        """A whole run: ``init`` then ``static.num_iterations`` iterations."""
+        state = self.init(key, hp)
+        return self.run_chunk(state, hp, self.static.num_iterations)
+
+
+def make_train(static: StaticConfig, env, env_params, signal: Signal | None = None):
+    """``train(key, hp) -> (TrainState, metrics [num_iterations])`` for one run.
+
+    Pure and traceable: ``jax.jit(jax.vmap(make_train(...)))(keys [B, 2], hps [B])``
+    runs B seeds / hyperparameter settings in one compile.
+    """
+    return Trainer(static, env, env_params, signal).train

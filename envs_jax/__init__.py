@@ -1,0 +1,22 @@
+"""Jittable environments: grid worlds and token-level text tasks (gymnax 1.0 API)."""
+from envs_jax import _xla  # noqa: F401  (must run before the first JAX computation)
+from envs_jax import adapters
+from envs_jax.core import (
+    Box,
+    DelayedReward,
+    DelayedRewardParams,
+    Discrete,
+    EnvParams,
+    EnvState,
+    Environment,
+    EpisodeStats,
+    Wrapper,
+    make,
+    register,
+    registered,
+)
+
+__all__ = [
+    "Box", "DelayedReward", "DelayedRewardParams", "Discrete", "EnvParams", "EnvState",
+    "Environment", "EpisodeStats", "Wrapper", "adapters", "make", "register", "registered",
+]

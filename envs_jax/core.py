@@ -1,0 +1,342 @@
+"""The environment API: gymnax 1.0 shape, auto-reset, spaces and wrappers.
+
+An environment is a stateless object whose methods are pure functions of
+``(key, state, action, params)``; every array lives in ``state`` or ``params``
+(flax struct dataclasses), so ``jax.jit`` and ``jax.vmap`` apply directly.
+
+``step`` auto-resets: when an episode ends, the returned ``obs``/``state``
+already belong to the next episode and ``info["final_obs"]`` holds the
+observation the step produced before the reset (for a step that does not end an
+episode it equals ``obs``). Time limits set ``truncated``; failing or finishing
+the task sets ``terminated``; the two are never both true.
+
+``envs_jax`` depends on nothing in ``coevo_jax``.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+Array = jax.Array
+
+
+# ----------------------------------------------------------------------------- spaces
+@struct.dataclass
+class Discrete:
+    """``n`` integer actions ``0..n-1`` (int32 scalars)."""
+
+    n: int = struct.field(pytree_node=False)
+    dtype: Any = struct.field(pytree_node=False, default=jnp.int32)
+    shape: tuple = struct.field(pytree_node=False, default=())
+
+    def sample(self, key: Array) -> Array:
+        """Uniform sample, shape ``()``."""
+        return jax.random.randint(key, (), 0, self.n, dtype=self.dtype)
+
+    def contains(self, x: Array) -> Array:
+        """True if ``x`` is an integer scalar in ``[0, n)``."""
+        x = jnp.asarray(x)
+        ok_dtype = jnp.issubdtype(x.dtype, jnp.integer)
+        return jnp.logical_and(ok_dtype and x.shape == (), jnp.logical_and(x >= 0, x < self.n))
+
+
+@struct.dataclass
+class Box:
+    """Arrays of ``shape`` with every element in ``[low, high]``."""
+
+    low: float = struct.field(pytree_node=False)
+    high: float = struct.field(pytree_node=False)
+    shape: tuple = struct.field(pytree_node=False)
+    dtype: Any = struct.field(pytree_node=False, default=jnp.float32)
+
+    def sample(self, key: Array) -> Array:
+        """Uniform sample of ``shape`` (integers for integer dtypes)."""
+        if jnp.issubdtype(self.dtype, jnp.integer):
+            return jax.random.randint(key, self.shape, int(self.low), int(self.high) + 1, dtype=self.dtype)
+        lo = jnp.maximum(jnp.float32(self.low), -1e6)
+        hi = jnp.minimum(jnp.float32(self.high), 1e6)
+        return jax.random.uniform(key, self.shape, jnp.float32, lo, hi).astype(self.dtype)
+
+    def contains(self, x: Array) -> Array:
+        """True if ``x`` has this shape and lies within the bounds."""
+        x = jnp.asarray(x)
+        if x.shape != tuple(self.shape):
+            return jnp.bool_(False)
+        return jnp.all(jnp.logical_and(x >= self.low, x <= self.high))
+
+
+# ----------------------------------------------------------------------------- base
+@struct.dataclass
+class EnvParams:
+    """Parameters every environment has; subclasses add their own leaves."""
+
+    max_steps: int = 100
+
+
+@struct.dataclass
+class EnvState:
+    """State every environment has: the step counter within the episode."""
+
+    time: Array
+
+
+class Environment:
+    """Base class. Subclasses implement ``reset_env``, ``step_env``,
+    ``default_params``, ``action_space`` and ``observation_space``.
+
+    ``step_env(key, state, action, params) -> (obs, state, reward, terminated, info)``
+    must increment ``state.time``; truncation at ``params.max_steps`` and the
+    auto-reset are added here. ``info`` must hold the same keys on every step.
+    """
+
+    name: str = "Environment"
+
+    # -- to implement
+    @property
+    def default_params(self) -> EnvParams:
+        raise NotImplementedError
+
+    def reset_env(self, key: Array, params: EnvParams) -> tuple[Array, Any]:
+        raise NotImplementedError
+
+    def step_env(self, key: Array, state: Any, action: Array, params: EnvParams):
+        raise NotImplementedError
+
+    def action_space(self, params: EnvParams | None = None) -> Discrete:
+        raise NotImplementedError
+
+    def observation_space(self, params: EnvParams | None = None) -> Box:
+        raise NotImplementedError
+
+    def render(self, state: Any, params: EnvParams | None = None) -> str:
+        """Host-side text drawing of one (unbatched) state."""
+        raise NotImplementedError
+
+    # -- provided
+    @property
+    def num_actions(self) -> int:
+        return self.action_space(self.default_params).n
+
+    def reset(self, key: Array, params: EnvParams | None = None) -> tuple[Array, Any]:
+        """``(obs, state)`` of a fresh episode."""
+        params = self.default_params if params is None else params
+        return self.reset_env(key, params)
+
+    def step(self, key: Array, state: Any, action: Array, params: EnvParams | None = None):
+        """One transition with auto-reset.
+
+        Returns ``(obs, state, reward, terminated, truncated, info)``; ``reward``
+        float32 ``()``, flags bool ``()``; ``info["final_obs"]`` is the
+        observation before any reset.
+        """
+        params = self.default_params if params is None else params
+        key_step, key_reset = jax.random.split(key)
+        obs_st, state_st, reward, terminated, info = self.step_env(key_step, state, action, params)
+        terminated = jnp.asarray(terminated, jnp.bool_)
+        truncated = jnp.logical_and(state_st.time >= params.max_steps, jnp.logical_not(terminated))
+        done = jnp.logical_or(terminated, truncated)
+        obs_re, state_re = self.reset_env(key_reset, params)
+        state = jax.tree.map(lambda r, s: jnp.where(done, r, s), state_re, state_st)
+        obs = jax.tree.map(lambda r, s: jnp.where(done, r, s), obs_re, obs_st)
+        info = dict(info)
+        info["final_obs"] = obs_st
+        return obs, state, jnp.asarray(reward, jnp.float32), terminated, truncated, info
+
+
+# ----------------------------------------------------------------------------- wrappers
+class Wrapper(Environment):
+    """Delegates everything to ``env``; subclasses override what they change."""
+
+    def __init__(self, env: Environment):
+        self._env = env
+        self.name = env.name
+
+    def __getattr__(self, name):
+        return getattr(self._env, name)
+
+    @property
+    def unwrapped(self) -> Environment:
+        return self._env.unwrapped if isinstance(self._env, Wrapper) else self._env
+
+    @property
+    def default_params(self):
+        return self._env.default_params
+
+    def action_space(self, params=None):
+        return self._env.action_space(self._inner_params(params))
+
+    def observation_space(self, params=None):
+        return self._env.observation_space(self._inner_params(params))
+
+    def render(self, state, params=None):
+        return self._env.render(self._inner_state(state), self._inner_params(params))
+
+    def _inner_params(self, params):
+        return params
+
+    def _inner_state(self, state):
+        return state
+
+
+@struct.dataclass
+class EpisodeStatsState:
+    env_state: Any
+    episode_return: Array
+    episode_length: Array
+    returned_episode_returns: Array
+    returned_episode_lengths: Array
+    returned_episode_success: Array
+
+
+class EpisodeStats(Wrapper):
+    """Adds PureJaxRL ``LogWrapper`` keys to ``info``:
+    ``returned_episode_returns``, ``returned_episode_lengths``,
+    ``returned_episode`` (bool: an episode ended on this step) and
+    ``returned_episode_success`` (the finished episode's ``info["success"]``,
+    else ``return > 0``). The returned values hold the last finished episode.
+    """
+
+    def reset(self, key, params=None):
+        params = self.default_params if params is None else params
+        obs, env_state = self._env.reset(key, params)
+        z = jnp.float32(0.0)
+        return obs, EpisodeStatsState(env_state, z, jnp.int32(0), z, jnp.int32(0), z)
+
+    def step(self, key, state, action, params=None):
+        params = self.default_params if params is None else params
+        obs, env_state, reward, term, trunc, info = self._env.step(key, state.env_state, action, params)
+        done = jnp.logical_or(term, trunc)
+        ret = state.episode_return + reward
+        length = state.episode_length + 1
+        success = info["success"].astype(jnp.float32) if "success" in info else (ret > 0).astype(jnp.float32)
+        new = EpisodeStatsState(
+            env_state=env_state,
+            episode_return=jnp.where(done, 0.0, ret),
+            episode_length=jnp.where(done, 0, length),
+            returned_episode_returns=jnp.where(done, ret, state.returned_episode_returns),
+            returned_episode_lengths=jnp.where(done, length, state.returned_episode_lengths),
+            returned_episode_success=jnp.where(done, success, state.returned_episode_success),
+        )
+        info = dict(info)
+        info["returned_episode_returns"] = new.returned_episode_returns
+        info["returned_episode_lengths"] = new.returned_episode_lengths
+        info["returned_episode_success"] = new.returned_episode_success
+        info["returned_episode"] = done
+        return obs, new, reward, term, trunc, info
+
+    def _inner_state(self, state):
+        return state.env_state
+
+
+@struct.dataclass
+class DelayedRewardParams:
+    """``env``: the wrapped environment's params; ``reward_freq``: pay every D steps."""
+
+    env: Any
+    reward_freq: Array = struct.field(default_factory=lambda: jnp.int32(20))
+
+    @property
+    def max_steps(self):
+        return self.env.max_steps
+
+
+@struct.dataclass
+class DelayedRewardState:
+    env_state: Any
+    pending: Array
+    steps: Array
+
+
+class DelayedReward(Wrapper):
+    """LIRPG ``reward_freq`` protocol (Zheng, Oh and Singh 2018): external reward
+    is withheld and the accumulated sum is paid every ``params.reward_freq``
+    steps and on the step an episode ends. Over an episode the paid total equals
+    the undelayed total. ``info["undelayed_reward"]`` keeps the original.
+    """
+
+    def __init__(self, env: Environment, reward_freq: int = 20):
+        super().__init__(env)
+        self._reward_freq = int(reward_freq)
+        self.name = f"{env.name}-Delayed{reward_freq}"
+
+    @property
+    def default_params(self):
+        return DelayedRewardParams(self._env.default_params, jnp.int32(self._reward_freq))
+
+    def _inner_params(self, params):
+        return None if params is None else params.env
+
+    def _inner_state(self, state):
+        return state.env_state
+
+    def reset(self, key, params=None):
+        params = self.default_params if params is None else params
+        obs, env_state = self._env.reset(key, params.env)
+        return obs, DelayedRewardState(env_state, jnp.float32(0.0), jnp.int32(0))
+
+    def step(self, key, state, action, params=None):
+        params = self.default_params if params is None else params
+        obs, env_state, reward, term, trunc, info = self._env.step(key, state.env_state, action, params.env)
+        done = jnp.logical_or(term, trunc)
+        pending = state.pending + reward
+        steps = state.steps + 1
+        pay = jnp.logical_or(done, steps % params.reward_freq == 0)
+        paid = jnp.where(pay, pending, 0.0)
+        info = dict(info)
+        info["undelayed_reward"] = reward
+        new = DelayedRewardState(env_state, jnp.where(pay, 0.0, pending), jnp.where(done, 0, steps))
+        return obs, new, paid, term, trunc, info
+
+
+# ----------------------------------------------------------------------------- registry
+_REGISTRY: dict[str, Callable[..., Environment]] = {}
+
+
+def register(name: str, factory: Callable[..., Environment]) -> None:
+    """Register ``factory(**kwargs) -> Environment`` under ``name``."""
+    _REGISTRY[name] = factory
+
+
+def registered() -> list[str]:
+    """Sorted names ``make`` accepts."""
+    _load_builtin()
+    return sorted(_REGISTRY)
+
+
+def make(name: str, **kwargs) -> tuple[Environment, Any]:
+    """``(env, default_params)`` for a registered name.
+
+    ``reward_freq=D`` wraps the environment in :class:`DelayedReward`;
+    other keyword arguments go to the environment's constructor.
+    """
+    _load_builtin()
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown environment {name!r}; registered: {', '.join(sorted(_REGISTRY))}")
+    reward_freq = kwargs.pop("reward_freq", None)
+    env = _REGISTRY[name](**kwargs)
+    if reward_freq is not None:
+        if int(reward_freq) < 1:
+            raise ValueError(f"reward_freq must be an integer >= 1, got {reward_freq}")
+        env = DelayedReward(env, int(reward_freq))
+    return env, env.default_params
+
+
+_LOADED = False
+
+
+def _load_builtin() -> None:
+    global _LOADED
+    if _LOADED:
+        return
+    _LOADED = True
+    import importlib
+
+    for mod in ("envs_jax.grid", "envs_jax.text", "envs_jax.adapters"):
+        try:
+            importlib.import_module(mod)
+        except ModuleNotFoundError as e:  # a sub-package not written yet
+            if e.name != mod:
+                raise

@@ -1,0 +1,33 @@
+"""Grid worlds: ``KeyDoor`` (MiniGrid DoorKey, Chevalier-Boisvert et al.) and
+``FourRooms`` (Sutton, Precup and Singh 1999), with host-side shortest-path
+ground truth for credit-assignment studies.
+
+Registered names: ``KeyDoor-5x5``, ``KeyDoor-6x6``, ``KeyDoor-8x8``, ``FourRooms``.
+"""
+from envs_jax.core import register
+from envs_jax.grid._common import optimal_advantage
+from envs_jax.grid.fourrooms import FourRooms, FourRoomsParams, FourRoomsState
+from envs_jax.grid.keydoor import (
+    KeyDoor,
+    KeyDoorParams,
+    KeyDoorState,
+    optimal_distances,
+    optimal_steps_to_goal,
+)
+
+
+def _keydoor_factory(size: int):
+    def factory(**kwargs):
+        return KeyDoor(size=size, **kwargs)
+
+    return factory
+
+
+for _size in (5, 6, 8):
+    register(f"KeyDoor-{_size}x{_size}", _keydoor_factory(_size))
+register("FourRooms", lambda **kwargs: FourRooms(**kwargs))
+
+__all__ = [
+    "FourRooms", "FourRoomsParams", "FourRoomsState", "KeyDoor", "KeyDoorParams", "KeyDoorState",
+    "optimal_advantage", "optimal_distances", "optimal_steps_to_goal",
+]

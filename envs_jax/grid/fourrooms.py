@@ -1,0 +1,178 @@
+"""FourRooms: the four-rooms grid of Sutton, Precup and Singh (1999), "Between
+MDPs and semi-MDPs: a framework for temporal abstraction in reinforcement
+learning", with the exact wall layout of gymnax's ``FourRooms-misc``.
+
+A 13x13 grid including the outer walls (11x11 interior) holds four rooms joined
+by four one-cell doorways. Each episode the agent and the goal start on random
+cells of two *different* rooms (doorway cells belong to no room and are never
+start cells). Actions (``Discrete(4)``): 0 up, 1 right, 2 down, 3 left; a move
+into a wall leaves the agent in place. Moves are deterministic.
+
+Stepping onto the goal ends the episode (``terminated``) with reward
+``1 - 0.9 * t / max_steps`` (``t``: step count after the step); other steps pay
+0. ``max_steps`` defaults to 200.
+
+``info`` (same keys every step): ``success`` (bool), ``phase`` (int32, always 0)
+and ``dense_reward`` = reward + ``Phi(s') - Phi(s)`` with
+``Phi = shaping_scale * (0 - d / d_max)``, ``d`` the true shortest-path distance
+to the goal, read from an all-pairs table computed on the host at construction.
+
+Observation, float32 ``(13 * 13 * 3,) = (507,)``: per cell (row-major
+``[y, x]``) one-hot channels ``[wall, goal, agent]``.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from envs_jax.core import Box, Discrete, EnvParams, EnvState, Environment
+from envs_jax.grid._common import DIRS, bfs_distances, cell_mask, goal_reward, parse_map, potential, render_rows, same_cell
+
+Array = jax.Array
+
+#: gymnax's ``four_rooms_map`` (``x`` = wall).
+FOUR_ROOMS_MAP = """
+xxxxxxxxxxxxx
+x     x     x
+x     x     x
+x           x
+x     x     x
+x     x     x
+xx xxxx     x
+x     xxx xxx
+x     x     x
+x     x     x
+x           x
+x     x     x
+xxxxxxxxxxxxx
+"""
+
+#: The four doorway cells ``(x, y)``.
+DOORWAYS = ((6, 3), (2, 6), (9, 7), (6, 10))
+
+NUM_CHANNELS = 3  # wall, goal, agent
+UNREACHABLE = 10**4
+
+
+@struct.dataclass
+class FourRoomsParams(EnvParams):
+    """``max_steps``: time limit ``T`` (also in the reward); ``shaping_scale``:
+    scale of the potential in ``info["dense_reward"]``. Both are leaves."""
+
+    max_steps: int = 200
+    shaping_scale: float = 0.1
+
+
+@struct.dataclass
+class FourRoomsState(EnvState):
+    """``agent_pos``, ``goal_pos``: int32 ``(2,)`` as ``(x, y)``; ``time``: int32 ``()``."""
+
+    agent_pos: Array
+    goal_pos: Array
+
+
+def room_labels(walls: np.ndarray, doorways=DOORWAYS) -> np.ndarray:
+    """Int ``(H, W)``: room id 0..k-1 of each floor cell, -1 on walls and doorways."""
+    blocked = walls.copy()
+    for x, y in doorways:
+        blocked[y, x] = True
+    labels = np.full(walls.shape, -1, dtype=np.int32)
+    room = 0
+    for y in range(walls.shape[0]):
+        for x in range(walls.shape[1]):
+            if not blocked[y, x] and labels[y, x] < 0:
+                labels[bfs_distances(blocked, (x, y)) >= 0] = room
+                room += 1
+    return labels
+
+
+def all_pairs_distances(walls: np.ndarray) -> np.ndarray:
+    """Int32 ``(H*W, H*W)``: shortest-path moves between flat cells ``y*W + x``;
+    ``UNREACHABLE`` for walls and disconnected pairs."""
+    h, w = walls.shape
+    table = np.full((h * w, h * w), UNREACHABLE, dtype=np.int32)
+    for y in range(h):
+        for x in range(w):
+            d = bfs_distances(walls, (x, y)).reshape(-1)
+            table[y * w + x] = np.where(d >= 0, d, UNREACHABLE)
+    return table
+
+
+class FourRooms(Environment):
+    """Sutton-Precup-Singh four rooms, random agent and goal in different rooms."""
+
+    def __init__(self):
+        self.name = "FourRooms"
+        self.walls_np = parse_map(FOUR_ROOMS_MAP)
+        self.size = self.walls_np.shape[0]
+        self.rooms_np = room_labels(self.walls_np)
+        if self.rooms_np.max() != 3:
+            raise AssertionError("the four-rooms map must split into exactly four rooms")
+        #: Host copy of the all-pairs shortest-path table, ``(169, 169)``.
+        self.distance_table = all_pairs_distances(self.walls_np)
+        self.max_dist = float(self.distance_table[self.distance_table < UNREACHABLE].max())
+
+    @property
+    def default_params(self) -> FourRoomsParams:
+        return FourRoomsParams(max_steps=200, shaping_scale=0.1)
+
+    def action_space(self, params=None) -> Discrete:
+        return Discrete(4)
+
+    def observation_space(self, params=None) -> Box:
+        return Box(0.0, 1.0, (self.size * self.size * NUM_CHANNELS,), jnp.float32)
+
+    # -- pure pieces
+    def distance(self, pos: Array, goal: Array) -> Array:
+        """Int32 ``()`` true shortest-path distance from ``pos`` to ``goal``."""
+        table = jnp.asarray(self.distance_table)
+        return table[pos[1] * self.size + pos[0], goal[1] * self.size + goal[0]]
+
+    def potential(self, state: FourRoomsState, params: FourRoomsParams | None = None) -> Array:
+        """Float32 ``()`` shaping potential ``Phi(state)``."""
+        params = self.default_params if params is None else params
+        return potential(jnp.int32(0), self.distance(state.agent_pos, state.goal_pos), self.max_dist, params.shaping_scale)
+
+    def observe(self, state: FourRoomsState) -> Array:
+        n = self.size
+        grid = jnp.stack(
+            [jnp.asarray(self.walls_np), cell_mask(state.goal_pos, n), cell_mask(state.agent_pos, n)], axis=-1
+        ).astype(jnp.float32)
+        return grid.reshape(-1)
+
+    def reset_env(self, key: Array, params: FourRoomsParams):
+        k_agent, k_goal = jax.random.split(key)
+        rooms = jnp.asarray(self.rooms_np.reshape(-1))
+        n = self.size
+        agent_idx = jax.random.categorical(k_agent, jnp.where(rooms >= 0, 0.0, -jnp.inf))
+        other = jnp.logical_and(rooms >= 0, rooms != rooms[agent_idx])
+        goal_idx = jax.random.categorical(k_goal, jnp.where(other, 0.0, -jnp.inf))
+        to_pos = lambda i: jnp.stack([i % n, i // n]).astype(jnp.int32)
+        state = FourRoomsState(time=jnp.int32(0), agent_pos=to_pos(agent_idx), goal_pos=to_pos(goal_idx))
+        return self.observe(state), state
+
+    def step_env(self, key: Array, state: FourRoomsState, action: Array, params: FourRoomsParams):
+        action = jnp.asarray(action, jnp.int32)
+        front = jnp.clip(state.agent_pos + jnp.asarray(DIRS)[action], 0, self.size - 1)
+        wall = jnp.asarray(self.walls_np)[front[1], front[0]]
+        pos = jnp.where(wall, state.agent_pos, front).astype(jnp.int32)
+        nxt = state.replace(agent_pos=pos, time=state.time + 1)
+        success = same_cell(pos, state.goal_pos)
+        reward = jnp.where(success, goal_reward(nxt.time, params.max_steps), 0.0).astype(jnp.float32)
+        shaping = self.potential(nxt, params) - self.potential(state, params)
+        info = {
+            "success": success,
+            "dense_reward": (reward + shaping).astype(jnp.float32),
+            "phase": jnp.int32(0),
+        }
+        return self.observe(nxt), nxt, reward, success, info
+
+    def render(self, state: FourRoomsState, params=None) -> str:
+        """Text drawing: ``#`` wall, ``.`` floor, ``G`` goal, ``A`` agent (no facing)."""
+        s = jax.tree.map(np.asarray, state)
+        rows = [["#" if w else "." for w in row] for row in self.walls_np]
+        rows[int(s.goal_pos[1])][int(s.goal_pos[0])] = "G"
+        rows[int(s.agent_pos[1])][int(s.agent_pos[0])] = "A"
+        return render_rows(rows)

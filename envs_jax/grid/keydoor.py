@@ -1,0 +1,352 @@
+"""KeyDoor: a jittable version of MiniGrid's DoorKey task
+(Chevalier-Boisvert et al., "Minimalistic Gridworld Environment for Gymnasium",
+https://github.com/Farama-Foundation/Minigrid, ``DoorKeyEnv``).
+
+A ``size x size`` room *including* its outer wall (so ``KeyDoor-5x5`` has a 3x3
+interior, as MiniGrid's ``DoorKey-5x5``) is split by a vertical wall at a random
+interior column ``c in [2, size-3]``; the wall holds a locked door at a random
+interior row. The key and the agent (random facing) start on random distinct
+cells left of the wall; the goal is the bottom-right interior cell
+``(size-2, size-2)``. The agent must pick up the key, open the door and walk to
+the goal. Unlike MiniGrid the moves are absolute (no turn-left/turn-right):
+
+=====  ==========================================================================
+0..3   up, right, down, left: face that way, then step if the cell ahead is floor,
+       an *open* door or the goal (walls, the locked door and the key block)
+4      pickup: take the key if it lies in the faced cell
+5      toggle: open the locked door if it is the faced cell and the key is carried
+=====  ==========================================================================
+
+Reaching the goal ends the episode (``terminated``) with reward
+``1 - 0.9 * t / max_steps`` (``t``: step count after this step, MiniGrid's
+formula); every other step pays 0. ``max_steps`` defaults to MiniGrid's
+``10 * size**2``.
+
+``info`` (same keys every step): ``success`` (bool: the goal was reached on this
+step), ``phase`` (int32: 0 fetch key, 1 open door, 2 reach goal, of the state
+after the step) and ``dense_reward`` (float32): the reward plus potential-based
+shaping ``Phi(s') - Phi(s)`` (Ng, Harada and Russell 1999) with
+``Phi = shaping_scale * (phase - dist / max_dist)``, ``dist`` the shortest grid
+distance to the current sub-goal (key, door, goal). ``Phi`` depends on the state
+alone, so over an episode the shaping telescopes to ``Phi(s_T) - Phi(s_0)``
+(``s_T`` the state before any auto-reset) and optimal policies are unchanged.
+
+Observation, float32 ``(size * size * 6 + 5,)``: per cell (row-major ``[y, x]``)
+one-hot channels ``[wall, key, locked door, open door, goal, agent]``, then the
+agent's direction one-hot (4), then the carrying-key flag (1).
+
+Host-side ground truth: :func:`optimal_distances` (breadth-first search over
+``(x, y, direction, has_key, door_open)``), :func:`optimal_steps_to_goal`, and
+:func:`envs_jax.grid.optimal_advantage`: with reward ``1 - 0.9 t / T`` the
+optimal value is ``V*(s_t) = 1 - 0.9 (t + d(s_t)) / T``, so a non-terminal step
+has optimal advantage ``-0.9 / T * (1 + d(s_{t+1}) - d(s_t))``.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from envs_jax.core import Box, Discrete, EnvParams, EnvState, Environment
+from envs_jax.grid._common import (
+    AGENT_GLYPHS,
+    DIRS,
+    cell_mask,
+    goal_reward,
+    manhattan,
+    potential,
+    render_rows,
+    same_cell,
+)
+
+Array = jax.Array
+
+NUM_CHANNELS = 6  # wall, key, locked door, open door, goal, agent
+UP, RIGHT, DOWN, LEFT, PICKUP, TOGGLE = range(6)
+
+
+@struct.dataclass
+class KeyDoorParams(EnvParams):
+    """``max_steps``: time limit ``T`` (also in the reward); ``shaping_scale``:
+    scale of the potential in ``info["dense_reward"]``. Both are leaves."""
+
+    max_steps: int = 250
+    shaping_scale: float = 0.1
+
+
+@struct.dataclass
+class KeyDoorState(EnvState):
+    """One episode's state (unbatched shapes; positions are ``(x, y)`` int32).
+
+    ``walls``: bool ``(size, size)`` indexed ``[y, x]`` (outer wall plus the
+    splitting wall; the door cell is not a wall). ``agent_dir``: int32 ``()``,
+    0 up 1 right 2 down 3 left. ``has_key``/``door_open``: bool ``()``. The key
+    stays recorded at ``key_pos`` after it is picked up (it is then off the
+    grid). ``time``: int32 ``()`` steps taken in this episode.
+    """
+
+    walls: Array
+    agent_pos: Array
+    agent_dir: Array
+    key_pos: Array
+    has_key: Array
+    door_pos: Array
+    door_open: Array
+    goal_pos: Array
+
+
+# ----------------------------------------------------------------------------- pure pieces
+def phase_of(state: KeyDoorState) -> Array:
+    """Int32 ``()``: 0 before the key is taken, 1 holding it with the door locked, 2 door open."""
+    return jnp.where(state.door_open, 2, jnp.where(state.has_key, 1, 0)).astype(jnp.int32)
+
+
+def subgoal_distance(state: KeyDoorState) -> Array:
+    """Int32 ``()`` shortest grid distance (moves, ignoring facing) to the current
+    sub-goal: the key (phase 0), the door (phase 1), the goal through the door
+    (phase 2)."""
+    to_key = manhattan(state.agent_pos, state.key_pos)
+    to_door = manhattan(state.agent_pos, state.door_pos)
+    left_of_wall = state.agent_pos[0] < state.door_pos[0]
+    to_goal = jnp.where(
+        left_of_wall,
+        to_door + manhattan(state.door_pos, state.goal_pos),
+        manhattan(state.agent_pos, state.goal_pos),
+    )
+    phase = phase_of(state)
+    return jnp.where(phase == 0, to_key, jnp.where(phase == 1, to_door, to_goal)).astype(jnp.int32)
+
+
+def max_subgoal_distance(size: int) -> float:
+    """An upper bound on :func:`subgoal_distance` for a ``size`` grid."""
+    return float(2 * (size - 2))
+
+
+def blocked(state: KeyDoorState, cell: Array) -> Array:
+    """Bool ``()``: the agent cannot step onto ``cell`` (wall, key on the floor, locked door)."""
+    wall = state.walls[cell[1], cell[0]]
+    key_there = jnp.logical_and(jnp.logical_not(state.has_key), same_cell(cell, state.key_pos))
+    locked_door = jnp.logical_and(jnp.logical_not(state.door_open), same_cell(cell, state.door_pos))
+    return jnp.logical_or(wall, jnp.logical_or(key_there, locked_door))
+
+
+def transition(state: KeyDoorState, action: Array) -> KeyDoorState:
+    """Deterministic dynamics of one action (``time`` not advanced)."""
+    action = jnp.asarray(action, jnp.int32)
+    is_move = action < 4
+    new_dir = jnp.where(is_move, action, state.agent_dir).astype(jnp.int32)
+    front = state.agent_pos + jnp.asarray(DIRS)[new_dir]
+    n = state.walls.shape[0]
+    front = jnp.clip(front, 0, n - 1)
+    move = jnp.logical_and(is_move, jnp.logical_not(blocked(state, front)))
+    pos = jnp.where(move, front, state.agent_pos)
+    key_ahead = jnp.logical_and(jnp.logical_not(state.has_key), same_cell(front, state.key_pos))
+    pick = jnp.logical_and(action == PICKUP, key_ahead)
+    door_ahead = jnp.logical_and(jnp.logical_not(state.door_open), same_cell(front, state.door_pos))
+    opens = jnp.logical_and(action == TOGGLE, jnp.logical_and(door_ahead, state.has_key))
+    return state.replace(
+        agent_pos=pos.astype(jnp.int32),
+        agent_dir=new_dir,
+        has_key=jnp.logical_or(state.has_key, pick),
+        door_open=jnp.logical_or(state.door_open, opens),
+    )
+
+
+def observe(state: KeyDoorState) -> Array:
+    """Float32 ``(size * size * 6 + 5,)`` observation (see the module docstring)."""
+    n = state.walls.shape[0]
+    door = cell_mask(state.door_pos, n)
+    grid = jnp.stack(
+        [
+            state.walls,
+            jnp.logical_and(cell_mask(state.key_pos, n), jnp.logical_not(state.has_key)),
+            jnp.logical_and(door, jnp.logical_not(state.door_open)),
+            jnp.logical_and(door, state.door_open),
+            cell_mask(state.goal_pos, n),
+            cell_mask(state.agent_pos, n),
+        ],
+        axis=-1,
+    ).astype(jnp.float32)
+    direction = jax.nn.one_hot(state.agent_dir, 4, dtype=jnp.float32)
+    carrying = jnp.asarray(state.has_key, jnp.float32)[None]
+    return jnp.concatenate([grid.reshape(-1), direction, carrying])
+
+
+def obs_size(size: int) -> int:
+    """Length of the observation vector for a ``size`` grid."""
+    return size * size * NUM_CHANNELS + 4 + 1
+
+
+def sample_layout(key: Array, size: int) -> KeyDoorState:
+    """A random episode start (``time = 0``) for a ``size`` grid; jittable."""
+    k_wall, k_door, k_key, k_agent, k_dir = jax.random.split(key, 5)
+    wall_x = jax.random.randint(k_wall, (), 2, size - 2)  # left and right parts >= 1 column
+    door_y = jax.random.randint(k_door, (), 1, size - 1)
+    width = wall_x - 1
+    n_left = width * (size - 2)
+    key_idx = jax.random.randint(k_key, (), 0, n_left)
+    agent_idx = jax.random.randint(k_agent, (), 0, n_left - 1)
+    agent_idx = agent_idx + (agent_idx >= key_idx)  # skip the key's cell
+    to_pos = lambda i: jnp.stack([1 + i % width, 1 + i // width]).astype(jnp.int32)
+    ys = jnp.arange(size)[:, None]
+    xs = jnp.arange(size)[None, :]
+    border = (xs == 0) | (ys == 0) | (xs == size - 1) | (ys == size - 1)
+    walls = border | ((xs == wall_x) & (ys != door_y))
+    return KeyDoorState(
+        time=jnp.int32(0),
+        walls=walls,
+        agent_pos=to_pos(agent_idx),
+        agent_dir=jax.random.randint(k_dir, (), 0, 4).astype(jnp.int32),
+        key_pos=to_pos(key_idx),
+        has_key=jnp.bool_(False),
+        door_pos=jnp.stack([wall_x, door_y]).astype(jnp.int32),
+        door_open=jnp.bool_(False),
+        goal_pos=jnp.array([size - 2, size - 2], jnp.int32),
+    )
+
+
+# ----------------------------------------------------------------------------- environment
+class KeyDoor(Environment):
+    """MiniGrid DoorKey-like task on a ``size x size`` grid (outer wall included).
+
+    ``size`` fixes array shapes, so it lives here rather than in the params.
+    """
+
+    def __init__(self, size: int = 5):
+        if size < 5:
+            raise ValueError(f"KeyDoor needs size >= 5 (a 3x3 interior), got {size}")
+        self.size = int(size)
+        self.name = f"KeyDoor-{self.size}x{self.size}"
+        self.max_dist = max_subgoal_distance(self.size)
+
+    @property
+    def default_params(self) -> KeyDoorParams:
+        return KeyDoorParams(max_steps=10 * self.size * self.size, shaping_scale=0.1)
+
+    def action_space(self, params=None) -> Discrete:
+        return Discrete(6)
+
+    def observation_space(self, params=None) -> Box:
+        return Box(0.0, 1.0, (obs_size(self.size),), jnp.float32)
+
+    def potential(self, state: KeyDoorState, params: KeyDoorParams | None = None) -> Array:
+        """Float32 ``()`` shaping potential ``Phi(state)`` used in ``info["dense_reward"]``."""
+        params = self.default_params if params is None else params
+        return potential(phase_of(state), subgoal_distance(state), self.max_dist, params.shaping_scale)
+
+    def reset_env(self, key: Array, params: KeyDoorParams):
+        state = sample_layout(key, self.size)
+        return observe(state), state
+
+    def step_env(self, key: Array, state: KeyDoorState, action: Array, params: KeyDoorParams):
+        nxt = transition(state, action)
+        nxt = nxt.replace(time=state.time + 1)
+        success = same_cell(nxt.agent_pos, nxt.goal_pos)
+        reward = jnp.where(success, goal_reward(nxt.time, params.max_steps), 0.0).astype(jnp.float32)
+        shaping = self.potential(nxt, params) - self.potential(state, params)
+        info = {
+            "success": success,
+            "dense_reward": (reward + shaping).astype(jnp.float32),
+            "phase": phase_of(nxt),
+        }
+        return observe(nxt), nxt, reward, success, info
+
+    def render(self, state: KeyDoorState, params=None) -> str:
+        """Text drawing: ``#`` wall, ``K`` key, ``D`` locked door, ``/`` open door,
+        ``G`` goal, ``^>v<`` agent, ``.`` floor; then a ``carrying key: yes/no`` line."""
+        s = jax.tree.map(np.asarray, state)
+        walls = s.walls
+        rows = [["#" if walls[y, x] else "." for x in range(walls.shape[1])] for y in range(walls.shape[0])]
+        gx, gy = s.goal_pos
+        rows[gy][gx] = "G"
+        dx, dy = s.door_pos
+        rows[dy][dx] = "/" if bool(s.door_open) else "D"
+        if not bool(s.has_key):
+            kx, ky = s.key_pos
+            rows[ky][kx] = "K"
+        ax, ay = s.agent_pos
+        rows[ay][ax] = AGENT_GLYPHS[int(s.agent_dir)]
+        carrying = "yes" if bool(s.has_key) else "no"
+        return render_rows(rows) + f"\ncarrying key: {carrying}"
+
+
+# ----------------------------------------------------------------------------- host-side ground truth
+def config_transitions(state: KeyDoorState):
+    """Numpy model of the dynamics over every configuration of ``state``'s layout.
+
+    Configurations are ``(x, y, direction, has_key, door_open)`` in a grid of
+    shape ``(size, size, 4, 2, 2)``, flattened C-order. Returns ``(valid,
+    terminal, nxt)``: bool ``(n,)`` (the agent is not in a wall, on the key
+    lying on the floor, or in the locked door), bool ``(n,)`` (valid and on the
+    goal) and int ``(n, 6)`` the configuration each action leads to.
+    """
+    s = jax.tree.map(np.asarray, state)
+    if s.walls.ndim != 2:
+        raise ValueError("config_transitions expects one unbatched state")
+    walls = s.walls.astype(bool)
+    n = walls.shape[0]
+    shape = (n, n, 4, 2, 2)
+    X, Y, D, K, O = np.indices(shape)
+    kx, ky = (int(v) for v in s.key_pos)
+    dx, dy = (int(v) for v in s.door_pos)
+    gx, gy = (int(v) for v in s.goal_pos)
+    at_key = lambda x, y: (x == kx) & (y == ky)
+    at_door = lambda x, y: (x == dx) & (y == dy)
+    valid = ~walls[Y, X] & ~((K == 0) & at_key(X, Y)) & ~((O == 0) & at_door(X, Y))
+    terminal = valid & (X == gx) & (Y == gy)
+    nxt = []
+    for a in range(6):
+        nd = np.full_like(D, a) if a < 4 else D
+        fx = np.clip(X + DIRS[nd, 0], 0, n - 1)
+        fy = np.clip(Y + DIRS[nd, 1], 0, n - 1)
+        key_ahead = (K == 0) & at_key(fx, fy)
+        door_ahead = (O == 0) & at_door(fx, fy)
+        nx, ny, nk, no = X, Y, K, O
+        if a < 4:
+            stop = walls[fy, fx] | key_ahead | door_ahead
+            nx, ny = np.where(stop, X, fx), np.where(stop, Y, fy)
+        elif a == PICKUP:
+            nk = K | key_ahead
+        else:
+            no = O | (door_ahead & (K == 1))
+        nxt.append(np.ravel_multi_index((nx, ny, nd, nk, no), shape).reshape(-1))
+    return valid.reshape(-1), terminal.reshape(-1), np.stack(nxt, axis=1)
+
+
+def optimal_distances(state: KeyDoorState) -> np.ndarray:
+    """Minimal number of actions to the goal from every configuration of the
+    layout of one unbatched ``state``.
+
+    Level-by-level breadth-first search (backwards from the goal) over
+    ``(x, y, direction, has_key, door_open)``. Returns float64
+    ``(size, size, 4, 2, 2)`` indexed ``[x, y, direction, has_key, door_open]``;
+    0 on the goal, ``np.inf`` for configurations that cannot reach the goal or
+    are impossible (agent in a wall, on the key lying on the floor, in the
+    locked door).
+    """
+    valid, terminal, nxt = config_transitions(state)
+    dist = np.full(valid.shape, np.inf)
+    dist[terminal] = 0.0
+    level = 0
+    while True:
+        frontier = valid & np.isinf(dist) & np.any(dist[nxt] == level, axis=1)
+        if not frontier.any():
+            break
+        level += 1
+        dist[frontier] = level
+    n = np.asarray(state.walls).shape[0]
+    return dist.reshape(n, n, 4, 2, 2)
+
+
+def config_of(state: KeyDoorState) -> tuple[int, int, int, int, int]:
+    """The ``(x, y, direction, has_key, door_open)`` index of one unbatched state."""
+    s = jax.tree.map(np.asarray, state)
+    return (int(s.agent_pos[0]), int(s.agent_pos[1]), int(s.agent_dir), int(bool(s.has_key)), int(bool(s.door_open)))
+
+
+def optimal_steps_to_goal(state: KeyDoorState) -> int:
+    """Minimal number of actions from ``state`` (one, unbatched) to the goal;
+    ``-1`` if the goal cannot be reached."""
+    d = optimal_distances(state)[config_of(state)]
+    return int(d) if np.isfinite(d) else -1

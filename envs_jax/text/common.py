@@ -1,0 +1,373 @@
+"""Shared machinery of the token-level text environments.
+
+A text environment is a dialogue between the agent and a simulated partner (the
+"user"), written into a fixed-length int32 token buffer ``[L]``:
+
+    <user> hello <agent> ask cuisine <eot> <user> italian <agent> ...
+
+* The observation is the whole buffer; ``<pad>`` (id 0) fills every slot after
+  the write position, which is the number of non-pad tokens (the envs never
+  write ``<pad>`` inside the dialogue).
+* One action is one token (``Discrete(vocab_size)``), appended to the buffer.
+  The agent's turn ends at ``<eot>`` or after ``params.max_turn_tokens`` tokens;
+  the partner's reply ``<user> ... <agent>`` is then written in the same step
+  (the trailing ``<agent>`` marker is left out when the reply ends the episode).
+  An action that is ``<pad>``, ``<user>`` or ``<agent>`` is written as
+  ``<unk>`` (and makes the turn malformed), so the buffer stays well formed.
+* A turn is well formed iff its tokens, ``<eot>`` included, are exactly one of
+  the environment's utterances (a finite list, see :class:`Grammar`).
+* A step whose writes would leave no room for the next agent token is
+  truncated (``state.time`` is set to ``params.max_steps`` and the base class
+  reports ``truncated``); failing the task is ``terminated``; never both.
+
+``info`` on every step: ``success`` (bool), ``dense_reward`` (float32),
+``turn_end`` (bool), ``invalid_turn`` (bool: a turn ended malformed on this
+step), ``turns`` (int32: agent turns completed in the episode so far) and
+``legal_mask`` (bool ``[vocab_size]``: the legal NEXT tokens for the returned
+observation, i.e. after any auto-reset; all True unless
+``params.use_legal_mask``). ``env.legal_mask(state, params)`` gives the same
+for a state, e.g. right after ``reset``.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from envs_jax.core import Box, Discrete, EnvParams, EnvState, Environment
+
+Array = jax.Array
+
+PAD, EOT, USER, AGENT, UNK = 0, 1, 2, 3, 4
+SPECIAL_TOKENS = ("<pad>", "<eot>", "<user>", "<agent>", "<unk>")
+
+
+# ----------------------------------------------------------------------------- vocabulary
+class Vocab:
+    """A fixed word-level vocabulary: the special tokens (ids 0-4) then ``words``."""
+
+    def __init__(self, words: Sequence[str]):
+        tokens = tuple(SPECIAL_TOKENS) + tuple(words)
+        if len(set(tokens)) != len(tokens):
+            dup = sorted({t for t in tokens if tokens.count(t) > 1})
+            raise ValueError(f"duplicate vocabulary tokens: {dup}")
+        self.tokens = tokens
+        self._index = {t: i for i, t in enumerate(tokens)}
+
+    @property
+    def size(self) -> int:
+        return len(self.tokens)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __contains__(self, word: str) -> bool:
+        return word in self._index
+
+    def __getitem__(self, word: str) -> int:
+        try:
+            return self._index[word]
+        except KeyError:
+            raise KeyError(f"{word!r} is not in the vocabulary {self.tokens}") from None
+
+    def __repr__(self) -> str:
+        return f"Vocab({self.size} tokens)"
+
+
+def encode(vocab: Vocab, text: str | Sequence[str]) -> np.ndarray:
+    """Whitespace-separated words (or a list of words) to an int32 id array."""
+    words = text.split() if isinstance(text, str) else list(text)
+    return np.asarray([vocab[w] for w in words], dtype=np.int32)
+
+
+def decode(vocab: Vocab, ids: Any, skip_pad: bool = True) -> str:
+    """Ids to space-joined words; ``<pad>`` is dropped unless ``skip_pad=False``."""
+    ids = np.asarray(ids).reshape(-1)
+    words = [vocab.tokens[int(i)] if 0 <= int(i) < vocab.size else "<?>" for i in ids]
+    if skip_pad:
+        words = [w for w in words if w != "<pad>"]
+    return " ".join(words)
+
+
+def write_position(buf: Array) -> Array:
+    """Number of non-pad tokens of a buffer ``[..., L]`` (int32 ``[...]``)."""
+    return jnp.sum(buf != PAD, axis=-1).astype(jnp.int32)
+
+
+def write_tokens(buf: Array, pos: Array, toks: Array, n: Array) -> Array:
+    """``buf`` with ``toks[:n]`` written at ``pos``; writes past the end are dropped."""
+    i = jnp.arange(toks.shape[0], dtype=jnp.int32)
+    idx = jnp.where(i < n, pos + i, buf.shape[0])
+    return buf.at[idx].set(toks.astype(buf.dtype), mode="drop")
+
+
+# ----------------------------------------------------------------------------- grammar
+class Grammar:
+    """The finite list of well-formed agent utterances of one environment.
+
+    ``table`` (int32 ``[N, U]``) holds each utterance's ids, ``<eot>`` last, then
+    pads; ``U`` is the longest utterance, which is also the per-turn token cap.
+    """
+
+    def __init__(self, vocab: Vocab, utterances: Sequence[str]):
+        rows = [encode(vocab, u) for u in utterances]
+        for u, r in zip(utterances, rows):
+            if len(r) == 0 or r[-1] != EOT or np.any(r[:-1] == EOT) or np.any(r == PAD):
+                raise ValueError(f"utterance {u!r} must end with a single <eot> and hold no <pad>")
+        self.utterances = tuple(utterances)
+        self.max_len = max(len(r) for r in rows)
+        table = np.zeros((len(rows), self.max_len), np.int32)
+        for k, r in enumerate(rows):
+            table[k, : len(r)] = r
+        if len({tuple(r) for r in table}) != len(rows):
+            raise ValueError("duplicate utterances")
+        self.table_np = table
+        self.vocab_size = vocab.size
+        self.start_mask_np = np.zeros(vocab.size, bool)
+        self.start_mask_np[table[:, 0]] = True
+
+    @property
+    def table(self) -> Array:
+        return jnp.asarray(self.table_np)
+
+    def match(self, turn_toks: Array) -> Array:
+        """Index of the utterance equal to ``turn_toks`` (``[U]``, pad-filled), else -1."""
+        eq = jnp.all(self.table == turn_toks[None, :], axis=1)
+        return jnp.where(jnp.any(eq), jnp.argmax(eq), -1).astype(jnp.int32)
+
+    def legal(self, turn_toks: Array, turn_len: Array) -> Array:
+        """Bool ``[V]``: tokens extending the current prefix towards some utterance
+        (just ``<eot>`` when no utterance is reachable any more)."""
+        table = self.table
+        u = table.shape[1]
+        cols = jnp.arange(u)
+        prefix_ok = jnp.all((table == turn_toks[None, :]) | (cols[None, :] >= turn_len), axis=1)
+        nxt = table[:, jnp.clip(turn_len, 0, u - 1)]
+        ok = prefix_ok & (turn_len < u) & (nxt != PAD)
+        mask = jnp.zeros(self.vocab_size, jnp.int32).at[nxt].max(ok.astype(jnp.int32)) > 0
+        eot_only = jnp.arange(self.vocab_size) == EOT
+        return jnp.where(jnp.any(mask), mask, eot_only)
+
+    def emit(self, utt: Array, turn_toks: Array, turn_len: Array) -> Array:
+        """Next token of utterance ``utt`` given the turn so far (``<eot>`` if the
+        turn already departed from it)."""
+        target = self.table[utt]
+        u = target.shape[0]
+        cols = jnp.arange(u)
+        prefix_ok = jnp.all((target == turn_toks) | (cols >= turn_len))
+        tok = target[jnp.clip(turn_len, 0, u - 1)]
+        good = prefix_ok & (turn_len < u) & (tok != PAD)
+        return jnp.where(good, tok, EOT).astype(jnp.int32)
+
+
+# ----------------------------------------------------------------------------- params / state
+@struct.dataclass
+class TextParams(EnvParams):
+    """``max_steps``: agent tokens per episode; ``max_turn_tokens``: per-turn cap
+    (clipped to the longest utterance); ``use_legal_mask``: fill ``info["legal_mask"]``."""
+
+    max_steps: int = 128
+    max_turn_tokens: int = 8
+    use_legal_mask: bool = False
+
+
+@struct.dataclass
+class TextState(EnvState):
+    """``buf``: the token buffer (the observation); ``pos``: write position;
+    ``turn_toks``/``turn_len``: the agent's current turn so far; ``turns``:
+    completed agent turns; ``invalid_turns``: malformed ones among them."""
+
+    buf: Array
+    pos: Array
+    turn_toks: Array
+    turn_len: Array
+    turns: Array
+    invalid_turns: Array
+
+
+@struct.dataclass
+class TurnOutcome:
+    """What an environment's ``_on_turn`` returns (applied only when a turn ends)."""
+
+    state: Any          # the state with the task fields updated
+    words: Array        # int32 [R] the partner's reply words, pad-filled
+    num_words: Array    # int32
+    reward: Array       # float32
+    dense_reward: Array  # float32 (the shaping part; the reward is added by the base)
+    terminated: Array   # bool
+    success: Array      # bool
+
+
+def pack(tokens: Sequence[Any], length: int) -> tuple[Array, Array]:
+    """``(int32 [length] pad-filled, count)`` from a short list of scalar ids."""
+    if len(tokens) > length:
+        raise ValueError("too many tokens for the reply buffer")
+    arr = jnp.zeros(length, jnp.int32)
+    for i, t in enumerate(tokens):
+        arr = arr.at[i].set(jnp.asarray(t, jnp.int32))
+    return arr, jnp.int32(len(tokens))
+
+
+def select_reply(cases: Sequence[tuple[Array, tuple[Array, Array]]], default: tuple[Array, Array]):
+    """First case whose condition holds (``[(cond, (words, n)), ...]``), else default."""
+    words, n = default
+    for cond, (w, k) in reversed(list(cases)):
+        words = jnp.where(cond, w, words)
+        n = jnp.where(cond, k, n)
+    return words, n
+
+
+# ----------------------------------------------------------------------------- base env
+class TextEnv(Environment):
+    """Base of the token-level dialogue environments.
+
+    Subclasses set ``vocab``, ``grammar``, ``state_cls``, ``reply_words`` (the
+    longest partner reply, role markers excluded) and ``buffer_len``, and
+    implement ``_init_task(key, params) -> (fields, words, n)`` (the task fields
+    of the state and the opening user message) and
+    ``_on_turn(key, state, utt, valid, params) -> TurnOutcome``.
+    """
+
+    vocab: Vocab
+    grammar: Grammar
+    state_cls: type
+    reply_words: int
+    buffer_len: int
+
+    # -- spaces
+    @property
+    def vocab_size(self) -> int:
+        return self.vocab.size
+
+    @property
+    def max_tokens_per_step(self) -> int:
+        """Most tokens one step can add (agent token + reply, or a fresh prompt);
+        the chunk size incremental decoding needs."""
+        return self.reply_words + 3
+
+    def action_space(self, params=None) -> Discrete:
+        return Discrete(self.vocab.size)
+
+    def observation_space(self, params=None) -> Box:
+        return Box(0, self.vocab.size - 1, (self.buffer_len,), jnp.int32)
+
+    # -- helpers
+    def _reply_tokens(self, words: Array, n: Array, closing: Array) -> tuple[Array, Array]:
+        """``<user> words[:n]`` plus ``<agent>`` unless ``closing``."""
+        toks = jnp.concatenate([jnp.array([USER], jnp.int32), words.astype(jnp.int32), jnp.array([PAD], jnp.int32)])
+        marker = jnp.where(closing, PAD, AGENT).astype(jnp.int32)
+        toks = toks.at[1 + n].set(marker)
+        return toks, 1 + n + jnp.where(closing, 0, 1).astype(jnp.int32)
+
+    def legal_mask(self, state: TextState, params: TextParams | None = None) -> Array:
+        """Bool ``[V]``: legal next tokens (all True unless ``params.use_legal_mask``)."""
+        params = self.default_params if params is None else params
+        mask = self.grammar.legal(state.turn_toks, state.turn_len)
+        return jnp.where(jnp.asarray(params.use_legal_mask), mask, jnp.ones_like(mask))
+
+    # -- reset / step
+    def reset_env(self, key: Array, params: TextParams):
+        fields, words, n = self._init_task(key, params)
+        toks, k = self._reply_tokens(words, n, jnp.bool_(False))
+        buf = write_tokens(jnp.zeros(self.buffer_len, jnp.int32), jnp.int32(0), toks, k)
+        state = self.state_cls(
+            time=jnp.int32(0),
+            buf=buf,
+            pos=jnp.minimum(k, self.buffer_len).astype(jnp.int32),
+            turn_toks=jnp.zeros(self.grammar.max_len, jnp.int32),
+            turn_len=jnp.int32(0),
+            turns=jnp.int32(0),
+            invalid_turns=jnp.int32(0),
+            **fields,
+        )
+        return buf, state
+
+    def step_env(self, key: Array, state: TextState, action: Array, params: TextParams):
+        L, U, V = self.buffer_len, self.grammar.max_len, self.vocab.size
+        a = jnp.asarray(action, jnp.int32)
+        bad = (a < 0) | (a >= V) | (a == PAD) | (a == USER) | (a == AGENT)
+        tok = jnp.where(bad, UNK, a).astype(jnp.int32)
+
+        buf = state.buf.at[state.pos].set(tok, mode="drop")
+        pos = state.pos + 1
+        turn_toks = state.turn_toks.at[state.turn_len].set(tok, mode="drop")
+        turn_len = state.turn_len + 1
+        cap = jnp.clip(jnp.asarray(params.max_turn_tokens, jnp.int32), 1, U)
+        turn_end = (tok == EOT) | (turn_len >= cap)
+
+        utt = self.grammar.match(turn_toks)
+        valid = utt >= 0
+        counted = state.replace(
+            turns=state.turns + 1,
+            invalid_turns=state.invalid_turns + jnp.where(valid, 0, 1).astype(jnp.int32),
+        )
+        out: TurnOutcome = self._on_turn(key, counted, jnp.maximum(utt, 0), valid, params)
+        terminated = turn_end & jnp.asarray(out.terminated, jnp.bool_)
+        success = turn_end & jnp.asarray(out.success, jnp.bool_) & terminated
+        reward = jnp.where(turn_end, jnp.asarray(out.reward, jnp.float32), 0.0)
+        dense = jnp.where(turn_end, jnp.asarray(out.dense_reward, jnp.float32), 0.0) + reward
+
+        reply, k = self._reply_tokens(out.words, out.num_words, terminated)
+        buf_turn = write_tokens(buf, pos, reply, k)
+        pos_turn = pos + k
+
+        new = jax.tree.map(lambda t, s: jnp.where(turn_end, t, s), out.state, state)
+        new_pos = jnp.where(turn_end, pos_turn, pos)
+        overflow = (new_pos >= L) & jnp.logical_not(terminated)
+        time = state.time + 1
+        time = jnp.where(overflow, jnp.maximum(time, jnp.asarray(params.max_steps, jnp.int32)), time)
+        new = new.replace(
+            time=time.astype(jnp.int32),
+            buf=jnp.where(turn_end, buf_turn, buf),
+            pos=jnp.minimum(new_pos, L).astype(jnp.int32),
+            turn_toks=jnp.where(turn_end, jnp.zeros_like(turn_toks), turn_toks),
+            turn_len=jnp.where(turn_end, 0, turn_len).astype(jnp.int32),
+        )
+
+        ends = terminated | (time >= jnp.asarray(params.max_steps, jnp.int32))
+        mask = jnp.where(ends, jnp.asarray(self.grammar.start_mask_np), self.grammar.legal(new.turn_toks, new.turn_len))
+        mask = jnp.where(jnp.asarray(params.use_legal_mask), mask, jnp.ones_like(mask))
+        info = {
+            "success": success,
+            "dense_reward": dense.astype(jnp.float32),
+            "turn_end": turn_end,
+            "invalid_turn": turn_end & jnp.logical_not(valid),
+            "turns": new.turns.astype(jnp.int32),
+            "legal_mask": mask,
+        }
+        return new.buf, new, reward, terminated, info
+
+    # -- rendering
+    def render(self, state: TextState, params=None) -> str:
+        """The dialogue, one ``user: ...`` / ``agent: ...`` line per turn."""
+        ids = np.asarray(state.buf).reshape(-1)
+        lines: list[str] = []
+        role, words = None, []
+
+        def flush():
+            if role is not None and (words or role == "user"):
+                lines.append(f"{role}: {' '.join(words)}".rstrip())
+
+        for i in ids:
+            i = int(i)
+            if i == PAD:
+                continue
+            if i in (USER, AGENT):
+                flush()
+                role, words = ("user" if i == USER else "agent"), []
+                continue
+            if i == EOT:
+                continue
+            words.append(self.vocab.tokens[i] if 0 <= i < self.vocab.size else "<?>")
+        flush()
+        return "\n".join(lines)
+
+    # -- to implement
+    def _init_task(self, key: Array, params: TextParams):
+        raise NotImplementedError
+
+    def _on_turn(self, key: Array, state: TextState, utt: Array, valid: Array, params: TextParams) -> TurnOutcome:
+        raise NotImplementedError

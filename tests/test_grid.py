@@ -1,0 +1,421 @@
+"""Tests of the grid worlds (KeyDoor, FourRooms): dynamics, layouts, rewards,
+shaping, BFS ground truth, jit/vmap consistency and rendering."""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import envs_jax
+from envs_jax.grid import FourRooms, KeyDoor, optimal_advantage, optimal_distances, optimal_steps_to_goal
+from envs_jax.grid.keydoor import KeyDoorState, config_of, transition
+
+SIZES = (5, 6, 8)
+INFO_KEYS = {"success", "dense_reward", "phase", "final_obs"}
+
+
+# ----------------------------------------------------------------------------- helpers
+@functools.lru_cache(maxsize=None)
+def _keydoor(size):
+    env = KeyDoor(size)
+    return (
+        env,
+        jax.jit(jax.vmap(env.reset, in_axes=(0, None))),
+        jax.jit(jax.vmap(env.step, in_axes=(0, 0, 0, None))),
+        jax.jit(jax.vmap(lambda s: jax.vmap(lambda a: transition(s, a))(jnp.arange(6)))),
+    )
+
+
+def _hand_state(agent=(1, 1), direction=0, has_key=False, door_open=False):
+    """5x5 layout (x right, y down), splitting wall at x=2, door at (2,1), key at (1,3)::
+
+        #####
+        #.D.#
+        #.#.#
+        #K#G#
+        #####
+    """
+    walls = np.ones((5, 5), bool)
+    walls[1:4, 1] = False
+    walls[1:4, 3] = False
+    walls[1, 2] = False  # door cell
+    return KeyDoorState(
+        time=jnp.int32(0),
+        walls=jnp.asarray(walls),
+        agent_pos=jnp.array(agent, jnp.int32),
+        agent_dir=jnp.int32(direction),
+        key_pos=jnp.array([1, 3], jnp.int32),
+        has_key=jnp.bool_(has_key),
+        door_pos=jnp.array([2, 1], jnp.int32),
+        door_open=jnp.bool_(door_open),
+        goal_pos=jnp.array([3, 3], jnp.int32),
+    )
+
+
+def _unbatch(tree, i):
+    return jax.tree.map(lambda x: np.asarray(x[i]), tree)
+
+
+def _configs(states):
+    """Config index tuples from batched (..., ) states as numpy arrays."""
+    s = jax.tree.map(np.asarray, states)
+    return (s.agent_pos[..., 0], s.agent_pos[..., 1], s.agent_dir, s.has_key.astype(int), s.door_open.astype(int))
+
+
+# ----------------------------------------------------------------------------- registry and spaces
+@pytest.mark.parametrize("name,dim,n_actions", [
+    ("KeyDoor-5x5", 5 * 5 * 6 + 5, 6), ("KeyDoor-6x6", 6 * 6 * 6 + 5, 6),
+    ("KeyDoor-8x8", 8 * 8 * 6 + 5, 6), ("FourRooms", 13 * 13 * 3, 4),
+])
+def test_registered_spaces_and_info_keys(name, dim, n_actions):
+    env, params = envs_jax.make(name)
+    assert env.observation_space(params).shape == (dim,)
+    assert env.action_space(params).n == n_actions
+    obs, state = env.reset(jax.random.key(0), params)
+    assert obs.shape == (dim,) and obs.dtype == jnp.float32
+    assert bool(env.observation_space(params).contains(obs))
+    out = jax.jit(env.step)(jax.random.key(1), state, jnp.int32(1), params)
+    info = out[-1]
+    assert set(info) == INFO_KEYS
+    assert info["success"].dtype == jnp.bool_ and info["phase"].dtype == jnp.int32
+    assert info["dense_reward"].dtype == jnp.float32
+    expected_T = 200 if name == "FourRooms" else 10 * int(name[-1]) ** 2
+    assert int(params.max_steps) == expected_T
+
+
+# ----------------------------------------------------------------------------- BFS ground truth
+def test_optimal_distances_hand_checked():
+    d = optimal_distances(_hand_state())
+    assert d.shape == (5, 5, 4, 2, 2)
+    up, right, down, left = range(4)
+    # no key, door locked: walk down to (1,2) [1], pickup [2], up [3], face door [4],
+    # toggle [5], right into door [6], right [7], down [8], down onto goal [9]
+    for direction in range(4):
+        assert d[1, 1, direction, 0, 0] == 9
+    assert d[1, 2, down, 0, 0] == 8  # already facing the key
+    assert d[1, 2, up, 0, 0] == 9
+    assert d[1, 2, right, 0, 0] == 9
+    # holding the key, door locked
+    assert d[1, 1, right, 1, 0] == 5  # toggle, right, right, down, down
+    assert d[1, 1, up, 1, 0] == 6
+    assert d[1, 2, down, 1, 0] == 7
+    assert d[1, 3, up, 1, 0] == 8  # standing where the key was
+    # door open
+    assert d[2, 1, right, 1, 1] == 3
+    assert d[1, 1, left, 1, 1] == 4
+    assert d[1, 1, left, 0, 1] == 4  # open door without key (unreachable from reset, still a configuration)
+    assert d[3, 2, left, 0, 0] == 1
+    assert d[3, 1, up, 0, 0] == 2  # right of the wall: no key needed
+    assert d[3, 3, up, 1, 1] == 0
+    # impossible configurations
+    assert np.isinf(d[0, 0, up, 0, 0])  # in a wall
+    assert np.isinf(d[2, 2, up, 1, 1])  # in the splitting wall
+    assert np.isinf(d[1, 3, up, 0, 0])  # on the key lying on the floor
+    assert np.isinf(d[2, 1, up, 1, 0])  # in the locked door
+    assert optimal_steps_to_goal(_hand_state()) == 9
+    assert optimal_steps_to_goal(_hand_state(agent=(1, 2), direction=down)) == 8
+
+
+def test_optimal_advantage_helper():
+    T = 100
+    assert float(optimal_advantage(5, 4, False, T)) == pytest.approx(0.0, abs=1e-7)
+    assert float(optimal_advantage(5, 5, False, T)) == pytest.approx(-0.009)
+    assert float(optimal_advantage(5, 6, False, T)) == pytest.approx(-0.018)
+    assert float(optimal_advantage(1, np.inf, True, T)) == pytest.approx(0.0, abs=1e-7)  # d_tp1 ignored
+    # agrees with V*(s_t) = 1 - 0.9 (t + d) / T
+    v = lambda t, d: 1 - 0.9 * (t + d) / T
+    t, d_t, d_tp1 = 7, 10, 11
+    assert float(optimal_advantage(d_t, d_tp1, False, T)) == pytest.approx(v(t + 1, d_tp1) - v(t, d_t), rel=1e-5)
+    got = optimal_advantage(jnp.array([3, 3]), jnp.array([2, 4]), jnp.array([False, False]), T)
+    np.testing.assert_allclose(np.asarray(got), [0.0, -0.018], atol=1e-7)
+
+
+# ----------------------------------------------------------------------------- dynamics
+def test_blocked_moves_pickup_and_toggle():
+    env = KeyDoor(5)
+    params = env.default_params
+    step = jax.jit(env.step_env)
+    key = jax.random.key(0)
+    pos = lambda s: tuple(int(v) for v in s.agent_pos)
+
+    s = _hand_state(agent=(1, 1), direction=2)
+    _, s1, r, term, _ = step(key, s, 0, params)  # up: outer wall
+    assert pos(s1) == (1, 1) and int(s1.agent_dir) == 0 and float(r) == 0 and not bool(term)
+    _, s2, *_ = step(key, s1, 3, params)  # left: outer wall
+    assert pos(s2) == (1, 1) and int(s2.agent_dir) == 3
+    _, s3, *_ = step(key, s2, 1, params)  # right: locked door blocks
+    assert pos(s3) == (1, 1) and int(s3.agent_dir) == 1
+    _, s4, *_ = step(key, s3, 5, params)  # toggle without key: nothing
+    assert not bool(s4.door_open) and pos(s4) == (1, 1)
+    _, s5, *_ = step(key, s4, 4, params)  # pickup facing the door: nothing
+    assert not bool(s5.has_key)
+    _, s6, *_ = step(key, s5, 1, params)  # still blocked
+    assert pos(s6) == (1, 1) and int(s6.time) == 6
+
+    s = _hand_state(agent=(1, 2), direction=0)
+    _, s1, *_ = step(key, s, 4, params)  # pickup facing up (floor): nothing
+    assert not bool(s1.has_key)
+    _, s2, *_ = step(key, s1, 2, params)  # down: the key blocks
+    assert pos(s2) == (1, 2) and int(s2.agent_dir) == 2
+    obs3, s3, *_ = step(key, s2, 4, params)  # pickup
+    assert bool(s3.has_key)
+    grid = np.asarray(obs3[:-5]).reshape(5, 5, 6)
+    assert grid[..., 1].sum() == 0 and obs3[-1] == 1.0  # key off the grid, carried
+    _, s4, *_ = step(key, s3, 2, params)  # the key's old cell is now free
+    assert pos(s4) == (1, 3)
+
+    s = _hand_state(agent=(1, 1), direction=1, has_key=True)
+    obs1, s1, *_ = step(key, s, 5, params)  # toggle with key facing the door
+    assert bool(s1.door_open)
+    grid = np.asarray(obs1[:-5]).reshape(5, 5, 6)
+    assert grid[1, 2, 2] == 0 and grid[1, 2, 3] == 1  # locked -> open door channel
+    _, s2, *_ = step(key, s1, 1, params)  # walk into the open door
+    assert pos(s2) == (2, 1)
+    _, s3, *_ = step(key, s2, 2, params)  # down from the door: wall
+    assert pos(s3) == (2, 1)
+
+
+# ----------------------------------------------------------------------------- layouts
+@pytest.mark.parametrize("size", SIZES)
+def test_reset_layouts_valid(size):
+    env, reset, _, _ = _keydoor(size)
+    n_keys = 200
+    obs, states = reset(jax.random.split(jax.random.key(100 + size), n_keys), env.default_params)
+    obs = np.asarray(obs)
+    s = jax.tree.map(np.asarray, states)
+    grid = obs[:, : size * size * 6].reshape(n_keys, size, size, 6)
+    assert np.all(grid.sum(-1) <= 1)  # one-hot
+    assert np.all(grid[..., 1].sum((1, 2)) == 1)  # exactly one key
+    assert np.all(grid[..., 2].sum((1, 2)) == 1) and np.all(grid[..., 3].sum((1, 2)) == 0)  # one locked door
+    assert np.all(grid[..., 5].sum((1, 2)) == 1)  # one agent
+    assert np.all(grid[:, size - 2, size - 2, 4] == 1) and np.all(grid[..., 4].sum((1, 2)) == 1)
+    assert np.all(obs[:, -5:-1].sum(1) == 1) and np.all(obs[:, -1] == 0)
+    wall_x, door_y = s.door_pos[:, 0], s.door_pos[:, 1]
+    assert np.all((wall_x >= 2) & (wall_x <= size - 3))
+    assert np.all((door_y >= 1) & (door_y <= size - 2))
+    interior = np.arange(1, size - 1)
+    for i in range(n_keys):
+        w = s.walls[i]
+        assert np.all(w[0]) and np.all(w[-1]) and np.all(w[:, 0]) and np.all(w[:, -1])
+        inner = w[1:-1, 1:-1]
+        cols = np.nonzero(inner.any(0))[0] + 1
+        assert list(cols) == [wall_x[i]]  # the only interior wall is the door's column
+        assert list(interior[~w[1:-1, wall_x[i]]]) == [door_y[i]]  # broken only at the door
+        assert grid[i, door_y[i], wall_x[i], 2] == 1
+        assert 1 <= s.key_pos[i, 0] < wall_x[i] and 1 <= s.agent_pos[i, 0] < wall_x[i]
+        assert 1 <= s.key_pos[i, 1] <= size - 2 and 1 <= s.agent_pos[i, 1] <= size - 2
+        assert tuple(s.key_pos[i]) != tuple(s.agent_pos[i])
+        assert optimal_steps_to_goal(_unbatch(states, i)) > 0  # goal reachable
+    # the layouts are really random
+    assert len(set(map(tuple, s.door_pos))) > 1 and len(set(map(tuple, s.key_pos))) > 1
+    assert len(set(s.agent_dir.tolist())) == 4
+    if size == 8:
+        assert len(set(wall_x.tolist())) == size - 4
+
+
+# ----------------------------------------------------------------------------- optimal play
+@pytest.mark.parametrize("size", SIZES)
+def test_scripted_shortest_path_policy(size):
+    env, reset, step, try_all = _keydoor(size)
+    params = env.default_params
+    T = int(params.max_steps)
+    n = 20
+    obs, states = reset(jax.random.split(jax.random.key(size), n), params)
+    tables = [optimal_distances(_unbatch(states, i)) for i in range(n)]
+    d0 = np.array([tables[i][config_of(_unbatch(states, i))] for i in range(n)])
+    assert np.all(np.isfinite(d0)) and np.all(d0 >= 3)
+    done = np.zeros(n, bool)
+    keys = jax.random.split(jax.random.key(1000 + size), int(d0.max()))
+    for t in range(1, int(d0.max()) + 1):
+        cur = _configs(states)
+        nxt = _configs(try_all(states))  # arrays (n, 6): what each action leads to, per env
+        actions = np.zeros(n, np.int32)
+        for i in np.nonzero(~done)[0]:
+            d_cur = tables[i][tuple(c[i] for c in cur)]
+            assert d_cur == d0[i] - (t - 1)  # still on a shortest path
+            d_next = np.array([tables[i][tuple(c[i, a] for c in nxt)] for a in range(6)])
+            assert d_next.min() == d_cur - 1  # some action makes progress under the env's dynamics
+            assert np.all(d_next >= d_cur - 1)  # none makes more than one step of progress
+            actions[i] = int(np.argmin(d_next))
+        obs, states, reward, term, trunc, info = step(jax.random.split(keys[t - 1], n), states, jnp.asarray(actions), params)
+        reward, term, trunc = np.asarray(reward), np.asarray(term), np.asarray(trunc)
+        for i in np.nonzero(~done)[0]:
+            assert not trunc[i]
+            if t == d0[i]:
+                assert term[i] and bool(info["success"][i]) and int(info["phase"][i]) == 2
+                assert reward[i] == pytest.approx(1 - 0.9 * t / T, rel=1e-6)
+                done[i] = True
+            else:
+                assert not term[i] and reward[i] == 0.0 and not bool(info["success"][i])
+    assert done.all()
+
+
+# ----------------------------------------------------------------------------- shaping
+def _run_episode(env, params, policy, seed, max_len):
+    """One episode through ``env.step``; returns (sum dense, sum reward, Phi(s0), Phi(final pre-reset), terminated)."""
+    step = jax.jit(env.step)
+    step_env = jax.jit(env.step_env)
+    potential = jax.jit(env.potential)
+    key = jax.random.key(seed)
+    _, state = env.reset(key, params)
+    phi0 = float(potential(state, params))
+    dense, rew = 0.0, 0.0
+    rng = np.random.default_rng(seed)
+    for t in range(max_len):
+        key, k = jax.random.split(key)
+        a = jnp.int32(policy(state, rng))
+        obs, new_state, r, term, trunc, info = step(k, state, a, params)
+        dense += float(info["dense_reward"])
+        rew += float(r)
+        if bool(term) or bool(trunc):
+            k_step, _ = jax.random.split(k)
+            obs_final, final, *_ = step_env(k_step, state, a, params)  # the pre-reset state
+            np.testing.assert_array_equal(np.asarray(obs_final), np.asarray(info["final_obs"]))
+            return dense, rew, phi0, float(potential(final, params)), bool(term)
+        state = new_state
+    raise AssertionError("episode did not end")
+
+
+def test_dense_reward_telescopes_keydoor():
+    env = KeyDoor(6)
+    params = env.default_params
+    tables = {}
+    try_all = jax.jit(lambda s: jax.vmap(lambda a: transition(s, a))(jnp.arange(6)))
+
+    def eps_greedy(state, rng):
+        h = jax.tree.map(np.asarray, state)
+        key = (tuple(h.door_pos), tuple(h.key_pos))
+        if key not in tables:
+            tables[key] = optimal_distances(h)
+        if rng.random() < 0.3:
+            return rng.integers(6)
+        d = tables[key]
+        nxt = _configs(try_all(state))
+        return int(np.argmin([d[c] for c in zip(*nxt)]))
+
+    dense, rew, phi0, phi_end, terminated = _run_episode(env, params, eps_greedy, seed=3, max_len=200)
+    assert terminated and rew > 0
+    assert phi_end == pytest.approx(0.2)  # phase 2, distance 0
+    assert dense - rew == pytest.approx(phi_end - phi0, abs=1e-5)
+    assert dense != pytest.approx(rew)  # the shaping is not trivial
+
+    short = params.replace(max_steps=15)
+    dense, rew, phi0, phi_end, terminated = _run_episode(env, short, lambda s, rng: rng.integers(6), seed=4, max_len=15)
+    assert not terminated
+    assert dense - rew == pytest.approx(phi_end - phi0, abs=1e-5)
+
+
+def test_dense_reward_telescopes_fourrooms():
+    env = FourRooms()
+    params = env.default_params
+    dense, rew, phi0, phi_end, terminated = _run_episode(env, params.replace(max_steps=25), lambda s, rng: rng.integers(4), seed=5, max_len=25)
+    assert not terminated and rew == 0.0
+    assert dense - rew == pytest.approx(phi_end - phi0, abs=1e-5)
+    assert phi0 < 0
+
+
+# ----------------------------------------------------------------------------- FourRooms
+def test_fourrooms_layout_distances_and_optimal_play():
+    env = FourRooms()
+    params = env.default_params
+    rooms = env.rooms_np
+    assert sorted(set(rooms.reshape(-1).tolist())) == [-1, 0, 1, 2, 3]
+    assert (~env.walls_np).sum() == 104  # 100 room cells + 4 doorways
+    D = env.distance_table
+    idx = lambda x, y: y * 13 + x
+    assert D[idx(1, 1), idx(5, 5)] == 8
+    assert D[idx(1, 1), idx(7, 1)] == 10  # through the doorway at (6, 3)
+    assert D[idx(1, 1), idx(11, 11)] == 20 and env.max_dist == 20
+    assert D[idx(2, 5), idx(2, 7)] == 2  # through the doorway at (2, 6)
+    np.testing.assert_array_equal(D, D.T)
+
+    n = 200
+    reset = jax.jit(jax.vmap(env.reset, in_axes=(0, None)))
+    obs, states = reset(jax.random.split(jax.random.key(7), n), params)
+    a, g = np.asarray(states.agent_pos), np.asarray(states.goal_pos)
+    ra, rg = rooms[a[:, 1], a[:, 0]], rooms[g[:, 1], g[:, 0]]
+    assert np.all(ra >= 0) and np.all(rg >= 0) and np.all(ra != rg)
+    assert set(ra.tolist()) == {0, 1, 2, 3}
+    grid = np.asarray(obs).reshape(n, 13, 13, 3)
+    assert np.all(grid[..., 0] == env.walls_np) and np.all(grid[..., 1:].sum((1, 2)) == 1)
+
+    # greedy play on the true distance table reaches the goal in exactly d0 steps
+    m = 8
+    step = jax.jit(jax.vmap(env.step, in_axes=(0, 0, 0, None)))
+    states = jax.tree.map(lambda x: x[:m], states)
+    a, g = np.asarray(states.agent_pos), np.asarray(states.goal_pos)
+    d0 = D[idx(a[:, 0], a[:, 1]), idx(g[:, 0], g[:, 1])]
+    done = np.zeros(m, bool)
+    dirs = np.array([[0, -1], [1, 0], [0, 1], [-1, 0]])
+    for t in range(1, int(d0.max()) + 1):
+        a = np.asarray(states.agent_pos)
+        actions = np.zeros(m, np.int32)
+        for i in range(m):
+            nb = [a[i] + dirs[k] for k in range(4)]
+            actions[i] = int(np.argmin([D[idx(*p), idx(*g[i])] for p in nb]))
+        _, states, r, term, trunc, info = step(jax.random.split(jax.random.key(t), m), states, jnp.asarray(actions), params)
+        for i in np.nonzero(~done)[0]:
+            if t == d0[i]:
+                assert bool(term[i]) and bool(info["success"][i])
+                assert float(r[i]) == pytest.approx(1 - 0.9 * t / 200, rel=1e-6)
+                done[i] = True
+            else:
+                assert not bool(term[i]) and float(r[i]) == 0.0
+                # an optimal step gains exactly one unit of potential distance
+                assert float(info["dense_reward"][i]) == pytest.approx(0.1 / 20, abs=1e-6)
+    assert done.all()
+
+
+# ----------------------------------------------------------------------------- jit / vmap
+@pytest.mark.parametrize("name", ["KeyDoor-5x5", "FourRooms"])
+def test_jit_vmap_step_matches_unjitted(name):
+    env, params = envs_jax.make(name)
+    params = params.replace(max_steps=3)  # force truncation and auto-reset within the run
+    b = 4
+    vreset = jax.jit(jax.vmap(env.reset, in_axes=(0, None)))
+    vstep = jax.jit(jax.vmap(env.step, in_axes=(0, 0, 0, None)))
+    _, states = vreset(jax.random.split(jax.random.key(11), b), params)
+    rng = np.random.default_rng(0)
+    saw_reset = False
+    for t in range(4):
+        keys = jax.random.split(jax.random.key(20 + t), b)
+        actions = jnp.asarray(rng.integers(env.num_actions, size=b), jnp.int32)
+        batched = vstep(keys, states, actions, params)
+        for i in range(b):
+            single = env.step(keys[i], jax.tree.map(lambda x: x[i], states), actions[i], params)
+            for x, y in zip(jax.tree.leaves(single), jax.tree.leaves(jax.tree.map(lambda z: z[i], batched))):
+                np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-6)
+        saw_reset |= bool(np.any(np.asarray(batched[3]) | np.asarray(batched[4])))
+        states = batched[1]
+    assert saw_reset
+
+
+# ----------------------------------------------------------------------------- render
+def test_render_keydoor():
+    env = KeyDoor(5)
+    text = env.render(_hand_state(agent=(1, 2), direction=1))
+    assert text == "#####\n#.D.#\n#>#.#\n#K#G#\n#####\ncarrying key: no"
+    text = env.render(_hand_state(agent=(1, 3), direction=2, has_key=True, door_open=True))
+    assert text == "#####\n#./.#\n#.#.#\n#v#G#\n#####\ncarrying key: yes"
+    _, state = env.reset(jax.random.key(0))
+    lines = env.render(state).split("\n")
+    assert len(lines) == 6 and all(len(line) == 5 for line in lines[:5])
+    body = "".join(lines[:5])
+    assert body.count("K") == 1 and body.count("D") == 1 and body.count("G") == 1
+    assert sum(body.count(c) for c in "^>v<") == 1
+
+
+def test_render_fourrooms():
+    env = FourRooms()
+    _, state = env.reset(jax.random.key(0))
+    state = state.replace(agent_pos=jnp.array([1, 1], jnp.int32), goal_pos=jnp.array([11, 11], jnp.int32))
+    lines = env.render(state).split("\n")
+    assert len(lines) == 13 and all(len(line) == 13 for line in lines)
+    assert lines[0] == "#" * 13
+    assert lines[1] == "#A....#.....#"
+    assert lines[3] == "#...........#"  # doorway at (6, 3)
+    assert lines[6] == "##.####.....#"
+    assert lines[11] == "#.....#....G#"
