@@ -128,6 +128,7 @@ class HParams:
     potential_init: jax.Array = _f(0.0)
     credit_clip: jax.Array = _f(1.0)
     credit_gamma: jax.Array = _f(0.0)  # 1: gamma * V(s_t+1) - V(s_t); 0: V(s_t+1) - V(s_t)
+    terminal_potential: jax.Array = _f(1.0)  # 1: V(s_T) fitted to the final return; 0: V(s_T) fixed at 0
     # ICM
     icm_lr: jax.Array = _f(2.5e-4)
     icm_eta: jax.Array = _f(0.01)
@@ -138,10 +139,13 @@ class HParams:
     r_ext_coef: jax.Array = _f(1.0)
     r_int_coef: jax.Array = _f(1.0)
 
-    def replace(self, **changes) -> "HParams":
-        """Like ``dataclasses.replace`` but casts new values to each field's dtype."""
-        return as_arrays(dataclasses.replace(self, **changes))
 
+def _replace(self: HParams, **changes) -> HParams:
+    """Like ``dataclasses.replace`` but casts new values to each field's dtype."""
+    return as_arrays(dataclasses.replace(self, **changes))
+
+
+HParams.replace = _replace  # flax's struct.dataclass installs its own `replace`; ours also casts
 
 HPARAM_FIELDS = tuple(f.name for f in dataclasses.fields(HParams))
 _INT_FIELDS = ("k",)
@@ -177,6 +181,7 @@ HPARAM_RANGES: dict[str, tuple] = {
     "potential_init": (-INF, INF, False, False),
     "credit_clip": (0.0, INF, False, True),
     "credit_gamma": (0.0, 1.0, True, True),
+    "terminal_potential": (0.0, 1.0, True, True),
     "icm_lr": (0.0, 1.0, True, True),
     "icm_eta": (0.0, INF, True, False),
     "icm_forward_weight": (0.0, 1.0, True, True),

@@ -118,7 +118,7 @@ def ppo_update(
         (loss, metrics), grads = grad_fn(p, network, mb_batch, hp.clip_eps, hp.vf_coef, hp.ent_coef, normalize_advantages)
         updates, o = tx.update(grads, o, p)
         p = optax.apply_updates(p, updates)
-        metrics = {**metrics, "loss": loss, "grad_norm": optax.global_norm(grads)}
+        metrics = {**metrics, "loss": loss, "grad_norm": optax.tree.norm(grads)}
         return (p, o), metrics
 
     def epoch(carry, epoch_key):

@@ -39,6 +39,21 @@ def manhattan(a: Array, b: Array) -> Array:
     return jnp.sum(jnp.abs(a - b)).astype(jnp.int32)
 
 
+def take_index(bits: Array, n) -> tuple[Array, Array]:
+    """Split uniform uint32 ``bits`` into an int32 index uniform on ``[0, n)``
+    (``n`` may be traced) and the remaining bits ``bits // n``, which are
+    uniform on ``[0, 2**32 // n)``. Drawing several small choices from one
+    word this way biases them by at most ``prod(n) / 2**32``; one scalar
+    ``jax.random.bits`` call also compiles far faster than several draws."""
+    n = jnp.asarray(n, jnp.uint32)
+    return (bits % n).astype(jnp.int32), bits // n
+
+
+def nth_true(mask: Array, k: Array) -> Array:
+    """Int32 ``()`` flat index of the ``k``-th (0-based) True entry of a 1-D bool ``mask``."""
+    return jnp.argmax(jnp.cumsum(mask.astype(jnp.int32)) > k).astype(jnp.int32)
+
+
 def goal_reward(time: Array, max_steps) -> Array:
     """MiniGrid's success reward ``1 - 0.9 * t / T``, float32 ``()``; ``t`` is
     the step count after the step that reaches the goal."""

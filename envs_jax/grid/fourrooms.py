@@ -28,7 +28,10 @@ import numpy as np
 from flax import struct
 
 from envs_jax.core import Box, Discrete, EnvParams, EnvState, Environment
-from envs_jax.grid._common import DIRS, bfs_distances, cell_mask, goal_reward, parse_map, potential, render_rows, same_cell
+from envs_jax.grid._common import (
+    DIRS, bfs_distances, cell_mask, goal_reward, nth_true, parse_map, potential,
+    render_rows, same_cell, take_index,
+)
 
 Array = jax.Array
 
@@ -133,7 +136,8 @@ class FourRooms(Environment):
     def potential(self, state: FourRoomsState, params: FourRoomsParams | None = None) -> Array:
         """Float32 ``()`` shaping potential ``Phi(state)``."""
         params = self.default_params if params is None else params
-        return potential(jnp.int32(0), self.distance(state.agent_pos, state.goal_pos), self.max_dist, params.shaping_scale)
+        dist = self.distance(state.agent_pos, state.goal_pos)
+        return potential(jnp.int32(0), dist, self.max_dist, params.shaping_scale)
 
     def observe(self, state: FourRoomsState) -> Array:
         n = self.size
@@ -143,12 +147,13 @@ class FourRooms(Environment):
         return grid.reshape(-1)
 
     def reset_env(self, key: Array, params: FourRoomsParams):
-        k_agent, k_goal = jax.random.split(key)
+        word = jax.random.bits(key, (2,), jnp.uint32)  # one draw: cheap to compile
         rooms = jnp.asarray(self.rooms_np.reshape(-1))
         n = self.size
-        agent_idx = jax.random.categorical(k_agent, jnp.where(rooms >= 0, 0.0, -jnp.inf))
-        other = jnp.logical_and(rooms >= 0, rooms != rooms[agent_idx])
-        goal_idx = jax.random.categorical(k_goal, jnp.where(other, 0.0, -jnp.inf))
+        in_room = rooms >= 0
+        agent_idx = nth_true(in_room, take_index(word[0], jnp.sum(in_room))[0])
+        other = jnp.logical_and(in_room, rooms != rooms[agent_idx])
+        goal_idx = nth_true(other, take_index(word[1], jnp.sum(other))[0])
         to_pos = lambda i: jnp.stack([i % n, i // n]).astype(jnp.int32)
         state = FourRoomsState(time=jnp.int32(0), agent_pos=to_pos(agent_idx), goal_pos=to_pos(goal_idx))
         return self.observe(state), state

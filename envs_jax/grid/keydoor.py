@@ -58,6 +58,7 @@ from envs_jax.grid._common import (
     potential,
     render_rows,
     same_cell,
+    take_index,
 )
 
 Array = jax.Array
@@ -180,13 +181,17 @@ def obs_size(size: int) -> int:
 
 def sample_layout(key: Array, size: int) -> KeyDoorState:
     """A random episode start (``time = 0``) for a ``size`` grid; jittable."""
-    k_wall, k_door, k_key, k_agent, k_dir = jax.random.split(key, 5)
-    wall_x = jax.random.randint(k_wall, (), 2, size - 2)  # left and right parts >= 1 column
-    door_y = jax.random.randint(k_door, (), 1, size - 1)
+    # two random words: layout choices from the first, the key and agent cells from the second
+    word = jax.random.bits(key, (2,), jnp.uint32)
+    wall_x, rest = take_index(word[0], size - 4)  # left and right parts >= 1 column
+    wall_x = wall_x + 2
+    door_y, rest = take_index(rest, size - 2)
+    door_y = door_y + 1
+    agent_dir, _ = take_index(rest, 4)
     width = wall_x - 1
     n_left = width * (size - 2)
-    key_idx = jax.random.randint(k_key, (), 0, n_left)
-    agent_idx = jax.random.randint(k_agent, (), 0, n_left - 1)
+    key_idx, rest = take_index(word[1], n_left)
+    agent_idx, _ = take_index(rest, n_left - 1)
     agent_idx = agent_idx + (agent_idx >= key_idx)  # skip the key's cell
     to_pos = lambda i: jnp.stack([1 + i % width, 1 + i // width]).astype(jnp.int32)
     ys = jnp.arange(size)[:, None]
@@ -197,7 +202,7 @@ def sample_layout(key: Array, size: int) -> KeyDoorState:
         time=jnp.int32(0),
         walls=walls,
         agent_pos=to_pos(agent_idx),
-        agent_dir=jax.random.randint(k_dir, (), 0, 4).astype(jnp.int32),
+        agent_dir=agent_dir,
         key_pos=to_pos(key_idx),
         has_key=jnp.bool_(False),
         door_pos=jnp.stack([wall_x, door_y]).astype(jnp.int32),

@@ -101,8 +101,12 @@ class Booking(TextEnv):
         return BookingParams(max_steps=self.buffer_len)
 
     def _init_task(self, key, params):
-        keys = jax.random.split(key, 4)
-        goal = jnp.stack([jax.random.randint(k, (), 0, n, jnp.int32) for k, n in zip(keys, NUM_VALUES)])
+        code = jax.random.randint(key, (), 0, int(np.prod(NUM_VALUES)), jnp.int32)
+        goal = []
+        for n in reversed(NUM_VALUES):  # mixed-radix digits: a uniform goal
+            goal.append(code % n)
+            code = code // n
+        goal = jnp.stack(goal[::-1]).astype(jnp.int32)
         words, n = pack([self.vocab["hello"]], self.reply_words)
         return {"goal": goal, "revealed": jnp.zeros(4, jnp.bool_)}, words, n
 

@@ -99,9 +99,14 @@ def write_position(buf: Array) -> Array:
 
 def write_tokens(buf: Array, pos: Array, toks: Array, n: Array) -> Array:
     """``buf`` with ``toks[:n]`` written at ``pos``; writes past the end are dropped."""
-    i = jnp.arange(toks.shape[0], dtype=jnp.int32)
-    idx = jnp.where(i < n, pos + i, buf.shape[0])
-    return buf.at[idx].set(toks.astype(buf.dtype), mode="drop")
+    rel = jnp.arange(buf.shape[0], dtype=jnp.int32) - pos
+    inside = (rel >= 0) & (rel < jnp.minimum(n, toks.shape[0]))
+    return jnp.where(inside, toks.astype(buf.dtype)[jnp.clip(rel, 0, toks.shape[0] - 1)], buf)
+
+
+def _set(arr: Array, i: Array, value: Array) -> Array:
+    """``arr.at[i].set(value)`` (dropped when out of range), without a scatter."""
+    return jnp.where(jnp.arange(arr.shape[0]) == i, jnp.asarray(value, arr.dtype), arr)
 
 
 # ----------------------------------------------------------------------------- grammar
@@ -147,7 +152,7 @@ class Grammar:
         prefix_ok = jnp.all((table == turn_toks[None, :]) | (cols[None, :] >= turn_len), axis=1)
         nxt = table[:, jnp.clip(turn_len, 0, u - 1)]
         ok = prefix_ok & (turn_len < u) & (nxt != PAD)
-        mask = jnp.zeros(self.vocab_size, jnp.int32).at[nxt].max(ok.astype(jnp.int32)) > 0
+        mask = jnp.any((nxt[:, None] == jnp.arange(self.vocab_size)[None, :]) & ok[:, None], axis=0)
         eot_only = jnp.arange(self.vocab_size) == EOT
         return jnp.where(jnp.any(mask), mask, eot_only)
 
@@ -205,10 +210,8 @@ def pack(tokens: Sequence[Any], length: int) -> tuple[Array, Array]:
     """``(int32 [length] pad-filled, count)`` from a short list of scalar ids."""
     if len(tokens) > length:
         raise ValueError("too many tokens for the reply buffer")
-    arr = jnp.zeros(length, jnp.int32)
-    for i, t in enumerate(tokens):
-        arr = arr.at[i].set(jnp.asarray(t, jnp.int32))
-    return arr, jnp.int32(len(tokens))
+    items = [jnp.asarray(t, jnp.int32) for t in tokens] + [jnp.int32(PAD)] * (length - len(tokens))
+    return jnp.stack(items), jnp.int32(len(tokens))
 
 
 def select_reply(cases: Sequence[tuple[Array, tuple[Array, Array]]], default: tuple[Array, Array]):
@@ -291,9 +294,9 @@ class TextEnv(Environment):
         bad = (a < 0) | (a >= V) | (a == PAD) | (a == USER) | (a == AGENT)
         tok = jnp.where(bad, UNK, a).astype(jnp.int32)
 
-        buf = state.buf.at[state.pos].set(tok, mode="drop")
+        buf = _set(state.buf, state.pos, tok)
         pos = state.pos + 1
-        turn_toks = state.turn_toks.at[state.turn_len].set(tok, mode="drop")
+        turn_toks = _set(state.turn_toks, state.turn_len, tok)
         turn_len = state.turn_len + 1
         cap = jnp.clip(jnp.asarray(params.max_turn_tokens, jnp.int32), 1, U)
         turn_end = (tok == EOT) | (turn_len >= cap)

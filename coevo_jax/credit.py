@@ -1,0 +1,274 @@
+"""Pictures and ground truth for turn-level credit (SIOP, :mod:`coevo_jax.signals.potential`).
+
+* :func:`potential_heatmap`: a learned potential ``V`` over every agent position
+  of one fixed KeyDoor layout, one panel per sub-goal phase (no key / key held /
+  door open; averaged over the four facings), or of one FourRooms layout (fixed
+  goal); saved as a PNG.
+* :func:`plot_episode_credit`: the per-step credit of one episode, with the
+  external reward and (when given) the true optimal advantage.
+* :func:`keydoor_optimal_advantages` and :func:`credit_correlation`: the ground
+  truth on KeyDoor. Each step's state is decoded from its observation, the
+  minimal number of actions to the goal ``d(s)`` comes from the breadth-first
+  search :func:`envs_jax.grid.keydoor.optimal_distances`, and
+  :func:`envs_jax.grid.optimal_advantage` turns ``(d(s_t), d(s_t+1))`` into the
+  optimal advantage ``A*(s_t, a_t)`` under MiniGrid's reward ``1 - 0.9 t / T``.
+  The score is the Spearman rank correlation between the credit and ``A*`` over
+  the policy's own steps.
+
+Host side (NumPy / SciPy / matplotlib with the Agg backend).
+"""
+from __future__ import annotations
+
+import os
+
+import jax
+import numpy as np
+
+from envs_jax.grid import optimal_advantage
+from envs_jax.grid.fourrooms import FourRooms, FourRoomsState
+from envs_jax.grid.keydoor import NUM_CHANNELS as KEYDOOR_CHANNELS
+from envs_jax.grid.keydoor import KeyDoor, KeyDoorState, optimal_distances
+from envs_jax.grid.keydoor import observe as keydoor_observe
+
+PHASE_NAMES = ("phase 0: fetch key", "phase 1: key held, door locked", "phase 2: door open")
+
+
+# ----------------------------------------------------------------------------- statistics
+def rankdata(x: np.ndarray) -> np.ndarray:
+    """Ranks ``1..n`` of ``x [n]`` with ties given their average rank."""
+    x = np.asarray(x, np.float64).ravel()
+    order = np.argsort(x, kind="mergesort")
+    ranks = np.empty(len(x), np.float64)
+    sx = x[order]
+    i = 0
+    while i < len(x):
+        j = i
+        while j + 1 < len(x) and sx[j + 1] == sx[i]:
+            j += 1
+        ranks[order[i:j + 1]] = 0.5 * (i + j) + 1.0
+        i = j + 1
+    return ranks
+
+
+def spearman(x: np.ndarray, y: np.ndarray) -> float:
+    """Spearman rank correlation of ``x, y [n]`` (Pearson correlation of the
+    average-tie ranks); NaN when fewer than 3 finite pairs or either side is constant."""
+    x = np.asarray(x, np.float64).ravel()
+    y = np.asarray(y, np.float64).ravel()
+    ok = np.isfinite(x) & np.isfinite(y)
+    x, y = x[ok], y[ok]
+    if len(x) < 3:
+        return float("nan")
+    rx, ry = rankdata(x), rankdata(y)
+    rx -= rx.mean()
+    ry -= ry.mean()
+    denom = np.sqrt((rx**2).sum() * (ry**2).sum())
+    return float((rx * ry).sum() / denom) if denom > 0 else float("nan")
+
+
+# ----------------------------------------------------------------------------- KeyDoor ground truth
+def decode_keydoor_obs(obs: np.ndarray, size: int) -> KeyDoorState:
+    """The :class:`KeyDoorState` behind one KeyDoor observation ``[size*size*6 + 5]``.
+
+    Exact for everything the BFS reads; when the key is carried its former cell
+    is not visible and ``key_pos`` is set to the door cell (distances of
+    key-held configurations do not depend on it). ``time`` is 0.
+    """
+    obs = np.asarray(obs)
+    n = size
+    grid = obs[: n * n * KEYDOOR_CHANNELS].reshape(n, n, KEYDOOR_CHANNELS) > 0.5
+    direction = int(np.argmax(obs[n * n * KEYDOOR_CHANNELS: n * n * KEYDOOR_CHANNELS + 4]))
+    has_key = bool(obs[-1] > 0.5)
+
+    def where(ch):
+        ys, xs = np.nonzero(grid[:, :, ch])
+        return np.array([xs[0], ys[0]], np.int32) if len(xs) else None
+
+    locked, opened = where(2), where(3)
+    door_open = opened is not None
+    door = opened if door_open else locked
+    key = where(1)
+    return KeyDoorState(
+        time=np.int32(0), walls=grid[:, :, 0], agent_pos=where(5), agent_dir=np.int32(direction),
+        key_pos=door if key is None else key, has_key=np.bool_(has_key), door_pos=door,
+        door_open=np.bool_(door_open), goal_pos=where(4),
+    )
+
+
+class KeyDoorDistances:
+    """``d(s)`` for decoded observations, one BFS per layout (cached)."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._cache: dict = {}
+
+    def __call__(self, obs: np.ndarray) -> float:
+        s = decode_keydoor_obs(obs, self.size)
+        key = (s.walls.tobytes(), tuple(s.door_pos), tuple(s.goal_pos), None if s.has_key else tuple(s.key_pos))
+        if key not in self._cache:
+            self._cache[key] = optimal_distances(s)
+        x, y = (int(v) for v in s.agent_pos)
+        return float(self._cache[key][x, y, int(s.agent_dir), int(bool(s.has_key)), int(bool(s.door_open))])
+
+
+def keydoor_optimal_advantages(obs, next_obs, terminated, size: int, max_steps: int) -> np.ndarray:
+    """Optimal advantage of every step: ``obs, next_obs [M, D]``, ``terminated [M]`` -> ``[M]``.
+
+    Steps whose start state cannot reach the goal get NaN (none do on KeyDoor
+    layouts, but a decoded observation is checked, not assumed).
+    """
+    dist = KeyDoorDistances(size)
+    d_t = np.array([dist(o) for o in np.asarray(obs)])
+    term = np.asarray(terminated, bool)
+    d_tp1 = np.array([0.0 if t else dist(o) for o, t in zip(np.asarray(next_obs), term)])
+    adv = np.asarray(optimal_advantage(np.where(np.isfinite(d_t), d_t, 0.0), np.where(np.isfinite(d_tp1), d_tp1, 0.0),
+                                       term, max_steps), np.float64)
+    return np.where(np.isfinite(d_t) & np.isfinite(d_tp1), adv, np.nan)
+
+
+def credit_correlation(credit, obs, next_obs, terminated, size: int, max_steps: int) -> float:
+    """Spearman correlation of per-step credit with the optimal advantage on KeyDoor.
+
+    ``credit, terminated [...]``, ``obs, next_obs [..., D]`` (any leading shape,
+    e.g. a ``[T, N]`` trajectory)."""
+    d = np.asarray(obs).shape[-1]
+    adv = keydoor_optimal_advantages(np.asarray(obs).reshape(-1, d), np.asarray(next_obs).reshape(-1, d),
+                                     np.asarray(terminated).reshape(-1), size, max_steps)
+    return spearman(np.asarray(credit).reshape(-1), adv)
+
+
+# ----------------------------------------------------------------------------- potential over positions
+def keydoor_phase_states(state: KeyDoorState):
+    """For one unbatched KeyDoor ``state``: ``{phase: [(x, y, [states over 4 facings])]}``
+    for every cell the agent may occupy in that phase, and the BFS distances table."""
+    s = KeyDoorState(**{k: np.asarray(getattr(state, k)) for k in KeyDoorState.__dataclass_fields__})
+    n = s.walls.shape[0]
+    dist = optimal_distances(s)
+    out = {}
+    for phase, (has_key, door_open) in enumerate(((False, False), (True, False), (True, True))):
+        cells = []
+        for y in range(n):
+            for x in range(n):
+                if not np.isfinite(dist[x, y, :, int(has_key), int(door_open)]).any():
+                    continue  # a wall, the key on the floor, the locked door, or cut off from the goal
+                states = [s.replace(agent_pos=np.array([x, y], np.int32), agent_dir=np.int32(d),
+                                    has_key=np.bool_(has_key), door_open=np.bool_(door_open)) for d in range(4)]
+                cells.append((x, y, states))
+        out[phase] = cells
+    return out
+
+
+def potential_grid(value_fn, env, state) -> dict:
+    """``{panel name: [H, W] float array}`` of ``V`` at every agent position (NaN
+    elsewhere). ``value_fn(obs [B, D]) -> [B]``; ``env`` a KeyDoor or FourRooms
+    (possibly wrapped); ``state`` one unbatched layout of it."""
+    base = env.unwrapped if hasattr(env, "unwrapped") else env
+    if isinstance(base, KeyDoor):
+        n = base.size
+        panels = {}
+        for phase, cells in keydoor_phase_states(state).items():
+            grid = np.full((n, n), np.nan)
+            if cells:
+                flat = [st for _, _, sts in cells for st in sts]
+                batch = jax.tree.map(lambda *xs: np.stack(xs), *flat)
+                obs = np.asarray(jax.vmap(keydoor_observe)(batch))
+                v = np.asarray(value_fn(obs)).reshape(len(cells), 4).mean(axis=1)
+                for (x, y, _), val in zip(cells, v):
+                    grid[y, x] = val
+            panels[PHASE_NAMES[phase]] = grid
+        return panels
+    if isinstance(base, FourRooms):
+        n = base.size
+        cells = [(x, y) for y in range(n) for x in range(n) if not base.walls_np[y, x]]
+        batch = FourRoomsState(time=np.zeros(len(cells), np.int32), agent_pos=np.array(cells, np.int32),
+                               goal_pos=np.tile(np.asarray(state.goal_pos, np.int32), (len(cells), 1)))
+        obs = np.asarray(jax.vmap(base.observe)(batch))
+        v = np.asarray(value_fn(obs))
+        grid = np.full((n, n), np.nan)
+        for (x, y), val in zip(cells, v):
+            grid[y, x] = val
+        return {"goal at ({}, {})".format(*np.asarray(state.goal_pos).tolist()): grid}
+    raise TypeError(f"potential_grid supports KeyDoor and FourRooms, got {type(base).__name__}")
+
+
+def potential_heatmap(value_fn, env, state, path: str, title: str = "potential V(s)") -> dict:
+    """Save :func:`potential_grid` as a row of heat maps (PNG at ``path``) with
+    the layout's walls in grey and its objects marked; returns the grids."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    grids = potential_grid(value_fn, env, state)
+    finite = [g[np.isfinite(g)] for g in grids.values() if np.isfinite(g).any()]
+    lo = min(float(f.min()) for f in finite) if finite else 0.0
+    hi = max(float(f.max()) for f in finite) if finite else 1.0
+    fig, axes = plt.subplots(1, len(grids), figsize=(4.2 * len(grids), 4.0), squeeze=False)
+    marks = _layout_marks(env, state)
+    for ax, (name, grid) in zip(axes[0], grids.items()):
+        cmap = matplotlib.colormaps["viridis"].with_extremes(bad="0.75")
+        im = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=lo, vmax=hi if hi > lo else lo + 1e-6)
+        for label, (x, y) in marks.items():
+            ax.text(x, y, label, ha="center", va="center", color="red", fontsize=11, fontweight="bold")
+        ax.set_title(name, fontsize=10)
+        ax.set_xticks([])
+        ax.set_yticks([])
+    fig.colorbar(im, ax=list(axes[0]), shrink=0.8)
+    fig.suptitle(title)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return grids
+
+
+def _layout_marks(env, state) -> dict:
+    base = env.unwrapped if hasattr(env, "unwrapped") else env
+    marks = {"G": tuple(int(v) for v in np.asarray(state.goal_pos))}
+    if isinstance(base, KeyDoor):
+        marks["K"] = tuple(int(v) for v in np.asarray(state.key_pos))
+        marks["D"] = tuple(int(v) for v in np.asarray(state.door_pos))
+    return marks
+
+
+# ----------------------------------------------------------------------------- one episode's credit
+def complete_episode(done: np.ndarray, env_index: int | None = None):
+    """``(env, start, end)`` of the first episode that starts and ends inside a
+    ``[T, N]`` trajectory (steps ``start..end`` inclusive), or ``None``."""
+    done = np.asarray(done, bool)
+    envs = range(done.shape[1]) if env_index is None else [env_index]
+    for n in envs:
+        ends = np.nonzero(done[:, n])[0]
+        if len(ends) >= 2:
+            return n, int(ends[0]) + 1, int(ends[1])
+    return None
+
+
+def plot_episode_credit(credit, path: str, reward=None, optimal_adv=None, title: str = "per-step credit") -> None:
+    """Bar chart of one episode's credit ``[L]`` (PNG at ``path``), with the external
+    reward and the optimal advantage ``[L]`` (scaled to the credit's range) when given."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    credit = np.asarray(credit, np.float64)
+    steps = np.arange(len(credit))
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.12 * len(credit)), 3.5))
+    ax.bar(steps, credit, color="tab:blue", label="SIOP credit V(s_t+1) - V(s_t)")
+    if reward is not None:
+        r = np.asarray(reward, np.float64)
+        nz = np.nonzero(r)[0]
+        ax.scatter(nz, r[nz], color="tab:green", marker="*", s=80, zorder=3, label="external reward")
+    if optimal_adv is not None:
+        a = np.asarray(optimal_adv, np.float64)
+        scale = np.nanmax(np.abs(credit)) / max(np.nanmax(np.abs(a)), 1e-12) if np.isfinite(a).any() else 1.0
+        ax.plot(steps, a * scale, color="tab:red", lw=1.2, marker=".", label=f"optimal advantage x {scale:.3g}")
+    ax.axhline(0.0, color="k", lw=0.5)
+    ax.set_xlabel("step in episode")
+    ax.set_ylabel("credit")
+    ax.set_title(title)
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

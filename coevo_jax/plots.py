@@ -1,0 +1,197 @@
+"""Matplotlib figures for sweeps: learning curves (IQM or mean with pointwise
+95% bootstrap bands, after Agarwal et al. 2021, "Deep RL at the Edge of the
+Statistical Precipice") and a metric-vs-hyperparameter plot with CI bands and
+horizontal reference lines (e.g. sparse PPO and the dense-reward upper bound).
+
+All functions take host NumPy arrays and write PNGs atomically (a temporary
+file renamed into place).
+"""
+from __future__ import annotations
+
+import io
+import os
+from typing import Mapping, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from coevo_jax import stats  # noqa: E402
+
+
+def save_figure(fig, path: str, dpi: int = 110) -> str:
+    """Render ``fig`` to PNG and move it into ``path`` atomically; closes ``fig``."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+    plt.close(fig)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(buf.getvalue())
+    os.replace(tmp, path)
+    return path
+
+
+def curve_band(ax, steps: np.ndarray, curves: np.ndarray, label: str, stat: str = "iqm", color=None,
+               n_boot: int = 300, seed: int = 0):
+    """Draw ``stat`` (``"iqm"``/``"mean"``) of ``curves [R, I]`` against ``steps [I]``
+    with its pointwise 95% bootstrap band. Returns the line."""
+    point, lo, hi = stats.bootstrap_curve_ci(curves, stat=stat, n_boot=n_boot, seed=seed)
+    steps = np.asarray(steps, np.float64)
+    ok = np.isfinite(steps) & np.isfinite(point)
+    (line,) = ax.plot(steps[ok], point[ok], label=label, color=color, lw=1.6)
+    ok_band = ok & np.isfinite(lo) & np.isfinite(hi)
+    ax.fill_between(steps[ok_band], lo[ok_band], hi[ok_band], color=line.get_color(), alpha=0.2, lw=0)
+    return line
+
+
+def plot_learning_curves(panels: Mapping[str, Mapping[str, tuple]], path: str, ylabel: str = "episode return",
+                         stat: str = "iqm", title: str | None = None, ncols: int = 3) -> str:
+    """One panel per key of ``panels``; each panel maps a line label to
+    ``(steps [I], curves [R, I])``. x = env steps, y = ``stat`` over runs with a
+    95% bootstrap band."""
+    names = list(panels)
+    ncols = max(1, min(ncols, len(names)))
+    nrows = int(np.ceil(len(names) / ncols))
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.4 * nrows), squeeze=False)
+    for ax, name in zip(axes.ravel(), names):
+        for i, (label, (steps, curves)) in enumerate(panels[name].items()):
+            curve_band(ax, steps, curves, label, stat=stat, color=f"C{i % 10}", seed=i)
+        ax.set_title(name, fontsize=10)
+        ax.set_xlabel("env steps")
+        ax.set_ylabel(f"{ylabel} ({stat.upper() if stat == 'iqm' else stat})")
+        ax.grid(alpha=0.3)
+        if panels[name]:
+            ax.legend(fontsize=7, loc="best")
+    for ax in axes.ravel()[len(names):]:
+        ax.axis("off")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def plot_metric_vs_hparam(xs: Sequence[float], lines: Mapping[str, Sequence[np.ndarray]], path: str,
+                          references: Mapping[str, np.ndarray] | None = None, xlabel: str = "K",
+                          ylabel: str = "final return", stat: str = "iqm", logx: bool = True,
+                          title: str | None = None) -> str:
+    """A metric against a hyperparameter with 95% bootstrap CI bands.
+
+    ``lines``: label -> one array of per-run scores per x value (same order as
+    ``xs``; a ``None`` entry skips that x). ``references``: label -> per-run
+    scores drawn as a horizontal line at their ``stat`` with a shaded CI band.
+    """
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    f = stats.iqm if stat == "iqm" else (lambda v: float(np.nanmean(v)))
+    for i, (label, per_x) in enumerate(lines.items()):
+        pts = [(x, f(v), *stats.bootstrap_ci(v, f, n_boot=1000, seed=i)) for x, v in zip(xs, per_x)
+               if v is not None and len(v)]
+        if not pts:
+            continue
+        x, y, lo, hi = (np.asarray(c, np.float64) for c in zip(*pts))
+        ax.plot(x, y, "o-", color=f"C{i % 10}", label=label, lw=1.6, ms=4)
+        ax.fill_between(x, lo, hi, color=f"C{i % 10}", alpha=0.2, lw=0)
+    styles = ["--", ":", "-.", (0, (5, 1))]
+    for j, (label, v) in enumerate((references or {}).items()):
+        y = f(v)
+        lo, hi = stats.bootstrap_ci(v, f, n_boot=1000, seed=100 + j)
+        color = "0.25" if j % 2 == 0 else "tab:gray"
+        ax.axhline(y, color=color, ls=styles[j % len(styles)], lw=1.3, label=f"{label} (reference)")
+        if np.isfinite(lo) and np.isfinite(hi):
+            ax.axhspan(lo, hi, color=color, alpha=0.08, lw=0)
+    if logx and len(xs) and min(xs) > 0:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(list(xs))
+        ax.set_xticklabels([f"{x:g}" for x in xs])
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(f"{ylabel} ({stat.upper() if stat == 'iqm' else stat}, 95% CI)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    if title:
+        ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def plot_diagnostics(rows: Mapping[str, Mapping[str, Mapping[str, tuple]]], path: str, stat: str = "mean",
+                     title: str | None = None) -> str:
+    """A grid of curves: ``rows[row][column][line] = (steps [I], curves [R, I])``
+    (e.g. row = method, column = diagnostic, line = K)."""
+    row_names = list(rows)
+    col_names = []
+    for r in row_names:
+        col_names += [c for c in rows[r] if c not in col_names]
+    nr, nc = max(1, len(row_names)), max(1, len(col_names))
+    fig, axes = plt.subplots(nr, nc, figsize=(4.4 * nc, 3.0 * nr), squeeze=False)
+    for i, r in enumerate(row_names):
+        for j, c in enumerate(col_names):
+            ax = axes[i, j]
+            lines = rows[r].get(c)
+            if not lines:
+                ax.text(0.5, 0.5, "metric not reported", ha="center", va="center", transform=ax.transAxes,
+                        fontsize=8, color="0.4")
+                ax.set_xticks([])
+                ax.set_yticks([])
+            else:
+                for n, (label, (steps, curves)) in enumerate(lines.items()):
+                    curve_band(ax, steps, curves, label, stat=stat, color=f"C{n % 10}", n_boot=200, seed=n)
+                ax.legend(fontsize=7, loc="best")
+                ax.grid(alpha=0.3)
+            ax.set_title(f"{r}: {c}", fontsize=9)
+            if i == nr - 1:
+                ax.set_xlabel("env steps")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+# ----------------------------------------------------------------------------- default sweep figures
+def _setting_label(setting: dict) -> str:
+    return ", ".join(f"{k}={v:g}" if isinstance(v, (int, float)) else f"{k}={v}" for k, v in setting.items()) or "default"
+
+
+def sweep_default_plots(out: str, config, plans, curves: dict, runs: dict, rows) -> list[str]:
+    """``learning_curves.png`` (IQM return vs env steps per setting, one panel
+    per arm) and ``final_return_vs_<field>.png`` for each swept field (arms
+    without a grid drawn as reference lines)."""
+    written = []
+    ret, steps = curves["episode_return"], curves["env_steps"]
+    panels = {}
+    for ai, plan in enumerate(plans):
+        n_it = plan.num_iterations
+        lines = {}
+        for si, setting in enumerate(plan.settings):
+            idx = np.nonzero((runs["arm"] == ai) & (runs["setting"] == si))[0]
+            lines[_setting_label(setting)] = (steps[idx[0], :n_it], ret[idx, :n_it])
+        panels[plan.arm.name] = lines
+    written.append(plot_learning_curves(panels, os.path.join(out, "learning_curves.png"),
+                                        title=f"{config.env}: IQM return, 95% bootstrap bands"))
+    final = stats.tail_fraction_mean(ret, 0.1)
+    swept = []
+    for p in plans:
+        swept += [f for f in p.arm.grid if f not in swept]
+    refs = {p.arm.name: final[runs["arm"] == ai] for ai, p in enumerate(plans) if not p.arm.grid}
+    for field in swept:
+        xs = sorted({float(v) for p in plans for v in p.arm.grid.get(field, ())})
+        lines = {}
+        for ai, p in enumerate(plans):
+            if field not in p.arm.grid:
+                continue
+            others = [f for f in p.arm.grid if f != field]
+            combos = sorted({tuple(s[f] for f in others) for s in p.settings})
+            for combo in combos:
+                label = p.arm.name + ("" if not others else " (" + ", ".join(
+                    f"{f}={v:g}" for f, v in zip(others, combo)) + ")")
+                per_x = []
+                for x in xs:
+                    sis = [si for si, s in enumerate(p.settings)
+                           if np.isclose(s[field], x) and tuple(s[f] for f in others) == combo]
+                    per_x.append(final[(runs["arm"] == ai) & np.isin(runs["setting"], sis)] if sis else None)
+                lines[label] = per_x
+        written.append(plot_metric_vs_hparam(
+            xs, lines, os.path.join(out, f"final_return_vs_{field}.png"), references=refs, xlabel=field,
+            logx=all(x > 0 for x in xs) and len(xs) > 2 and max(xs) / min(xs) >= 8,
+            title=f"{config.env}: final return (mean of last 10% of iterations)"))
+    return written

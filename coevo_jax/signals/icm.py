@@ -1,0 +1,134 @@
+"""Intrinsic Curiosity Module (Pathak, Agrawal, Efros and Darrell 2017,
+"Curiosity-driven Exploration by Self-supervised Prediction").
+
+A feature encoder ``phi(s)`` (MLP, ``static.icm_feature_dim`` outputs), an
+inverse model ``g(phi(s_t), phi(s_t+1)) -> logits of a_t`` and a forward model
+``f(phi(s_t), onehot(a_t)) -> phi(s_t+1)``. The encoder is shaped by the inverse
+loss only: in the forward loss both feature vectors are ``stop_gradient``-ed, so
+the features keep only what the agent's actions can influence. Loss
+``(1 - beta) * L_inverse + beta * L_forward`` with ``beta = hp.icm_forward_weight``;
+the intrinsic reward is ``hp.icm_eta * 0.5 * ||f(phi(s_t), a_t) - phi(s_t+1)||^2``
+and PPO receives ``r_ext + r_int``.
+
+``s_t+1`` is ``traj.next_obs`` (the pre-reset final observation on steps that
+end an episode). Each ``update`` (gated by ``hp.k`` in the loop) runs
+``static.update_epochs`` full-batch Adam steps at ``hp.icm_lr`` with global-norm
+clipping at ``hp.max_grad_norm`` (the policy's; the ICM has no clip field of its
+own) on the current trajectory.
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from coevo_jax.ppo import init_optimizer, make_optimizer
+from coevo_jax.signals.base import Signal, mlp
+from coevo_jax.signals.potential import flat_obs
+
+
+class ICMNetwork(nn.Module):
+    """Encoder, inverse and forward models.
+
+    ``encode(obs [..., D]) -> phi [..., F]``; ``inverse(phi_t, phi_tp1) -> logits
+    [..., A]``; ``forward(phi_t, action [...]) -> phi_tp1_pred [..., F]``.
+    """
+
+    num_actions: int
+    feature_dim: int = 32
+    hidden: tuple = (64,)
+
+    def setup(self):
+        self.encoder = mlp(self.hidden, self.feature_dim, nn.relu)
+        self.inverse_model = mlp(self.hidden, self.num_actions, nn.relu)
+        self.forward_model = mlp(self.hidden, self.feature_dim, nn.relu)
+
+    def encode(self, obs):
+        return self.encoder(obs.astype(jnp.float32))
+
+    def inverse(self, phi_t, phi_tp1):
+        return self.inverse_model(jnp.concatenate([phi_t, phi_tp1], axis=-1))
+
+    def forward(self, phi_t, action):
+        onehot = jax.nn.one_hot(action, self.num_actions, dtype=phi_t.dtype)
+        return self.forward_model(jnp.concatenate([phi_t, onehot], axis=-1))
+
+    def __call__(self, obs, next_obs, action):
+        phi_t, phi_tp1 = self.encode(obs), self.encode(next_obs)
+        return phi_t, phi_tp1, self.inverse(phi_t, phi_tp1), self.forward(jax.lax.stop_gradient(phi_t), action)
+
+
+def inverse_loss(logits: jax.Array, action: jax.Array) -> jax.Array:
+    """Mean cross-entropy of ``logits [..., A]`` for the taken ``action [...]``."""
+    return optax.softmax_cross_entropy_with_integer_labels(logits, action).mean()
+
+
+def forward_error(phi_pred: jax.Array, phi_tp1: jax.Array) -> jax.Array:
+    """Per-step ``0.5 * ||phi_pred - phi_tp1||^2`` summed over features: ``[..., F] -> [...]``."""
+    return 0.5 * jnp.sum((phi_pred - phi_tp1) ** 2, axis=-1)
+
+
+def forward_loss(phi_pred: jax.Array, phi_tp1: jax.Array) -> jax.Array:
+    """Mean forward error against the stop-gradient'ed target features ``phi_tp1``."""
+    return forward_error(phi_pred, jax.lax.stop_gradient(phi_tp1)).mean()
+
+
+def icm_loss(inv: jax.Array, fwd: jax.Array, beta) -> jax.Array:
+    """``(1 - beta) * inverse + beta * forward``."""
+    return (1.0 - beta) * inv + beta * fwd
+
+
+def intrinsic_reward(phi_pred: jax.Array, phi_tp1: jax.Array, eta) -> jax.Array:
+    """``eta * 0.5 * ||f(phi(s_t), a_t) - phi(s_t+1)||^2``: ``[..., F] -> [...]``."""
+    return eta * forward_error(phi_pred, phi_tp1)
+
+
+class ICMState(NamedTuple):
+    params: Any
+    opt_state: Any
+
+
+def make_icm(static, network, env, env_params) -> Signal:
+    """ICM curiosity reward source (method ``icm``); ``network`` (the policy) is unused."""
+    num_actions = env.action_space(env_params).n
+    icm = ICMNetwork(num_actions, int(static.icm_feature_dim), (int(static.hidden_sizes[0]),))
+    obs_ndim = len(env.observation_space(env_params).shape)
+
+    def apply(params, traj):
+        return icm.apply(params, flat_obs(traj.obs, obs_ndim), flat_obs(traj.next_obs, obs_ndim), traj.action)
+
+    def init(key, traj, hp):
+        o = flat_obs(traj.obs[0, :1], obs_ndim)
+        params = icm.init(key, o, o, traj.action[0, :1])
+        return ICMState(params, init_optimizer(params))
+
+    def observe(state, traj, hp):
+        return state
+
+    def update(state, traj, policy, hp, key):
+        tx = make_optimizer(hp.max_grad_norm, hp.icm_lr)
+
+        def loss_fn(p):
+            _, phi_tp1, logits, phi_pred = apply(p, traj)
+            inv, fwd = inverse_loss(logits, traj.action), forward_loss(phi_pred, phi_tp1)
+            return icm_loss(inv, fwd, hp.icm_forward_weight), (inv, fwd)
+
+        def step(carry, _):
+            p, o = carry
+            (loss, (inv, fwd)), grads = jax.value_and_grad(loss_fn, has_aux=True)(p)
+            updates, o = tx.update(grads, o, p)
+            return (optax.apply_updates(p, updates), o), {"icm_loss": loss, "icm_inverse": inv, "icm_forward": fwd}
+
+        (params, opt_state), m = jax.lax.scan(step, (state.params, state.opt_state), None,
+                                              length=static.update_epochs)
+        return ICMState(params, opt_state), jax.tree.map(lambda x: x[-1], m)
+
+    def rewards(state, traj, hp):
+        _, phi_tp1, _, phi_pred = apply(state.params, traj)
+        r_int = intrinsic_reward(phi_pred, phi_tp1, hp.icm_eta)
+        return traj.reward + r_int, {"icm_reward_mean": r_int.mean(), "icm_reward_max": r_int.max()}
+
+    return Signal(init, observe, update, rewards)

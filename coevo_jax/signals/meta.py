@@ -1,0 +1,306 @@
+"""Meta-gradient internal reward (method ``meta``): LIRPG, after Zheng, Oh and
+Singh (2018), "On Learning Intrinsic Rewards for Policy Gradient Methods"
+(NeurIPS; reference code github.com/Hwhitetooth/lirpg, ``ppo2.py``).
+
+An internal reward ``R_phi(features, action)`` (an MLP over the policy's
+penultimate features and an action embedding, tanh output) is trained so that a
+policy update on the *mixed* reward ``r_ext_coef * r_ext + r_int_coef * R_phi``
+raises the *external* objective of the updated policy:
+
+1. inner update: from ``theta`` (the policy's params) take
+   ``static.meta_inner_steps`` steps of the policy's real optimiser (global-norm
+   clip + Adam, :func:`coevo_jax.ppo.make_optimizer`, with its real state) on
+   the PPO loss of the whole batch, with advantages from the mixed reward and
+   the policy's own (mixed) critic. This gives ``theta'(phi)``;
+2. outer objective: the PPO clipped surrogate of ``theta'`` on the same batch,
+   ratio ``pi_theta' / pi_theta_old``, with advantages from the external reward
+   alone and an external critic ``V_ext`` (GAE);
+3. ``jax.grad`` of the outer objective w.r.t. ``phi`` differentiates through
+   the unrolled inner steps (second order); phi takes one clipped Adam ascent
+   step (``hp.meta_lr``, ``hp.meta_max_grad_norm``). ``V_ext`` is refit on the
+   external GAE targets.
+
+The loop then calls :func:`make_meta`'s ``rewards`` with the updated phi and
+the policy takes its ordinary PPO update on the mixed reward.
+
+Choices that differ from the reference code (which takes one look-ahead step
+per PPO minibatch with Adam's second moment under ``stop_gradient``): here the
+look-ahead uses the full batch and the exact derivative of the real optimiser
+step (second moment included); one meta step per signal update; ``V_ext``
+(a separate MLP on observations) has its own optimiser mirroring the policy's
+critic (``hp.max_grad_norm``, the policy's learning rate, ``update_epochs x
+num_minibatches`` shuffled steps) instead of sharing phi's optimiser.
+``static.meta_truncate = m`` stops gradients through the first ``m`` inner
+steps (the look-ahead still takes them), so memory grows with ``N - m``.
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from coevo_jax.ppo import PPOBatch, gae, init_optimizer, make_optimizer, ppo_loss
+from coevo_jax.signals.base import Signal, mlp, no_observe
+
+
+# ----------------------------------------------------------------------------- networks
+class RewardNet(nn.Module):
+    """``R_phi``: ``(features [..., H], action [...] int) -> reward [...]`` in ``[-1, 1]``.
+
+    An MLP (tanh hidden layers) over the concatenation of the policy features
+    and a learned action embedding, tanh on the scalar output.
+    """
+
+    num_actions: int
+    hidden: tuple = (64, 64)
+    action_embed_dim: int = 16
+
+    @nn.compact
+    def __call__(self, features, action):
+        emb = nn.Embed(self.num_actions, self.action_embed_dim, name="action_embed")(action)
+        x = jnp.concatenate([features, emb.astype(features.dtype)], axis=-1)
+        return jnp.tanh(mlp(self.hidden, 1, activation=nn.tanh, name="mlp")(x)[..., 0])
+
+
+class ValueNet(nn.Module):
+    """``V_ext``: ``obs [..., D] -> value [...]`` (tanh MLP; the observation is
+    flattened over its trailing dims ``obs_ndim`` and cast to float)."""
+
+    hidden: tuple = (64, 64)
+    obs_ndim: int = 1
+
+    @nn.compact
+    def __call__(self, obs):
+        lead = obs.shape[: obs.ndim - self.obs_ndim]
+        x = obs.reshape(lead + (-1,)).astype(jnp.result_type(float))
+        return mlp(self.hidden, 1, activation=nn.tanh, name="mlp")(x)[..., 0]
+
+
+class MetaState(NamedTuple):
+    """Signal state: reward net ``phi`` and its optimiser, external critic ``psi`` and its optimiser."""
+
+    phi: Any
+    phi_opt: Any
+    psi: Any
+    psi_opt: Any
+
+
+# ----------------------------------------------------------------------------- pure pieces
+def intrinsic_reward(reward_net: nn.Module, phi, features: jax.Array, action: jax.Array) -> jax.Array:
+    """``R_phi(features [T, N, H], action [T, N]) -> [T, N]``."""
+    return reward_net.apply(phi, features, action)
+
+
+def mixed_reward(r_ext: jax.Array, r_int: jax.Array, hp) -> jax.Array:
+    """``hp.r_ext_coef * r_ext + hp.r_int_coef * r_int`` (``[T, N]``; no normalisation)."""
+    return hp.r_ext_coef * r_ext + hp.r_int_coef * r_int
+
+
+def _flat(x: jax.Array) -> jax.Array:
+    return x.reshape((-1,) + x.shape[2:])
+
+
+def mixed_batch(phi, traj, reward_net: nn.Module, hp) -> PPOBatch:
+    """Flat ``[T * N]`` PPO batch whose advantages/targets come from GAE of the
+    mixed reward with the policy's own critic (``traj.value``, ``traj.next_value``).
+    Differentiable w.r.t. ``phi``."""
+    r_int = intrinsic_reward(reward_net, phi, traj.features, traj.action)
+    r_mix = mixed_reward(traj.reward, r_int, hp)
+    adv, targets = gae(r_mix, traj.value, traj.next_value, traj.terminated, traj.truncated, hp.gamma, hp.gae_lambda)
+    return PPOBatch(_flat(traj.obs), _flat(traj.action), _flat(traj.logp), _flat(traj.value), _flat(adv),
+                    _flat(targets))
+
+
+def guard_adam_state(opt_state, grads):
+    """Make the Adam step differentiable where a gradient is structurally zero.
+
+    Adam divides by ``sqrt(nu)``. For an entry whose gradient is exactly 0 and
+    has always been (a dead ReLU unit, an unused token embedding), ``nu = 0``,
+    the derivative of ``sqrt`` at 0 is infinite and ``0 * inf`` turns the whole
+    meta-gradient NaN. Setting ``nu`` of exactly those entries (``nu == 0`` and
+    ``grad == 0``) to a tiny positive number leaves the step's value unchanged
+    (there ``mu == 0``, so the update is ``0 / (sqrt(nu) + eps) = 0``) and
+    their derivative finite (and zero: they do not depend on phi).
+    ``opt_state`` is the state of :func:`coevo_jax.ppo.make_optimizer` (a chain
+    holding one ``optax.ScaleByAdamState``); ``grads`` has the params' structure.
+    """
+    def fix(nu, g):
+        return jnp.where((nu == 0) & (g == 0), jnp.asarray(jnp.finfo(nu.dtype).tiny * 1e8, nu.dtype), nu)
+
+    def visit(s):
+        if isinstance(s, optax.ScaleByAdamState):
+            return s._replace(nu=jax.tree.map(fix, s.nu, jax.lax.stop_gradient(grads)))
+        return s
+
+    return tuple(visit(s) for s in opt_state)
+
+
+def inner_step(theta, opt_state, batch: PPOBatch, network: nn.Module, hp, lr, normalize_advantages: bool = True):
+    """One step of the policy's real optimiser on the full-batch PPO loss.
+
+    ``batch`` leaves ``[B, ...]``. Returns ``(theta', opt_state')``; the same
+    values as :func:`coevo_jax.ppo.ppo_update` with one epoch and one minibatch
+    (see :func:`guard_adam_state` for the one change that only affects derivatives).
+    """
+    grads = jax.grad(lambda p: ppo_loss(p, network, batch, hp.clip_eps, hp.vf_coef, hp.ent_coef,
+                                        normalize_advantages)[0])(theta)
+    opt_state = guard_adam_state(opt_state, grads)
+    updates, opt_state = make_optimizer(hp.max_grad_norm, lr).update(grads, opt_state, theta)
+    return optax.apply_updates(theta, updates), opt_state
+
+
+def inner_update(theta, opt_state, phi, traj, network: nn.Module, reward_net: nn.Module, hp, lr,
+                 num_steps: int = 1, truncate: int = 0, normalize_advantages: bool = True):
+    """``theta'(phi)``: ``num_steps`` :func:`inner_step` s on the mixed-reward batch.
+
+    ``traj`` is a ``[T, N]`` trajectory (fields ``obs, action, logp, value,
+    features, reward, terminated, truncated, next_value``). Gradients w.r.t.
+    ``phi`` (and ``theta``) are stopped through the first ``truncate`` steps.
+    Returns ``(theta', opt_state')``.
+    """
+    if not 0 <= truncate < num_steps:
+        raise ValueError(f"truncate={truncate} must be in [0, num_steps={num_steps})")
+    batch = mixed_batch(phi, traj, reward_net, hp)
+
+    def steps(carry, n):
+        def body(c, _):
+            return inner_step(*c, batch, network, hp, lr, normalize_advantages), None
+
+        return jax.lax.scan(body, carry, None, length=n)[0]
+
+    carry = (theta, opt_state)
+    if truncate:
+        carry = jax.lax.stop_gradient(steps(carry, truncate))
+    return steps(carry, num_steps - truncate)
+
+
+def external_advantages(v_net: nn.Module, psi, traj, hp):
+    """GAE of the external reward with ``V_ext``: ``(adv [T, N], targets [T, N])``
+    (``hp.gamma``, ``hp.gae_lambda``; gradients w.r.t. ``psi`` stopped)."""
+    value = v_net.apply(psi, traj.obs)
+    next_value = v_net.apply(psi, traj.next_obs)
+    adv, targets = gae(traj.reward, value, next_value, traj.terminated, traj.truncated, hp.gamma, hp.gae_lambda)
+    return jax.lax.stop_gradient(adv), jax.lax.stop_gradient(targets)
+
+
+def clipped_surrogate(params, network: nn.Module, obs, action, logp_old, advantage, clip_eps,
+                      normalize_advantages: bool = True) -> jax.Array:
+    """PPO clipped surrogate ``E[min(rho A, clip(rho, 1 +- eps) A)]`` (to maximise),
+    ``rho = pi_params(a|s) / exp(logp_old)``. All inputs ``[B, ...]``; returns ``()``."""
+    logits = network.apply(params, obs)[0]
+    logp = jax.nn.log_softmax(logits)
+    logp = jnp.take_along_axis(logp, action[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    if normalize_advantages:
+        advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
+    ratio = jnp.exp(logp - logp_old)
+    return jnp.minimum(ratio * advantage, jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantage).mean()
+
+
+def outer_objective(phi, theta, opt_state, traj, adv_ext, network: nn.Module, reward_net: nn.Module, hp, lr,
+                    num_steps: int = 1, truncate: int = 0, normalize_advantages: bool = True):
+    """The LIRPG outer objective ``J_ext(theta'(phi))`` (a scalar to maximise).
+
+    ``theta'`` from :func:`inner_update`; the surrogate is taken on the same
+    batch with ratio ``pi_theta' / pi_theta_old`` (``traj.logp``) and the
+    external advantages ``adv_ext [T, N]``. Returns ``(objective, theta')``.
+    """
+    theta_new, _ = inner_update(theta, opt_state, phi, traj, network, reward_net, hp, lr, num_steps, truncate,
+                                normalize_advantages)
+    obj = clipped_surrogate(theta_new, network, _flat(traj.obs), _flat(traj.action), _flat(traj.logp),
+                            _flat(adv_ext), hp.clip_eps, normalize_advantages)
+    return obj, theta_new
+
+
+def meta_gradient(phi, theta, opt_state, traj, adv_ext, network: nn.Module, reward_net: nn.Module, hp, lr,
+                  num_steps: int = 1, truncate: int = 0, normalize_advantages: bool = True):
+    """``(objective, d objective / d phi)``: second-order gradient through the
+    unrolled inner steps (:func:`outer_objective`). The gradient has phi's structure."""
+    (obj, _), grad = jax.value_and_grad(outer_objective, has_aux=True)(
+        phi, theta, opt_state, traj, adv_ext, network, reward_net, hp, lr, num_steps, truncate,
+        normalize_advantages)
+    return obj, grad
+
+
+def fit_value(v_net: nn.Module, psi, psi_opt, obs: jax.Array, targets: jax.Array, key: jax.Array, hp, lr,
+              num_epochs: int, num_minibatches: int):
+    """Regress ``V_ext(obs [B, ...])`` on ``targets [B]`` (0.5 MSE): ``num_epochs``
+    passes of shuffled minibatch steps with :func:`make_optimizer` ``(hp.max_grad_norm, lr)``.
+    Returns ``(psi, psi_opt, loss before the fit)``."""
+    size = targets.shape[0]
+    mb = size // num_minibatches
+    tx = make_optimizer(hp.max_grad_norm, lr)
+
+    def loss_fn(p, o, t):
+        return 0.5 * ((v_net.apply(p, o) - t) ** 2).mean()
+
+    def step(carry, data):
+        p, s = carry
+        grads = jax.grad(loss_fn)(p, *data)
+        updates, s = tx.update(grads, s, p)
+        return (optax.apply_updates(p, updates), s), None
+
+    def epoch(carry, k):
+        perm = jax.random.permutation(k, size)[: mb * num_minibatches]
+        data = jax.tree.map(lambda x: x[perm].reshape((num_minibatches, mb) + x.shape[1:]), (obs, targets))
+        return jax.lax.scan(step, carry, data)[0], None
+
+    loss0 = loss_fn(psi, obs, targets)
+    (psi, psi_opt), _ = jax.lax.scan(epoch, (psi, psi_opt), jax.random.split(key, num_epochs))
+    return psi, psi_opt, loss0
+
+
+def meta_update(state: MetaState, traj, policy, hp, key, reward_net: nn.Module, v_net: nn.Module,
+                num_steps: int = 1, truncate: int = 0, normalize_advantages: bool = True,
+                value_epochs: int = 1, value_minibatches: int = 1):
+    """One LIRPG update of phi (meta-gradient ascent) and of ``V_ext``.
+
+    ``policy`` is a :class:`~coevo_jax.signals.PolicyView`. Returns ``(state,
+    metrics)``: the outer objective before the step, the meta-gradient's global
+    norm (before clipping) and the ``V_ext`` loss before its fit (the r_int
+    statistics come from ``rewards``, computed with the updated phi).
+    """
+    adv_ext, targets_ext = external_advantages(v_net, state.psi, traj, hp)
+    obj, grad = meta_gradient(state.phi, policy.params, policy.opt_state, traj, adv_ext, policy.network,
+                              reward_net, hp, policy.lr, num_steps, truncate, normalize_advantages)
+    tx = make_optimizer(hp.meta_max_grad_norm, hp.meta_lr)
+    neg = jax.tree.map(jnp.negative, grad)  # the optimiser descends; ascend the objective
+    updates, phi_opt = tx.update(neg, state.phi_opt, state.phi)
+    phi = optax.apply_updates(state.phi, updates)
+    psi, psi_opt, v_loss = fit_value(v_net, state.psi, state.psi_opt, _flat(traj.obs), _flat(targets_ext), key, hp,
+                                     policy.lr, value_epochs, value_minibatches)
+    metrics = {"outer_objective": obj, "meta_grad_norm": optax.global_norm(grad), "v_ext_loss": v_loss}
+    return MetaState(phi, phi_opt, psi, psi_opt), {k: v.astype(jnp.float32) for k, v in metrics.items()}
+
+
+# ----------------------------------------------------------------------------- the Signal
+def make_meta(static, network, env, env_params) -> Signal:
+    """LIRPG meta-gradient reward source (method ``meta``).
+
+    ``rewards = hp.r_ext_coef * r_ext + hp.r_int_coef * R_phi(features, action)``
+    with phi refit by :func:`meta_update` whenever the loop runs ``update``.
+    """
+    num_actions = env.action_space(env_params).n
+    obs_ndim = len(env.observation_space(env_params).shape)
+    reward_net = RewardNet(num_actions, tuple(static.reward_hidden), static.action_embed_dim)
+    v_net = ValueNet(tuple(static.reward_hidden), obs_ndim)
+
+    def init(key, traj, hp):
+        k_r, k_v = jax.random.split(key)
+        phi = reward_net.init(k_r, traj.features[0], traj.action[0])
+        psi = v_net.init(k_v, traj.obs[0])
+        return MetaState(phi, init_optimizer(phi), psi, init_optimizer(psi))
+
+    def update(state, traj, policy, hp, key):
+        return meta_update(state, traj, policy, hp, key, reward_net, v_net, static.meta_inner_steps,
+                           static.meta_truncate, static.normalize_advantages, static.update_epochs,
+                           static.num_minibatches)
+
+    def rewards(state, traj, hp):
+        r_int = intrinsic_reward(reward_net, state.phi, traj.features, traj.action)
+        r = mixed_reward(traj.reward, r_int, hp)
+        return r, {"r_int_mean": r_int.mean().astype(jnp.float32), "r_int_std": r_int.std().astype(jnp.float32)}
+
+    return Signal(init, no_observe, update, rewards)

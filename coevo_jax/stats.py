@@ -1,0 +1,157 @@
+"""Aggregate statistics over runs, after Agarwal et al. (2021), "Deep RL at the
+Edge of the Statistical Precipice": interquartile mean (IQM) and percentile
+bootstrap confidence intervals, plus steps-to-threshold. NumPy, host side.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def iqm(x: np.ndarray) -> float:
+    """Mean of the middle 50% of ``x`` (scores ``[R]``), NaNs dropped.
+
+    Uses fractional weights at the quartile boundaries, so it is exact for any
+    ``R`` (with ``R < 4`` it is the plain mean of the trimmed set).
+    """
+    x = np.sort(np.asarray(x, np.float64).ravel())
+    x = x[np.isfinite(x)]
+    n = len(x)
+    if n == 0:
+        return float("nan")
+    lo, hi = 0.25 * n, 0.75 * n
+    idx = np.arange(n)
+    w = np.clip(np.minimum(idx + 1, hi) - np.maximum(idx, lo), 0.0, 1.0)
+    return float((w * x).sum() / w.sum())
+
+
+def bootstrap_ci(x: np.ndarray, stat=np.mean, n_boot: int = 2000, alpha: float = 0.05, seed: int = 0):
+    """Percentile bootstrap ``(low, high)`` of ``stat`` over runs ``x [R]`` (NaNs dropped)."""
+    x = np.asarray(x, np.float64).ravel()
+    x = x[np.isfinite(x)]
+    if len(x) == 0:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(x), size=(n_boot, len(x)))
+    stats = np.array([stat(x[i]) for i in idx])
+    return float(np.quantile(stats, alpha / 2)), float(np.quantile(stats, 1 - alpha / 2))
+
+
+def stratified_bootstrap_ci(groups: list, stat=iqm, n_boot: int = 2000, alpha: float = 0.05, seed: int = 0):
+    """Stratified bootstrap CI: resample runs within each group (e.g. each
+    environment), pool them, apply ``stat``. ``groups`` is a list of ``[R_g]`` arrays."""
+    groups = [np.asarray(g, np.float64).ravel() for g in groups]
+    groups = [g[np.isfinite(g)] for g in groups if np.isfinite(g).any()]
+    if not groups:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    stats = np.empty(n_boot)
+    for b in range(n_boot):
+        stats[b] = stat(np.concatenate([g[rng.integers(0, len(g), len(g))] for g in groups]))
+    return float(np.quantile(stats, alpha / 2)), float(np.quantile(stats, 1 - alpha / 2))
+
+
+def steps_to_threshold(curve: np.ndarray, steps: np.ndarray, threshold: float, smooth: int = 1) -> np.ndarray:
+    """First env step at which the (moving-average) curve reaches ``threshold``.
+
+    ``curve [..., I]`` per-iteration scores, ``steps [I]`` env steps. Returns
+    ``[...]`` float steps, ``inf`` where never reached.
+    """
+    curve = np.asarray(curve, np.float64)
+    if smooth > 1:
+        kernel = np.ones(smooth) / smooth
+        pad = np.concatenate([np.repeat(curve[..., :1], smooth - 1, -1), curve], -1)
+        curve = np.apply_along_axis(lambda c: np.convolve(c, kernel, "valid"), -1, pad)
+    hit = curve >= threshold
+    first = np.argmax(hit, axis=-1)
+    out = np.asarray(steps, np.float64)[first]
+    return np.where(hit.any(-1), out, np.inf)
+
+
+def summarize(x: np.ndarray, seed: int = 0) -> dict:
+    """``mean, iqm, ci_low, ci_high`` (IQM bootstrap CI) of per-run scores ``[R]``."""
+    lo, hi = bootstrap_ci(x, iqm, seed=seed)
+    xs = np.asarray(x, np.float64)
+    return {"mean": float(np.nanmean(xs)) if np.isfinite(xs).any() else float("nan"), "iqm": iqm(x),
+            "ci_low": lo, "ci_high": hi}
+
+
+# ----------------------------------------------------------------------------- per-run scores and curves
+def tail_fraction_mean(curve: np.ndarray, frac: float = 0.1) -> np.ndarray:
+    """Mean of the last ``ceil(frac * I)`` iterations (at least one) of each run.
+
+    ``curve [..., I]`` -> ``[...]``. NaNs are ignored (a run whose tail is all
+    NaN scores NaN). This is the "final" score of a run in the sweep summaries.
+    """
+    curve = np.asarray(curve, np.float64)
+    n = max(1, int(np.ceil(frac * curve.shape[-1])))
+    tail = curve[..., -n:]
+    count = np.isfinite(tail).sum(-1)
+    total = np.where(np.isfinite(tail), tail, 0.0).sum(-1)
+    return np.where(count > 0, total / np.maximum(count, 1), np.nan)
+
+
+def tail_fraction_variance(curve: np.ndarray, frac: float = 0.25) -> np.ndarray:
+    """Variance over the last ``ceil(frac * I)`` iterations of each run: an
+    oscillation measure of a learning curve. ``curve [..., I]`` -> ``[...]``
+    (population variance, NaNs ignored; NaN when fewer than one finite value)."""
+    curve = np.asarray(curve, np.float64)
+    n = max(1, int(np.ceil(frac * curve.shape[-1])))
+    tail = curve[..., -n:]
+    finite = np.isfinite(tail)
+    count = finite.sum(-1)
+    safe = np.maximum(count, 1)
+    mean = np.where(finite, tail, 0.0).sum(-1) / safe
+    var = (np.where(finite, tail - mean[..., None], 0.0) ** 2).sum(-1) / safe
+    return np.where(count > 0, var, np.nan)
+
+
+def iqm_along(x: np.ndarray, axis: int = 0) -> np.ndarray:
+    """Vectorised :func:`iqm` along ``axis`` (NaNs dropped per slice; an
+    all-NaN slice gives NaN). Equals ``iqm`` applied to each slice."""
+    x = np.moveaxis(np.asarray(x, np.float64), axis, -1)
+    xs = np.sort(x, axis=-1)  # NaNs sort to the end
+    n = np.isfinite(xs).sum(-1, keepdims=True).astype(np.float64)
+    idx = np.arange(xs.shape[-1], dtype=np.float64)
+    w = np.clip(np.minimum(idx + 1, 0.75 * n) - np.maximum(idx, 0.25 * n), 0.0, 1.0)
+    w = np.where(np.isfinite(xs), w, 0.0)
+    wsum = w.sum(-1)
+    out = np.where(np.isfinite(xs), xs, 0.0) * w
+    return np.where(wsum > 0, out.sum(-1) / np.maximum(wsum, 1e-300), np.nan)
+
+
+def mean_along(x: np.ndarray, axis: int = 0) -> np.ndarray:
+    """``nanmean`` along ``axis`` that returns NaN (without a warning) for all-NaN slices."""
+    x = np.asarray(x, np.float64)
+    finite = np.isfinite(x)
+    count = finite.sum(axis)
+    return np.where(count > 0, np.where(finite, x, 0.0).sum(axis) / np.maximum(count, 1), np.nan)
+
+
+def bootstrap_curve_ci(curves: np.ndarray, stat: str = "iqm", n_boot: int = 500, alpha: float = 0.05,
+                       seed: int = 0):
+    """Pointwise percentile-bootstrap band of a learning curve.
+
+    ``curves [R, I]`` (runs x iterations). Runs are resampled as whole curves
+    (the same resampled runs at every iteration). ``stat`` is ``"iqm"`` or
+    ``"mean"``. Returns ``(point [I], low [I], high [I])``.
+    """
+    curves = np.asarray(curves, np.float64)
+    f = iqm_along if stat == "iqm" else mean_along
+    point = f(curves, 0)
+    if curves.shape[0] == 0:
+        return point, point, point
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, curves.shape[0], size=(n_boot, curves.shape[0]))
+    boots = f(curves[idx], 1)  # [n_boot, I]
+    with np.errstate(all="ignore"):
+        lo = np.nanquantile(boots, alpha / 2, axis=0) if np.isfinite(boots).any() else point * np.nan
+        hi = np.nanquantile(boots, 1 - alpha / 2, axis=0) if np.isfinite(boots).any() else point * np.nan
+    return point, lo, hi
+
+
+def median_steps(steps: np.ndarray) -> float:
+    """Median of per-run steps-to-threshold ``[R]`` (``inf`` = never reached,
+    kept as ``inf`` so a setting where most runs never reach it reads ``inf``)."""
+    steps = np.asarray(steps, np.float64).ravel()
+    steps = steps[~np.isnan(steps)]
+    return float(np.median(steps)) if len(steps) else float("nan")

@@ -1,0 +1,193 @@
+"""The environment contract, for every registered environment and the gymnax adapter."""
+import gymnax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import envs_jax
+from envs_jax.adapters import from_gymnax
+
+STEPS = 64
+
+
+def _random_run(env, params, key, steps=STEPS, num_envs=3):
+    """vmapped, jitted random policy: returns stacked step outputs."""
+    space = env.action_space(params)
+
+    def run(key):
+        k0, key = jax.random.split(key)
+        obs, state = env.reset(k0, params)
+
+        def step(carry, k):
+            obs, state = carry
+            ka, ks = jax.random.split(k)
+            action = space.sample(ka)
+            obs2, state2, r, term, trunc, info = env.step(ks, state, action, params)
+            return (obs2, state2), (obs, obs2, r, term, trunc, info["final_obs"])
+
+        _, out = jax.lax.scan(step, (obs, state), jax.random.split(key, steps))
+        return out
+
+    return jax.jit(jax.vmap(run))(jax.random.split(key, num_envs))
+
+
+@pytest.mark.parametrize("name", envs_jax.registered())
+def test_contract(name):
+    env, params = envs_jax.make(name)
+    obs_space, act_space = env.observation_space(params), env.action_space(params)
+    key = jax.random.PRNGKey(0)
+    obs, state = jax.jit(env.reset)(key, params)
+    assert obs.shape == tuple(obs_space.shape) and obs.dtype == obs_space.dtype
+    assert bool(obs_space.contains(obs))
+    a = act_space.sample(key)
+    assert bool(act_space.contains(a)) and not bool(act_space.contains(jnp.int32(act_space.n)))
+    out = jax.jit(env.step)(key, state, a, params)
+    assert len(out) == 6
+    obs2, state2, r, term, trunc, info = out
+    assert r.shape == () and r.dtype == jnp.float32
+    assert term.dtype == jnp.bool_ and trunc.dtype == jnp.bool_
+    assert "final_obs" in info and info["final_obs"].shape == obs.shape
+
+    cur, nxt, rew, term, trunc, final = _random_run(env, params, key)
+    assert not bool(jnp.any(term & trunc)), "terminated and truncated both set"
+    assert bool(jnp.all(jax.vmap(jax.vmap(obs_space.contains))(cur)))
+    # final_obs equals the next observation unless the episode ended (then obs is a fresh reset)
+    done = np.asarray(term | trunc)
+    same = np.all(np.asarray(final == nxt).reshape(done.shape + (-1,)), axis=-1)
+    assert same[~done].all()
+    assert np.isfinite(np.asarray(rew)).all()
+
+
+@pytest.mark.parametrize("name", [n for n in envs_jax.registered() if not n.startswith(("CartPole", "Acrobot", "Mountain"))])
+def test_project_envs_have_info_keys_and_render(name):
+    env, params = envs_jax.make(name)
+    key = jax.random.PRNGKey(1)
+    obs, state = env.reset(key, params)
+    *_, info = env.step(key, state, env.action_space(params).sample(key), params)
+    assert {"success", "dense_reward"} <= set(info)
+    text = env.render(state, params)
+    assert isinstance(text, str) and len(text) > 0
+
+
+def test_truncation_at_time_limit_not_termination():
+    env, params = envs_jax.make("CartPole-v1")
+    # an episode of CartPole that never falls is cut at 500: use a tiny limit to see it quickly
+    genv, gparams = gymnax.make("CartPole-v1")
+    gparams = gparams.replace(max_steps_in_episode=5)
+    env = from_gymnax(genv, gparams)
+    params = env.default_params
+    key = jax.random.PRNGKey(0)
+    obs, state = env.reset(key, params)
+    flags = []
+    for t in range(5):
+        obs, state, r, term, trunc, info = env.step(jax.random.PRNGKey(t), state, jnp.int32(t % 2), params)
+        flags.append((bool(term), bool(trunc)))
+    assert flags[-1] == (False, True) and all(f == (False, False) for f in flags[:-1])
+    # after the reset the observation is fresh, while final_obs holds the pre-reset one
+    assert not np.allclose(obs, info["final_obs"])
+
+
+class _OldStyle:
+    """A gymnax environment seen through the pre-1.0 five-value ``step``."""
+
+    def __init__(self, env):
+        self.env = env
+        self.default_params = env.default_params
+
+    def reset(self, key, params):
+        return self.env.reset(key, params)
+
+    def reset_env(self, key, params):
+        return self.env.reset_env(key, params)
+
+    def step(self, key, state, action, params):
+        obs, state, reward, term, trunc, info = self.env.step(key, state, action, params)
+        return obs, state, reward, jnp.logical_or(term, trunc), {}
+
+    def action_space(self, params):
+        return self.env.action_space(params)
+
+
+def test_adapter_accepts_old_five_value_step():
+    genv, gparams = gymnax.make("CartPole-v1")
+    new, old = from_gymnax(genv, gparams), from_gymnax(_OldStyle(genv), gparams)
+    assert new._six and not old._six
+    key = jax.random.PRNGKey(2)
+    o1, s1 = new.reset(key)
+    o2, s2 = old.reset(key)
+    for t in range(30):
+        k = jax.random.PRNGKey(100 + t)
+        o1, s1, r1, te1, tr1, _ = new.step(k, s1, jnp.int32(1), new.default_params)
+        o2, s2, r2, te2, tr2, _ = old.step(k, s2, jnp.int32(1), old.default_params)
+        np.testing.assert_allclose(o1, o2)
+        assert (bool(te1), bool(tr1), float(r1)) == (bool(te2), bool(tr2), float(r2))
+    assert any([True])
+
+
+def test_delayed_reward_pays_same_total_every_d_steps():
+    env, params = envs_jax.make("CartPole-v1", reward_freq=7)
+    base, bparams = envs_jax.make("CartPole-v1")
+    assert int(params.reward_freq) == 7
+    key = jax.random.PRNGKey(4)
+
+    def run(e, p, key, n=120):
+        obs, state = e.reset(key, p)
+
+        def step(c, k):
+            obs, state = c
+            obs, state, r, term, trunc, info = e.step(k, state, jnp.int32(0), p)
+            return (obs, state), (r, term | trunc)
+
+        return jax.lax.scan(step, (obs, state), jax.random.split(key, n))[1]
+
+    r_del, done_del = jax.jit(lambda k: run(env, params, k))(key)
+    r_raw, done_raw = jax.jit(lambda k: run(base, bparams, k))(key)
+    np.testing.assert_array_equal(done_del, done_raw)
+    # per-episode totals match; payments only every 7 steps within an episode or at its end
+    ends = np.flatnonzero(np.asarray(done_raw))
+    start = 0
+    for end in ends:
+        assert np.isclose(r_del[start:end + 1].sum(), r_raw[start:end + 1].sum())
+        paid = np.flatnonzero(np.asarray(r_del[start:end + 1]) != 0)
+        assert all((i + 1) % 7 == 0 or i == end - start for i in paid)
+        start = end + 1
+    assert len(ends) >= 2
+
+
+def test_delayed_reward_param_is_sweepable_under_vmap():
+    env, params = envs_jax.make("CartPole-v1", reward_freq=5)
+    freqs = jnp.array([1, 5, 50], jnp.int32)
+    ps = jax.vmap(lambda f: params.replace(reward_freq=f))(freqs)
+
+    def first_payment(p):
+        obs, state = env.reset(jax.random.PRNGKey(0), p)
+        obs, state, r, *_ = env.step(jax.random.PRNGKey(1), state, jnp.int32(0), p)
+        return r
+
+    r = jax.vmap(first_payment)(ps)
+    assert np.asarray(r).tolist() == [1.0, 0.0, 0.0]
+
+
+def test_unknown_env_name_lists_registered():
+    with pytest.raises(ValueError, match="unknown environment 'Nope'; registered: .*CartPole-v1"):
+        envs_jax.make("Nope")
+    with pytest.raises(ValueError, match="reward_freq must be an integer >= 1"):
+        envs_jax.make("CartPole-v1", reward_freq=0)
+
+
+def test_episode_stats_wrapper_records_returns():
+    env, params = envs_jax.make("CartPole-v1")
+    wrapped = envs_jax.EpisodeStats(env)
+    key = jax.random.PRNGKey(0)
+    obs, state = wrapped.reset(key, params)
+    total, ended = 0.0, None
+    for t in range(200):
+        obs, state, r, term, trunc, info = wrapped.step(jax.random.PRNGKey(t), state, jnp.int32(0), params)
+        total += float(r)
+        if bool(info["returned_episode"]):
+            ended = t
+            break
+    assert ended is not None
+    assert float(info["returned_episode_returns"]) == total
+    assert int(info["returned_episode_lengths"]) == ended + 1

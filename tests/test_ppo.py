@@ -1,0 +1,109 @@
+"""GAE and the PPO loss against NumPy references."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import coevo_jax as cj
+from coevo_jax.ppo import PPOBatch
+
+
+def gae_reference(r, v, nv, term, trunc, gamma, lam):
+    """Plain-loop GAE, one env at a time (the textbook recursion)."""
+    T, N = r.shape
+    adv = np.zeros((T, N))
+    for n in range(N):
+        running = 0.0
+        for t in reversed(range(T)):
+            done = term[t, n] or trunc[t, n]
+            delta = r[t, n] + gamma * (0.0 if term[t, n] else nv[t, n]) - v[t, n]
+            running = delta + gamma * lam * (0.0 if done else running)
+            adv[t, n] = running
+    return adv
+
+
+def test_gae_matches_reference_with_termination_and_truncation():
+    rng = np.random.default_rng(0)
+    T, N = 12, 3
+    r, v, nv = rng.normal(size=(3, T, N))
+    term = np.zeros((T, N), bool)
+    trunc = np.zeros((T, N), bool)
+    term[4, 0] = term[9, 1] = True
+    trunc[6, 0] = trunc[2, 2] = True
+    adv, targ = cj.gae(jnp.array(r), jnp.array(v), jnp.array(nv), jnp.array(term), jnp.array(trunc), 0.97, 0.9)
+    ref = gae_reference(r, v, nv, term, trunc, 0.97, 0.9)
+    np.testing.assert_allclose(adv, ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(targ, ref + v, rtol=1e-5, atol=1e-5)
+
+
+def test_gae_hand_computed_truncation_bootstraps_termination_does_not():
+    # one env, two steps, both episodes end at t=0 in the two cases
+    r = jnp.array([[1.0], [0.0]])
+    v = jnp.array([[0.5], [0.2]])
+    nv = jnp.array([[2.0], [0.3]])
+    done_t0 = jnp.array([[True], [False]])
+    never = jnp.zeros((2, 1), bool)
+    adv_term, _ = cj.gae(r, v, nv, done_t0, never, 0.5, 1.0)
+    adv_trunc, _ = cj.gae(r, v, nv, never, done_t0, 0.5, 1.0)
+    # terminated: A_0 = 1 - 0.5 = 0.5; truncated: A_0 = 1 + 0.5 * 2.0 - 0.5 = 1.5
+    assert float(adv_term[0, 0]) == pytest.approx(0.5)
+    assert float(adv_trunc[0, 0]) == pytest.approx(1.5)
+    # t=1 is the same in both: 0 + 0.5 * 0.3 - 0.2 = -0.05
+    assert float(adv_term[1, 0]) == pytest.approx(-0.05)
+    assert float(adv_trunc[1, 0]) == pytest.approx(-0.05)
+
+
+def test_gae_no_done_is_discounted_sum_of_deltas():
+    T = 5
+    r = jnp.arange(T, dtype=jnp.float32)[:, None]
+    v = jnp.zeros((T, 1))
+    nv = jnp.zeros((T, 1))
+    adv, _ = cj.gae(r, v, nv, jnp.zeros((T, 1), bool), jnp.zeros((T, 1), bool), 0.9, 0.5)
+    expected = [sum((0.45 ** (k - t)) * k for k in range(t, T)) for t in range(T)]
+    np.testing.assert_allclose(adv[:, 0], expected, rtol=1e-6)
+
+
+def _tiny_batch(key, b=8, d=3, a=2):
+    k1, k2, k3 = jax.random.split(key, 3)
+    net = cj.ActorCritic(a, (8,))
+    obs = jax.random.normal(k1, (b, d))
+    params = net.init(k2, obs)
+    logits, value, _ = net.apply(params, obs)
+    action = jax.random.randint(k3, (b,), 0, a)
+    logp = jax.nn.log_softmax(logits)[jnp.arange(b), action]
+    adv = jnp.linspace(-1.0, 1.0, b)
+    return net, params, PPOBatch(obs, action, logp, value, adv, value + adv)
+
+
+def test_ppo_loss_at_behaviour_policy_equals_reference():
+    net, params, batch = _tiny_batch(jax.random.PRNGKey(1))
+    loss, m = cj.ppo_loss(params, net, batch, 0.2, 0.5, 0.01, normalize_advantages=False)
+    logits, value, _ = net.apply(params, batch.obs)
+    p = jax.nn.softmax(logits)
+    entropy = float(-(p * jnp.log(p)).sum(-1).mean())
+    # ratio = 1 everywhere: policy loss = -mean(A); value loss = 0.5 * mean(A^2)
+    expected = -float(batch.advantage.mean()) + 0.5 * 0.5 * float((batch.advantage ** 2).mean()) - 0.01 * entropy
+    assert float(loss) == pytest.approx(expected, rel=1e-5, abs=1e-6)
+    assert float(m["clip_frac"]) == 0.0
+    assert float(m["approx_kl"]) == pytest.approx(0.0, abs=1e-7)
+
+
+def test_ppo_loss_clips_the_ratio():
+    net, params, batch = _tiny_batch(jax.random.PRNGKey(2))
+    # behaviour log-probs much lower than the current ones: ratio >> 1+eps, positive advantages are clipped
+    shifted = batch._replace(logp=batch.logp - 2.0, advantage=jnp.ones_like(batch.advantage))
+    _, m = cj.ppo_loss(params, net, shifted, 0.2, 0.0, 0.0, normalize_advantages=False)
+    assert float(m["policy_loss"]) == pytest.approx(-1.2, rel=1e-5)
+    assert float(m["clip_frac"]) == 1.0
+
+
+def test_ppo_update_reduces_loss_on_fixed_batch():
+    net, params, batch = _tiny_batch(jax.random.PRNGKey(3), b=32)
+    hp = cj.default_hparams("ppo")
+    opt = cj.ppo.init_optimizer(params)
+    before, _ = cj.ppo_loss(params, net, batch, hp.clip_eps, hp.vf_coef, hp.ent_coef)
+    p2, _, m = jax.jit(cj.ppo_update, static_argnums=(2, 7, 8))(params, opt, net, batch, jax.random.PRNGKey(0), hp,
+                                                              jnp.float32(3e-3), 4, 4)
+    after, _ = cj.ppo_loss(p2, net, batch, hp.clip_eps, hp.vf_coef, hp.ent_coef)
+    assert float(after) < float(before)
+    assert set(m) >= {"policy_loss", "value_loss", "entropy", "approx_kl", "grad_norm"}
