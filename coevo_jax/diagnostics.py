@@ -117,7 +117,8 @@ def plot_coevo_diagnostics(metrics: dict, path: str, window: int = 20, title: st
     axes[1].set_ylabel("2: predicted cum. reward")
     axes[2].plot(x, var, color="C3")
     axes[2].set_ylabel("3: Var[r_int] per batch")
-    axes[2].set_yscale("symlog", linthresh=1e-6)
+    if np.all(var[np.isfinite(var)] > 0):
+        axes[2].set_yscale("log")
     axes[2].set_xlabel("env steps" if "env_steps" in metrics else "iteration")
     for ax in axes:
         for i in np.flatnonzero(flag):

@@ -195,3 +195,31 @@ def sweep_default_plots(out: str, config, plans, curves: dict, runs: dict, rows)
             logx=all(x > 0 for x in xs) and len(xs) > 2 and max(xs) / min(xs) >= 8,
             title=f"{config.env}: final return (mean of last 10% of iterations)"))
     return written
+
+
+def plot_interval_estimates(groups: Mapping[str, Mapping[str, np.ndarray]], path: str, xlabel: str = "final return",
+                            stat: str = "iqm", title: str | None = None) -> str:
+    """Interval estimates (Agarwal et al. 2021, Fig. 1 style): one panel per
+    group (e.g. environment), one row per label (method), a dot at ``stat`` of
+    the per-run scores and a bar for its 95% bootstrap CI."""
+    names = list(groups)
+    fig, axes = plt.subplots(1, max(1, len(names)), figsize=(4.2 * max(1, len(names)), 0.45 * max(
+        (len(g) for g in groups.values()), default=1) + 1.4), squeeze=False)
+    f = stats.iqm if stat == "iqm" else (lambda v: float(np.nanmean(v)))
+    for ax, name in zip(axes.ravel(), names):
+        labels = list(groups[name])
+        for i, label in enumerate(labels):
+            v = groups[name][label]
+            lo, hi = stats.bootstrap_ci(v, f, n_boot=1000, seed=i)
+            ax.plot([lo, hi], [i, i], color=f"C{i % 10}", lw=6, alpha=0.35, solid_capstyle="butt")
+            ax.plot([f(v)], [i], "o", color=f"C{i % 10}")
+        ax.set_yticks(range(len(labels)))
+        ax.set_yticklabels(labels)
+        ax.invert_yaxis()
+        ax.set_title(name, fontsize=10)
+        ax.set_xlabel(f"{xlabel} ({stat.upper() if stat == 'iqm' else stat}, 95% CI)")
+        ax.grid(alpha=0.3, axis="x")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return save_figure(fig, path)

@@ -46,16 +46,23 @@ class CausalSelfAttention(nn.Module):
     num_heads: int
 
     @nn.compact
-    def __call__(self, x: Array, q_pos: Array, k_cache: Array | None, v_cache: Array | None):
-        """``x`` [B, C, d] at positions ``q_pos`` [B, C]. Without a cache the C
-        tokens are the whole sequence (``q_pos = arange(C)``); with one
-        (``[B, L, H, dh]``) their keys/values are written into it at ``q_pos`` and
-        the queries attend over the cache. Returns ``(y, k_cache, v_cache)``."""
+    def __call__(self, x: Array, q_pos: Array, k_cache: Array | None, v_cache: Array | None,
+                 x_kv: Array | None = None):
+        """``x`` [B, C, d] at positions ``q_pos`` [B, C].
+
+        * plain: the C tokens are the whole sequence (``q_pos = arange(C)``);
+        * ``x_kv`` [B, L, d]: keys/values come from the whole sequence ``x_kv``
+          and only the queries ``x`` are computed (the last layer of ``__call__``);
+        * cache (``[B, L, H, dh]``): the keys/values of ``x`` are written into it
+          at ``q_pos`` and the queries attend over the cache.
+
+        Returns ``(y, k_cache, v_cache)``."""
         h = self.num_heads
         dh = self.d_model // h
+        src = x if x_kv is None else x_kv
         q = nn.DenseGeneral((h, dh), name="query")(x)
-        k = nn.DenseGeneral((h, dh), name="key")(x)
-        v = nn.DenseGeneral((h, dh), name="value")(x)
+        k = nn.DenseGeneral((h, dh), name="key")(src)
+        v = nn.DenseGeneral((h, dh), name="value")(src)
         if k_cache is not None:
             write = jax.vmap(lambda c, p, u: c.at[p].set(u.astype(c.dtype), mode="drop"))
             k_cache = write(k_cache, q_pos, k)
@@ -77,9 +84,10 @@ class Block(nn.Module):
     mlp_ratio: int = 4
 
     @nn.compact
-    def __call__(self, x, q_pos, k_cache=None, v_cache=None):
+    def __call__(self, x, q_pos, k_cache=None, v_cache=None, x_kv=None):
+        ln1 = nn.LayerNorm(name="ln1")
         y, k_cache, v_cache = CausalSelfAttention(self.d_model, self.num_heads, name="attn")(
-            nn.LayerNorm(name="ln1")(x), q_pos, k_cache, v_cache
+            ln1(x), q_pos, k_cache, v_cache, None if x_kv is None else ln1(x_kv)
         )
         x = x + y
         y = nn.LayerNorm(name="ln2")(x)
@@ -101,6 +109,8 @@ class TransformerActorCritic(nn.Module):
     def setup(self):
         if self.d_model % self.num_heads:
             raise ValueError("d_model must be divisible by num_heads")
+        if self.num_layers < 1:
+            raise ValueError("num_layers must be >= 1")
         init = nn.initializers.normal(0.02)
         self.tok_embed = nn.Embed(self.vocab_size, self.d_model, embedding_init=init)
         self.pos_embed = self.param("pos_embed", init, (self.max_len, self.d_model))
@@ -121,14 +131,21 @@ class TransformerActorCritic(nn.Module):
     def _heads(self, feats):
         return self.policy_head(feats), self.value_head(feats)[..., 0]
 
-    def _trunk(self, obs2):
-        """Final hidden states ``[B, L, d]`` of a full causal pass."""
+    def _trunk(self, obs2, last_only: Array | None = None):
+        """Final hidden states ``[B, L, d]`` of a full causal pass, or ``[B, d]``
+        at positions ``last_only`` [B] (the last block then computes only that
+        query: same numbers, less work)."""
         b, l = obs2.shape
         pos = jnp.broadcast_to(jnp.arange(l), (b, l))
         x = self._embed(obs2, pos)
-        for blk in self.blocks:
+        blocks = self.blocks if last_only is None else self.blocks[:-1]
+        for blk in blocks:
             x, _, _ = blk(x, pos)
-        return self.ln_f(x)
+        if last_only is None:
+            return self.ln_f(x)
+        x_q = jnp.take_along_axis(x, last_only[:, None, None], axis=1)  # [B, 1, d]
+        x_q, _, _ = self.blocks[-1](x_q, last_only[:, None], x_kv=x)
+        return self.ln_f(x_q[:, 0])
 
     # -- public
     def __call__(self, obs: Array):
@@ -136,9 +153,8 @@ class TransformerActorCritic(nn.Module):
         self._check(obs)
         batch, l = obs.shape[:-1], obs.shape[-1]
         obs2 = obs.reshape(-1, l)
-        h = self._trunk(obs2)
-        idx = jnp.clip(jnp.sum(obs2 != PAD, axis=-1) - 1, 0, l - 1)
-        feats = jnp.take_along_axis(h, idx[:, None, None], axis=1)[:, 0]
+        idx = jnp.clip(jnp.sum(obs2 != PAD, axis=-1) - 1, 0, l - 1).astype(jnp.int32)
+        feats = self._trunk(obs2, last_only=idx)
         logits, value = self._heads(feats)
         return (
             logits.reshape(batch + (self.num_actions,)),

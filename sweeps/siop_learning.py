@@ -54,7 +54,7 @@ METHOD_HP = {
 }
 BASE_HP = {"lr": 5e-4}
 
-STATIC = dict(num_envs=16, rollout_len=64, num_minibatches=4, update_epochs=4, potential_steps=5)
+STATIC = dict(num_envs=16, rollout_len=64, num_minibatches=4, update_epochs=4, potential_steps=4)
 
 
 def parse_kv(text: str) -> dict:
@@ -89,11 +89,11 @@ def run_method(env_name: str, method: str, num_seeds: int, total_steps: int, arg
     return trainer, static, hp, state, {k: np.asarray(v) for k, v in metrics.items()}, wall
 
 
-def final_trajectories(trainer, static, state, key):
-    """One more rollout of every seed's final policy: a ``[S, T, N]`` Trajectory."""
+def final_trajectories(trainer, static, state, key, length: int):
+    """One more rollout of ``length`` steps of every seed's final policy: a ``[S, T, N]`` Trajectory."""
 
     def one(s, k):
-        return rollout(trainer.network, s.params, trainer.env, trainer.env_params, s.rollout, k, static.rollout_len)[1]
+        return rollout(trainer.network, s.params, trainer.env, trainer.env_params, s.rollout, k, length)[1]
 
     keys = jax.random.split(key, jax.tree.leaves(state.iteration)[0].shape[0])
     return jax.jit(jax.vmap(one))(state, keys)
@@ -101,7 +101,7 @@ def final_trajectories(trainer, static, state, key):
 
 def siop_diagnostics(env_name, trainer, static, hp, state, out_dir, key, do_corr: bool):
     """Credit correlation per seed (KeyDoor), heat map and one episode's credit (seed 0)."""
-    traj = final_trajectories(trainer, static, state, key)
+    traj = final_trajectories(trainer, static, state, key, static.rollout_len)
     credit = jax.jit(jax.vmap(lambda s, t: trajectory_credit(static, s, t, hp)[0]))(state.signal_state, traj)
     credit = np.asarray(credit)
     tnp = jax.tree.map(np.asarray, traj)
@@ -118,17 +118,22 @@ def siop_diagnostics(env_name, trainer, static, hp, state, out_dir, key, do_corr
     _, layout = env.reset(jax.random.PRNGKey(123), trainer.env_params)
     cr.potential_heatmap(value_fn, env, layout, os.path.join(out_dir, f"potential_{env_name}.png"),
                          title=f"SIOP potential V(s), {env_name}, seed 0 (final)")
-    done = tnp.terminated[0] | tnp.truncated[0]
-    ep = cr.complete_episode(done)
+    # one complete episode of seed 0: a rollout long enough (2 T + 1 steps) to hold one
+    state0 = jax.tree.map(lambda x: x[:1], state)
+    long = final_trajectories(trainer, static, state0, jax.random.fold_in(key, 1), 2 * max_steps + 1)
+    c0 = np.asarray(jax.jit(lambda s, t: trajectory_credit(static, s, t, hp)[0])(sig0, jax.tree.map(lambda x: x[0], long)))
+    l0 = jax.tree.map(lambda x: np.asarray(x[0]), long)
+    ep = cr.complete_episode(l0.terminated | l0.truncated)
     if ep is not None:
         n, a, b = ep
         adv = None
         if do_corr:
-            adv = cr.keydoor_optimal_advantages(tnp.obs[0][a:b + 1, n], tnp.next_obs[0][a:b + 1, n],
-                                                tnp.terminated[0][a:b + 1, n], env.size, max_steps)
-        cr.plot_episode_credit(credit[0][a:b + 1, n], os.path.join(out_dir, f"credit_{env_name}.png"),
-                               reward=tnp.reward[0][a:b + 1, n], optimal_adv=adv,
-                               title=f"SIOP credit of one episode, {env_name}, seed 0 (final policy)")
+            adv = cr.keydoor_optimal_advantages(l0.obs[a:b + 1, n], l0.next_obs[a:b + 1, n], l0.terminated[a:b + 1, n],
+                                                env.size, max_steps)
+        outcome = "success" if l0.terminated[b, n] else "time-out"
+        cr.plot_episode_credit(c0[a:b + 1, n], os.path.join(out_dir, f"credit_{env_name}.png"),
+                               reward=l0.reward[a:b + 1, n], optimal_adv=adv,
+                               title=f"SIOP credit of one episode ({outcome}), {env_name}, seed 0, final policy")
     return np.array(corrs, np.float64)
 
 
@@ -200,7 +205,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--num-seeds", type=int, default=32)
     ap.add_argument("--total-steps", type=int, default=0,
-                    help="env steps per seed (default: 150k on KeyDoor-5x5, 300k on FourRooms)")
+                    help="env steps per seed (default 100k, rounded down to whole iterations of 1024)")
     ap.add_argument("--envs", default="KeyDoor-5x5,FourRooms")
     ap.add_argument("--methods", default="ppo,icm,dense,siop")
     ap.add_argument("--out", default="", help="new folder under results/ (default results/siop_learning_<time>)")
@@ -225,13 +230,12 @@ def main(argv=None):
         ap.error(f"--out {out} exists; pass --overwrite to replace it")
     os.makedirs(out, exist_ok=True)
     siop_hp = parse_kv(args.siop_hp)
-    default_steps = {"KeyDoor-5x5": 150_000, "FourRooms": 300_000}
 
     rows, t_start = [], time.time()
     header = ["env", "method", "seeds", "env steps/seed", "wall s", "final success IQM [95% CI]",
               "steps to 90% success, median (seeds reaching)", "credit-A* Spearman, median [IQR]", "diverged"]
     for env_name in envs if not args.timing_only else []:
-        total = args.total_steps or default_steps.get(env_name, 200_000)
+        total = args.total_steps or 100_000
         for method in methods:
             trainer, static, hp, state, m, wall = run_method(env_name, method, args.num_seeds, total, args, siop_hp)
             np.savez(os.path.join(out, f"curves_{env_name}_{method}.npz"), **m)

@@ -33,7 +33,8 @@ def test_forward_error_reward_and_loss_mix_by_hand():
 @pytest.fixture(scope="module")
 def setup():
     env, p = envs_jax.make("KeyDoor-5x5")
-    static = cj.StaticConfig(method="icm", hidden_sizes=(16,), icm_feature_dim=8, update_epochs=30)
+    static = cj.StaticConfig(method="icm", hidden_sizes=(16,), icm_feature_dim=8, num_envs=4, rollout_len=8,
+                             num_minibatches=2)
     return env, p, static, icm_mod.make_icm(static, None, env, p), synthetic_traj()
 
 
@@ -65,7 +66,12 @@ def test_update_lowers_losses_and_reward_is_external_plus_curiosity(setup):
         _, phi_tp1, logits, phi_pred = net.apply(params, traj.obs, traj.next_obs, traj.action)
         return icm_mod.inverse_loss(logits, traj.action), icm_mod.forward_loss(phi_pred, phi_tp1)
 
-    upd, init = jax.jit(sig.update), jax.jit(sig.init)
+    upd1, init = jax.jit(sig.update), jax.jit(sig.init)
+
+    def upd(state, traj, policy, hp, key):  # 15 updates of one epoch (2 minibatches) each
+        for k in jax.random.split(key, 15):
+            state, m = upd1(state, traj, policy, hp, k)
+        return state, m
     # mixed loss: the inverse model learns the actions (the features move, so the forward error may not fall)
     hp = cj.default_hparams("icm", icm_lr=3e-3, icm_eta=0.5)
     state = init(jax.random.PRNGKey(0), traj, hp)

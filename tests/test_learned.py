@@ -249,6 +249,29 @@ def test_ranking_fit_recovers_episode_order():
     assert not np.array_equal(np.argsort(np.asarray(before)), order)  # the order was not right before the fit
 
 
+def test_novelty_update_trains_the_rnd_predictor_only_on_visited_features():
+    signal, state, buf, hp = _fitting_setup("coevo-novelty", steps=100, lr=3e-3)
+    state = state.replace(buffer=buf.replace(ret=jnp.zeros(buf.ret.shape)))
+    seen = types.SimpleNamespace(features=buf.features[:8].transpose(1, 0, 2), action=buf.actions[:8].T)
+    unseen = 3.0 + buf.features[8:].transpose(1, 0, 2)  # far from anything visited
+
+    @jax.jit
+    def run(state):
+        def error(s, feats):
+            rnd = L.RNDNet((32, 32), 32)
+            return L.rnd_error(rnd.apply(s.rnd_params, feats), rnd.apply(s.rnd_target, feats)).mean()
+
+        new, metrics = signal.update(state, seen, None, hp, jax.random.PRNGKey(0))
+        return (error(state, seen.features), error(new, seen.features), error(new, unseen), metrics["rnd_loss"],
+                jax.tree.map(lambda a, b: jnp.all(a == b), new.rnd_target, state.rnd_target))
+
+    before, after, other, loss, target_same = run(state)
+    assert float(after) < float(before) / 5  # the predictor learnt the visited features
+    assert float(other) > 2 * float(after)  # novel features keep a larger error (a larger bonus)
+    assert float(loss) == pytest.approx(float(after), rel=0.2)
+    assert jax.tree.all(target_same)  # the random target is fixed
+
+
 def test_make_learned_rejects_other_methods():
     env, p = envs_jax.make("CartPole-v1")
     with pytest.raises(ValueError, match="coevo-regression, coevo-ranking, coevo-novelty"):

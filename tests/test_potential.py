@@ -180,27 +180,34 @@ def test_init_bias_and_ensemble_combination(kd_traj):
     np.testing.assert_allclose(pot.combine_members(vals, "min"), vals.min(0), rtol=1e-6)
 
 
+def test_minibatch_indices_are_shuffled_epochs():
+    idx = np.asarray(pot.minibatch_indices(jax.random.PRNGKey(0), 12, 3, 5))
+    assert idx.shape == (5, 4)
+    assert sorted(idx[:3].ravel().tolist()) == list(range(12))  # the first epoch visits every sample once
+    assert len(set(idx[3:].ravel().tolist())) == 8  # the second epoch starts afresh
+
+
 def test_one_member_ensemble_equals_single_potential(keydoor, kd_traj):
     env, p = keydoor
-    static = cj.StaticConfig(method="siop", potential_hidden=(8,), potential_steps=3, ensemble_size=1)
+    static = cj.StaticConfig(method="siop", potential_hidden=(8,), potential_steps=3, ensemble_size=1,
+                             num_envs=4, rollout_len=8, num_minibatches=2)
     sig = pot.make_potential(static, None, env, p)
     hp = hp_(potential_lr=1e-2, fit_ramp_iters=0.0)
     traj = kd_traj
     state = sig.observe(jax.jit(sig.init)(jax.random.PRNGKey(3), traj, hp), traj, hp)
-    new, metrics = jax.jit(sig.update)(state, traj, None, hp, jax.random.PRNGKey(0))
-    # the same steps on the single (unstacked) member by hand
+    key = jax.random.PRNGKey(5)
+    new, metrics = jax.jit(sig.update)(state, traj, None, hp, key)
+    # the same steps on the single (unstacked) member by hand, minibatch by minibatch
     net = pot.make_potential_network(static)
     single = jax.tree.map(lambda x: x[0], state.params)
     opt = jax.tree.map(lambda x: x[0], state.opt_state)
-    done = jnp.logical_or(traj.terminated, traj.truncated)
-    g, c = pot.episode_final_returns(done, traj.episode_return)
-    batch = (traj.obs, traj.next_obs, traj.reward, done, g, c)
+    batch = pot.update_batch(traj, 1)
+    idx = pot.minibatch_indices(jax.random.split(key, 1)[0], 32, 2, 3)
     step = jax.jit(pot.potential_step, static_argnums=0)
-    for _ in range(3):
-        single, opt, terms = step(net, single, opt, batch, hp, hp.w_fit)
+    for i in idx:
+        single, opt, terms = step(net, single, opt, jax.tree.map(lambda x: x[i], batch), hp, hp.w_fit)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a[0], b, rtol=1e-5, atol=1e-7), new.params, single)
-    np.testing.assert_allclose(metrics["potential_fit"], terms["fit"], rtol=1e-5)
-    assert float(metrics["potential_fit"]) > 0  # the fit term saw the ended episode
+    np.testing.assert_allclose(metrics["potential_loss"], terms["loss"], rtol=1e-5)
     # and the combined values of a one-member ensemble are that member's
     np.testing.assert_allclose(pot.potential_values(static, new, traj.obs), net.apply(single, traj.obs), rtol=1e-5)
 
@@ -208,7 +215,7 @@ def test_one_member_ensemble_equals_single_potential(keydoor, kd_traj):
 def test_update_reduces_loss_and_rewards_mix(keydoor, kd_traj):
     env, p = keydoor
     static = cj.StaticConfig(method="siop", potential_hidden=(16,), potential_steps=40, ensemble_size=2,
-                             ensemble_combine="min")
+                             ensemble_combine="min", num_envs=4, rollout_len=8, num_minibatches=1)
     sig = pot.make_potential(static, None, env, p)
     hp = hp_(potential_lr=3e-3, fit_ramp_iters=0.0, normalize_int=0.0, beta_ext=1.0, beta_int=0.5)
     traj = kd_traj
@@ -217,6 +224,8 @@ def test_update_reduces_loss_and_rewards_mix(keydoor, kd_traj):
     s1, m1 = upd(state, traj, None, hp, jax.random.PRNGKey(0))
     s2, m2 = upd(s1, traj, None, hp, jax.random.PRNGKey(0))
     assert float(m2["potential_loss"]) < float(m1["potential_loss"])
+    assert float(m1["potential_fit"]) > 0  # the fit term saw the ended episode
+    assert float(m1["terminal_episodes"]) == 2.0  # one terminated, one truncated
     r_used, rm = jax.jit(sig.rewards)(s2, traj, hp)
     credit, _, _ = pot.trajectory_credit(static, s2, traj, hp)
     np.testing.assert_allclose(r_used, traj.reward + 0.5 * credit, rtol=1e-5, atol=1e-7)

@@ -314,25 +314,29 @@ def test_twenty_questions_rules():
 
 @pytest.mark.parametrize("name", ["TextMaze", "TextMaze-PO"])
 def test_maze_rewards_and_render(name):
-    from envs_jax.text.maze import BLOCKED, DIRECTIONS, DIST_TO_GOAL
+    from envs_jax.text.maze import BLOCKED, DIRECTIONS, DIST_TO_GOAL, GOAL_CELL, NEXT_CELL
 
     env, params = env_of(name)
     _, st0, _ = run(name, GIVEN, seed=9)
     actions = np.zeros((B, T), np.int32)
+    free = np.argmin(BLOCKED[st0.cell], axis=1)  # an open direction per row
     for b in range(B):
-        blocked = BLOCKED[st0.cell[b]]
-        wall, free = DIRECTIONS[int(np.argmax(blocked))], DIRECTIONS[int(np.argmin(blocked))]
-        actions[b] = stream(env.vocab, f"move {wall} <eot> move {free} <eot> move move <eot>")
+        wall = DIRECTIONS[int(np.argmax(BLOCKED[st0.cell[b]]))]
+        actions[b] = stream(env.vocab, f"move {wall} <eot> move {DIRECTIONS[free[b]]} <eot> move move <eot>")
+    cell1 = NEXT_CELL[st0.cell, free]
+    progress = DIST_TO_GOAL[st0.cell] - DIST_TO_GOAL[cell1]
     for sparse in (False, True):
         _, _, out = run(name, GIVEN, actions, seed=9, params=params.replace(sparse=sparse))
-        for b in range(B):
-            blocked = BLOCKED[st0.cell[b]]
-            assert out["reward"][b, 2] == (0.0 if sparse else -4.0) and not out["invalid_turn"][b, 2]
-            goal = out["term"][b, 5]
-            assert out["reward"][b, 5] == ((1.0 if goal else 0.0) if sparse else (0.0 if goal else -1.0))
-            assert abs(abs(out["dense_reward"][b, 5] - out["reward"][b, 5]) - 1.0) < 1e-6  # progress +-1
-            if not goal:
-                assert out["invalid_turn"][b, 8] and out["reward"][b, 8] == (0.0 if sparse else -4.0)
+        # t = 2: a wall bump (well formed, illegal); t = 5: a legal move; t = 8: malformed
+        assert (out["reward"][:, 2] == (0.0 if sparse else -4.0)).all() and not out["invalid_turn"][:, 2].any()
+        goal = cell1 == GOAL_CELL
+        np.testing.assert_array_equal(out["term"][:, 5], goal)
+        np.testing.assert_array_equal(out["success"][:, 5], goal)
+        want = np.where(goal, 1.0, 0.0) if sparse else np.where(goal, 0.0, -1.0)
+        np.testing.assert_array_equal(out["reward"][:, 5], want)
+        np.testing.assert_allclose(out["dense_reward"][:, 5], want + progress, atol=1e-6)
+        assert out["invalid_turn"][~goal, 8].all()
+        assert (out["reward"][~goal, 8] == (0.0 if sparse else -4.0)).all()
     text = env.render(row(st0, 0))
     assert "walls" in text and "A" in text and "G" in text
     assert ("pos" in text and "goal" in text) == (name == "TextMaze")

@@ -11,10 +11,11 @@ the intrinsic reward is ``hp.icm_eta * 0.5 * ||f(phi(s_t), a_t) - phi(s_t+1)||^2
 and PPO receives ``r_ext + r_int``.
 
 ``s_t+1`` is ``traj.next_obs`` (the pre-reset final observation on steps that
-end an episode). Each ``update`` (gated by ``hp.k`` in the loop) runs
-``static.update_epochs`` full-batch Adam steps at ``hp.icm_lr`` with global-norm
+end an episode). Each ``update`` (gated by ``hp.k`` in the loop) runs one
+shuffled epoch over the current trajectory in ``static.num_minibatches``
+minibatches (PPO's minibatch size), Adam at ``hp.icm_lr`` with global-norm
 clipping at ``hp.max_grad_norm`` (the policy's; the ICM has no clip field of its
-own) on the current trajectory.
+own): the paper trains the ICM alongside the policy, one pass over each batch.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ import optax
 
 from coevo_jax.ppo import init_optimizer, make_optimizer
 from coevo_jax.signals.base import Signal, mlp
-from coevo_jax.signals.potential import flat_obs
+from coevo_jax.signals.potential import flat_obs, minibatch_indices
 
 
 class ICMNetwork(nn.Module):
@@ -110,21 +111,25 @@ def make_icm(static, network, env, env_params) -> Signal:
 
     def update(state, traj, policy, hp, key):
         tx = make_optimizer(hp.max_grad_norm, hp.icm_lr)
+        flat = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]),
+                            (flat_obs(traj.obs, obs_ndim), flat_obs(traj.next_obs, obs_ndim), traj.action))
+        idx = minibatch_indices(key, flat[2].shape[0], static.num_minibatches, static.num_minibatches)
 
-        def loss_fn(p):
-            _, phi_tp1, logits, phi_pred = apply(p, traj)
-            inv, fwd = inverse_loss(logits, traj.action), forward_loss(phi_pred, phi_tp1)
+        def loss_fn(p, mb):
+            obs, next_obs, action = mb
+            _, phi_tp1, logits, phi_pred = icm.apply(p, obs, next_obs, action)
+            inv, fwd = inverse_loss(logits, action), forward_loss(phi_pred, phi_tp1)
             return icm_loss(inv, fwd, hp.icm_forward_weight), (inv, fwd)
 
-        def step(carry, _):
+        def step(carry, i):
             p, o = carry
-            (loss, (inv, fwd)), grads = jax.value_and_grad(loss_fn, has_aux=True)(p)
+            mb = jax.tree.map(lambda x: x[i], flat)
+            (loss, (inv, fwd)), grads = jax.value_and_grad(loss_fn, has_aux=True)(p, mb)
             updates, o = tx.update(grads, o, p)
             return (optax.apply_updates(p, updates), o), {"icm_loss": loss, "icm_inverse": inv, "icm_forward": fwd}
 
-        (params, opt_state), m = jax.lax.scan(step, (state.params, state.opt_state), None,
-                                              length=static.update_epochs)
-        return ICMState(params, opt_state), jax.tree.map(lambda x: x[-1], m)
+        (params, opt_state), m = jax.lax.scan(step, (state.params, state.opt_state), idx)
+        return ICMState(params, opt_state), jax.tree.map(jnp.mean, m)
 
     def rewards(state, traj, hp):
         _, phi_tp1, _, phi_pred = apply(state.params, traj)

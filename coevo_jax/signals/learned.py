@@ -470,7 +470,7 @@ def make_learned(static, network, env, env_params) -> Signal:
             params, opt_state = carry
             (_, m), g = grad_fn(params)
             upd, opt_state = tx.update(g, opt_state, params)
-            return (optax.apply_updates(params, upd), opt_state), {**m, "reward_grad_norm": optax.global_norm(g)}
+            return (optax.apply_updates(params, upd), opt_state), {**m, "reward_grad_norm": optax.tree.norm(g)}
 
         (params, opt_state), ms = jax.lax.scan(step, (state.params, state.opt_state), None,
                                                length=static.reward_steps)

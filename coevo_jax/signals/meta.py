@@ -17,8 +17,8 @@ raises the *external* objective of the updated policy:
    alone and an external critic ``V_ext`` (GAE);
 3. ``jax.grad`` of the outer objective w.r.t. ``phi`` differentiates through
    the unrolled inner steps (second order); phi takes one clipped Adam ascent
-   step (``hp.meta_lr``, ``hp.meta_max_grad_norm``). ``V_ext`` is refit on the
-   external GAE targets.
+   step (``hp.meta_lr``, ``hp.meta_max_grad_norm``) on that gradient divided
+   by the policy's learning rate. ``V_ext`` is refit on the external GAE targets.
 
 The loop then calls :func:`make_meta`'s ``rewards`` with the updated phi and
 the policy takes its ordinary PPO update on the mixed reward.
@@ -26,7 +26,9 @@ the policy takes its ordinary PPO update on the mixed reward.
 Choices that differ from the reference code (which takes one look-ahead step
 per PPO minibatch with Adam's second moment under ``stop_gradient``): here the
 look-ahead uses the full batch and the exact derivative of the real optimiser
-step (second moment included); one meta step per signal update; ``V_ext``
+step (second moment included); one meta step per signal update, on the
+meta-gradient divided by the policy's learning rate (the raw one is ~1e-8 per
+coordinate, below Adam's eps, so Adam would hardly move phi); ``V_ext``
 (a separate MLP on observations) has its own optimiser mirroring the policy's
 critic (``hp.max_grad_norm``, the policy's learning rate, ``update_epochs x
 num_minibatches`` shuffled steps) instead of sharing phi's optimiser.
@@ -166,6 +168,11 @@ def inner_update(theta, opt_state, phi, traj, network: nn.Module, reward_net: nn
     batch = mixed_batch(phi, traj, reward_net, hp)
 
     def steps(carry, n):
+        if n <= 4:  # unrolled (a differentiated scan compiles slower); longer runs use a scan
+            for _ in range(n):
+                carry = inner_step(*carry, batch, network, hp, lr, normalize_advantages)
+            return carry
+
         def body(c, _):
             return inner_step(*c, batch, network, hp, lr, normalize_advantages), None
 
@@ -257,21 +264,30 @@ def meta_update(state: MetaState, traj, policy, hp, key, reward_net: nn.Module, 
                 value_epochs: int = 1, value_minibatches: int = 1):
     """One LIRPG update of phi (meta-gradient ascent) and of ``V_ext``.
 
-    ``policy`` is a :class:`~coevo_jax.signals.PolicyView`. Returns ``(state,
-    metrics)``: the outer objective before the step, the meta-gradient's global
-    norm (before clipping) and the ``V_ext`` loss before its fit (the r_int
-    statistics come from ``rewards``, computed with the updated phi).
+    ``policy`` is a :class:`~coevo_jax.signals.PolicyView`. phi's optimiser
+    (clip by ``hp.meta_max_grad_norm``, Adam, step ``hp.meta_lr``) ascends the
+    meta-gradient divided by the policy's learning rate ``policy.lr`` (see the
+    comment in the body). Returns ``(state, metrics)``: the outer objective
+    before the step, the meta-gradient's global norm (raw, before the division
+    and clipping) and the ``V_ext`` loss before its fit (the r_int statistics
+    come from ``rewards``, computed with the updated phi).
     """
     adv_ext, targets_ext = external_advantages(v_net, state.psi, traj, hp)
     obj, grad = meta_gradient(state.phi, policy.params, policy.opt_state, traj, adv_ext, policy.network,
                               reward_net, hp, policy.lr, num_steps, truncate, normalize_advantages)
     tx = make_optimizer(hp.meta_max_grad_norm, hp.meta_lr)
-    neg = jax.tree.map(jnp.negative, grad)  # the optimiser descends; ascend the objective
+    # theta' - theta is proportional to the policy's step size, and so is the
+    # meta-gradient (per coordinate ~1e-8 at lr 2.5e-4, far below Adam's eps
+    # 1e-5, where Adam would barely move phi). Divide by the step size: the
+    # meta-gradient per unit inner step, independent of lr and its annealing.
+    # The optimiser descends; ascend the objective.
+    scale = -1.0 / jnp.maximum(policy.lr, 1e-8)
+    neg = jax.tree.map(lambda g: scale * g, grad)
     updates, phi_opt = tx.update(neg, state.phi_opt, state.phi)
     phi = optax.apply_updates(state.phi, updates)
     psi, psi_opt, v_loss = fit_value(v_net, state.psi, state.psi_opt, _flat(traj.obs), _flat(targets_ext), key, hp,
                                      policy.lr, value_epochs, value_minibatches)
-    metrics = {"outer_objective": obj, "meta_grad_norm": optax.global_norm(grad), "v_ext_loss": v_loss}
+    metrics = {"outer_objective": obj, "meta_grad_norm": optax.tree.norm(grad), "v_ext_loss": v_loss}
     return MetaState(phi, phi_opt, psi, psi_opt), {k: v.astype(jnp.float32) for k, v in metrics.items()}
 
 

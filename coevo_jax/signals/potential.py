@@ -45,14 +45,19 @@ to float), not the policy's penultimate features: those drift as the policy
 trains, and ``V`` must be a stable function of the *state* so that ``V(s_t+1) -
 V(s_t)`` measures the step, not the change of the feature map.
 
-**Training data**: each ``update`` runs ``static.potential_steps`` full-batch
-Adam steps on the current ``[T, N]`` trajectory only (no replay buffer): ``V``
-must track the *current* policy's outcomes, and the trajectory is fresh every
-``k`` iterations.
+**Training data**: each ``update`` runs ``static.potential_steps`` Adam steps
+(lr ``hp.potential_lr``, clipping ``hp.potential_max_grad_norm``) on shuffled
+minibatches of the current trajectory only, PPO's minibatch size
+(``T * N / static.num_minibatches``; ``potential_steps = num_minibatches`` is one
+epoch). No replay buffer: ``V`` must track the *current* policy's outcomes. Every
+transition is self-contained for the losses (``obs``, ``next_obs``, reward, end
+flag, its episode's final return computed on the whole ``[T, N]`` trajectory
+first), so minibatches need not keep time order. Minibatches keep the refit at
+a fraction of PPO's cost; full-batch steps cost about one PPO update each.
 
 **Ensembles**: ``static.ensemble_size`` members with independent initialisations
 (stacked parameters, ``vmap``), each trained on its own loss with its own
-optimiser state and gradient clipping; their values are combined per state by
+optimiser state, gradient clipping and minibatch order; their values are combined per state by
 ``static.ensemble_combine`` (``"mean"`` or ``"min"``) before the credit.
 """
 from __future__ import annotations
@@ -293,7 +298,8 @@ class PotentialState(NamedTuple):
 
 def potential_step(network, params, opt_state, batch, hp, w_fit_now):
     """One Adam step of one member on ``batch = (obs, next_obs, reward, done,
-    final_return, complete)`` (``[T, N, ...]``). Returns ``(params, opt_state, terms)``."""
+    final_return, complete)`` (leading axes ``[B]`` or ``[T, N]``: every sample is
+    a self-contained transition). Returns ``(params, opt_state, terms)``."""
     obs, next_obs, reward, done, final_return, complete = batch
 
     def loss_fn(p):
@@ -307,6 +313,41 @@ def potential_step(network, params, opt_state, batch, hp, w_fit_now):
     updates, opt_state = tx.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
     return params, opt_state, {**terms, "loss": loss, "grad_norm": optax.global_norm(grads)}
+
+
+def minibatch_indices(key: jax.Array, size: int, num_minibatches: int, steps: int) -> jax.Array:
+    """``[steps, size // num_minibatches]`` sample indices: consecutive shuffled
+    epochs over ``size`` samples, cut into ``num_minibatches`` minibatches each."""
+    mb = size // num_minibatches
+    epochs = -(-steps // num_minibatches)
+    perms = jax.vmap(lambda k: jax.random.permutation(k, size))(jax.random.split(key, epochs))
+    return perms[:, : mb * num_minibatches].reshape(epochs * num_minibatches, mb)[:steps]
+
+
+def potential_train(network, params, opt_state, batch, hp, w_fit_now, key, steps: int, num_minibatches: int):
+    """``steps`` Adam steps of one member on shuffled minibatches of a flat ``[B]``
+    ``batch`` (see :func:`potential_step`). Returns ``(params, opt_state, terms
+    of the last step)``."""
+    size = batch[0].shape[0]
+    idx = minibatch_indices(key, size, num_minibatches, steps)
+
+    def body(carry, i):
+        p, o = carry
+        p, o, terms = potential_step(network, p, o, jax.tree.map(lambda x: x[i], batch), hp, w_fit_now)
+        return (p, o), terms
+
+    (params, opt_state), terms = jax.lax.scan(body, (params, opt_state), idx)
+    return params, opt_state, jax.tree.map(lambda x: x[-1], terms)
+
+
+def update_batch(traj, obs_ndim: int):
+    """The flat ``[T * N]`` training batch ``(obs, next_obs, reward, done,
+    final_return, complete)`` of a trajectory (final returns computed on ``[T, N]``)."""
+    done = jnp.logical_or(traj.terminated, traj.truncated)
+    final_return, complete = episode_final_returns(done, traj.episode_return)
+    batch = (flat_obs(traj.obs, obs_ndim), flat_obs(traj.next_obs, obs_ndim), traj.reward.astype(jnp.float32),
+             done, final_return, complete)
+    return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), batch)
 
 
 def potential_diverged(v_obs, max_abs_return):
@@ -339,25 +380,14 @@ def make_potential(static, network, env, env_params) -> Signal:
         return state._replace(iteration=state.iteration + 1, max_abs_return=jnp.maximum(state.max_abs_return, seen))
 
     def update(state, traj, policy, hp, key):
-        done = jnp.logical_or(traj.terminated, traj.truncated)
-        final_return, complete = episode_final_returns(done, traj.episode_return)
-        batch = (flat_obs(traj.obs, obs_ndim), flat_obs(traj.next_obs, obs_ndim), traj.reward.astype(jnp.float32),
-                 done, final_return, complete)
+        batch = update_batch(traj, obs_ndim)
         w_fit_now = fit_weight(hp.w_fit, jnp.maximum(state.iteration - 1, 0), hp.fit_ramp_iters)
-
-        def member(p, o):
-            def body(carry, _):
-                p, o = carry
-                p, o, terms = potential_step(vnet, p, o, batch, hp, w_fit_now)
-                return (p, o), terms
-
-            (p, o), terms = jax.lax.scan(body, (p, o), None, length=static.potential_steps)
-            return p, o, jax.tree.map(lambda x: x[-1], terms)
-
-        params, opt_state, terms = jax.vmap(member)(state.params, state.opt_state)
+        train = lambda p, o, k: potential_train(vnet, p, o, batch, hp, w_fit_now, k, static.potential_steps,
+                                                static.num_minibatches)
+        params, opt_state, terms = jax.vmap(train)(state.params, state.opt_state, jax.random.split(key, size))
         metrics = {f"potential_{k}": v.mean() for k, v in terms.items()}
         metrics["potential_w_fit"] = w_fit_now
-        metrics["terminal_episodes"] = (done.astype(jnp.float32) * complete).sum()
+        metrics["terminal_episodes"] = (batch[3].astype(jnp.float32) * batch[5]).sum()
         return state._replace(params=params, opt_state=opt_state), metrics
 
     def rewards(state, traj, hp):
