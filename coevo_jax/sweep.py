@@ -458,8 +458,10 @@ def _ckpt_manager(path: str, read_only: bool = False):
     if jax.process_count() > 1:  # each host checkpoints its own share, alone
         mp = ocp.options.MultiprocessingOptions(primary_host=jax.process_index(),
                                                 active_processes={jax.process_index()})
+    if not read_only:
+        os.makedirs(path, exist_ok=True)  # (orbax cannot create it itself when active_processes is set)
     return ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(
-        max_to_keep=1, enable_async_checkpointing=False, create=not read_only, multiprocessing_options=mp))
+        max_to_keep=1, enable_async_checkpointing=False, create=False, multiprocessing_options=mp))
 
 
 def _batch_program(trainer, plan: ArmPlan, b: int, devices):
@@ -524,6 +526,8 @@ def run_worker(out: str, worker: int, num_workers: int, max_parallel: int | None
     rep = _Reporter(os.path.join(wdir, "progress.json"), callback)
     prev_cache = _enable_compile_cache(compile_cache) if compile_cache else None
     devices = jax.local_devices()
+    # with jax.distributed, orbax refuses host-local jax.Arrays: checkpoint host copies instead
+    host_local = jax.process_count() > 1
     cap = None if max_parallel is None else max(1, int(max_parallel))
     pin = os.environ.get("COEVO_JAX_WORKER_CPU")
     pin = {int(pin)} if pin is not None else None
@@ -577,16 +581,24 @@ def run_worker(out: str, worker: int, num_workers: int, max_parallel: int | None
                 names = None
                 if step is not None:
                     meta = mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-                    if meta.get("config_hash") != digest or meta.get("batch") != b or \
-                            meta.get("runs") != [int(r) for r in runs]:
+                    if meta.get("config_hash") != digest:
                         raise SweepError(
-                            f"checkpoint {cdir} was written for a different config or layout"
-                            f" (hash {meta.get('config_hash')} != {digest}); rerun with --overwrite or a new --out")
+                            f"checkpoint {cdir} was written for a different config (hash {meta.get('config_hash')}"
+                            f" != {digest}); refusing to resume it: rerun with --overwrite or a new --out")
+                    if meta.get("batch") != b or meta.get("runs") != [int(r) for r in runs]:
+                        raise SweepError(
+                            f"checkpoint {cdir} holds runs {meta.get('runs')} in batches of {meta.get('batch')}, not"
+                            f" {[int(r) for r in runs]} in batches of {b} (another --processes/--max-parallel or"
+                            " device count); rerun with the original ones or --overwrite")
                     names = meta["names"]
                     curves_abs = jax.ShapeDtypeStruct((len(names), b, step * plan.chunk_len), np.float32)
+                    target = state_abs if not host_local else jax.tree.map(
+                        lambda x: np.zeros(x.shape, x.dtype), state_abs)
                     restored = mngr.restore(step, args=ocp.args.Composite(
-                        state=ocp.args.StandardRestore(state_abs), curves=ocp.args.StandardRestore(curves_abs)))
+                        state=ocp.args.StandardRestore(target), curves=ocp.args.StandardRestore(curves_abs)))
                     state, curves = restored["state"], [np.asarray(restored["curves"])]
+                    if host_local:
+                        state = jax.device_put(state, sharding)
                     done_chunks = step
                     rep.update(env_steps_resumed=rep.data["env_steps_resumed"]
                                + real * step * plan.chunk_len * static.steps_per_iteration,
@@ -612,7 +624,7 @@ def run_worker(out: str, worker: int, num_workers: int, max_parallel: int | None
                     allc = np.concatenate(curves, axis=-1)
                     curves = [allc]
                     mngr.save(done_chunks, args=ocp.args.Composite(
-                        state=ocp.args.StandardSave(state), curves=ocp.args.StandardSave(allc),
+                        state=ocp.args.StandardSave(jax.device_get(state) if host_local else state), curves=ocp.args.StandardSave(allc),
                         meta=ocp.args.JsonSave({"config_hash": digest, "batch": b, "runs": [int(r) for r in runs],
                                                 "names": names, "chunk_len": plan.chunk_len})))
                     mngr.wait_until_finished()
@@ -1009,6 +1021,16 @@ def write_outputs(out: str, config: SweepConfig, plans, curves, runs, rows, info
     atomic_write_text(os.path.join(out, FINISHED_MARK), time.strftime("%Y-%m-%d %H:%M:%S") + "\n")
 
 
+def _parse_cell(text: str):
+    """A CSV cell back to int / float (``inf``/``nan`` included) where it is one, else the text."""
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
 def load_result(out: str) -> SweepResult:
     """Read a finished sweep folder back into a :class:`SweepResult`."""
     text = open(os.path.join(out, "config.json")).read()
@@ -1017,7 +1039,7 @@ def load_result(out: str) -> SweepResult:
         curves = {k[len("metric/"):]: z[k] for k in z.files if k.startswith("metric/")}
         runs = {k[len("run/"):]: z[k] for k in z.files if k.startswith("run/")}
     with open(os.path.join(out, "summary.csv")) as f:
-        rows = list(csv.DictReader(f))
+        rows = [{k: _parse_cell(v) for k, v in r.items()} for r in csv.DictReader(f)]
     info = _read_json(os.path.join(out, "run_info.json"), {})
     return SweepResult(out, config, curves, runs, rows, info)
 
@@ -1132,12 +1154,13 @@ def run_sweep(config: SweepConfig, out: str, *, overwrite: bool = False, process
         device_count = None
         statuses = _launch_workers(out, worker_ids, num_workers, cap, stop_after_chunks, cache, prog,
                                    config.xla_flags)
-    prog.close()
     if any(s != "done" for s in statuses.values()):
+        prog.close()
         if progress:
             log(f"sweep stopped early ({stop_after_chunks} chunk(s) per worker); rerun the same command to resume")
         return None
     if host != 0:
+        prog.close()
         if progress:
             log(f"host {host}: share done; process 0 merges and writes the results")
         return None
@@ -1152,9 +1175,12 @@ def run_sweep(config: SweepConfig, out: str, *, overwrite: bool = False, process
                 raise SweepError(f"worker {w} failed: {d.get('phase')}")
             if d.get("status") != "done":
                 pend.append(w)
+            prog.set(w, d)
         if not pend:
             break
+        prog.show()
         time.sleep(2.0)
+    prog.close()
     if device_count is None:
         device_count = int(worker_info[worker_ids[0]].get("devices", 1))
     per_arm = merge_results(out, plans, num_workers, cap, device_count)
@@ -1194,8 +1220,10 @@ def add_execution_args(parser: argparse.ArgumentParser) -> None:
                    help=f"do not use JAX's persistent compilation cache (default: on, in {default_compile_cache()})")
     g.add_argument("--coordinator", default=None, metavar="HOST:PORT",
                    help="multi-host: jax.distributed coordinator address (default: single host)")
-    g.add_argument("--num-hosts", type=int, default=None, metavar="N", help="multi-host: number of hosts, >= 1")
-    g.add_argument("--host-index", type=int, default=None, metavar="I", help="multi-host: this host, 0 .. N-1")
+    g.add_argument("--num-hosts", type=int, default=None, metavar="N",
+                   help="multi-host: number of hosts, >= 1 (default: 1)")
+    g.add_argument("--host-index", type=int, default=None, metavar="I",
+                   help="multi-host: this host's index, 0 .. N-1 (default: 0)")
     g.add_argument("--stop-after-chunks", type=int, default=None, metavar="C",
                    help="stop each worker after C chunks (to test resuming); default: run to the end")
 

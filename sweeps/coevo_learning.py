@@ -40,8 +40,8 @@ from coevo_jax import diagnostics, stats  # noqa: E402
 
 SETTINGS = {
     # name: (make kwargs, metric, threshold, buffer max_episode_len, env time limit)
-    "keydoor": (("KeyDoor-5x5", {}), "success_rate", 0.9, 64, 250),
-    "cartpole": (("CartPole-v1", {"reward_freq": 20}), "episode_return", 400.0, 64, 500),
+    "keydoor": (("KeyDoor-5x5", {}), "success_rate", 0.9, 32, 250),
+    "cartpole": (("CartPole-v1", {"reward_freq": 20}), "episode_return", 400.0, 32, 500),
 }
 COEVO_FLAGS = ("k", "reward_lr", "beta_ext", "beta_int", "normalize_int", "anchor_weight", "drift_weight",
                "extreme_weight")
@@ -60,7 +60,11 @@ def parse_args(argv=None):
     p.add_argument("--rollout-len", type=int, default=64)
     p.add_argument("--reward-steps", type=int, default=4, help="StaticConfig.reward_steps (Adam steps per refit)")
     p.add_argument("--buffer-episodes", type=int, default=32)
-    p.add_argument("--max-episode-len", type=int, default=None, help="default: per setting (64)")
+    p.add_argument("--max-episode-len", type=int, default=None, help="default: per setting (32)")
+    p.add_argument("--reward-hidden", default="32,32", help="StaticConfig.reward_hidden of R_phi")
+    p.add_argument("--cost", type=int, default=0, metavar="ITERS",
+                   help="cost mode: time ITERS-iteration chunks of ppo and the coevo method side by side "
+                        "(alternating, after compiling) instead of training")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--grid", default=None,
@@ -78,6 +82,7 @@ def parse_args(argv=None):
             p.error(f"--methods: unknown method {m!r}; choose from {', '.join(cj.METHODS)}")
     if args.num_seeds < 1:
         p.error("--num-seeds must be >= 1")
+    args.reward_hidden = tuple(int(h) for h in args.reward_hidden.split(","))
     try:
         args.steps = parse_steps(args.total_steps, args.envs.split(","))
     except ValueError as e:
@@ -128,6 +133,15 @@ def hparams_for(method: str, args) -> cj.HParams:
             if v is not None:
                 overrides[name] = int(v) if name == "k" else v
     return cj.validate_hparams(cj.default_hparams(method, **overrides))
+
+
+def static_for(method: str, setting: str, args) -> cj.StaticConfig:
+    """The run's static config; identical across methods but for ``method``."""
+    return cj.validate_static(cj.StaticConfig(
+        method=method, num_envs=args.num_envs, rollout_len=args.rollout_len, total_steps=args.steps[setting],
+        reward_steps=args.reward_steps, buffer_episodes=args.buffer_episodes, reward_hidden=args.reward_hidden,
+        max_episode_len=args.max_episode_len or SETTINGS[setting][3],
+    ))
 
 
 def run_method(static: cj.StaticConfig, env, env_params, hp: cj.HParams, keys):
@@ -204,17 +218,15 @@ def main(argv=None):
     keys = jax.random.split(jax.random.PRNGKey(args.seed), args.num_seeds)
     if args.grid:
         return tune(args, out, keys)
+    if args.cost:
+        return measure_cost(args, out, keys)
     all_rows, config = [], {"args": vars(args), "settings": {}}
     for setting in args.envs.split(","):
         (env_name, kw), metric, threshold, max_len, time_limit = SETTINGS[setting]
         env, env_params = envs_jax.make(env_name, **kw)
         metrics_by_method, run_s = {}, {}
         for method in methods:
-            static = cj.StaticConfig(
-                method=method, num_envs=args.num_envs, rollout_len=args.rollout_len, total_steps=args.steps[setting],
-                reward_steps=args.reward_steps, buffer_episodes=args.buffer_episodes,
-                max_episode_len=args.max_episode_len or max_len,
-            )
+            static = static_for(method, setting, args)
             hp = hparams_for(method, args)
             m, c_s, r_s = run_method(static, env, env_params, hp, keys)
             metrics_by_method[method], run_s[method] = m, r_s
@@ -254,6 +266,62 @@ def main(argv=None):
     return all_rows
 
 
+def measure_cost(args, out, keys, reps: int = 5):
+    """Per-iteration wall time of ppo vs the coevo method on the same batch.
+
+    Same static config (method aside), same seeds, in this process: each
+    variant's ``jit(vmap(run_chunk))`` of ``args.cost`` iterations is compiled
+    first, then the variants are timed in alternation ``reps`` times from the
+    same initial state; the median is reported. Variants: ``ppo``; the coevo
+    method with hyperparameters shared by all seeds (the ``k`` gate is a real
+    branch: the refit runs on 1 iteration in ``k``); the coevo method with
+    per-seed hyperparameters (vmapped ``k``: the gate becomes a select and the
+    refit runs every iteration).
+    """
+    from coevo_jax.train import Trainer
+
+    coevo = [m for m in args.methods.split(",") if m.startswith("coevo")][0]
+    n = args.cost
+    lines = [f"# per-iteration cost, {args.num_seeds} seeds, chunks of {n} iterations, median of {reps}\n",
+             "| setting | variant | ms / iter | ratio to ppo |", "|---|---|---|---|"]
+    rows = []
+    for setting in args.envs.split(","):
+        (env_name, kw), *_ = SETTINGS[setting]
+        env, env_params = envs_jax.make(env_name, **kw)
+        variants = {}
+        for name, method, batched_hp in (("ppo", "ppo", False), (coevo, coevo, False),
+                                         (f"{coevo} (per-seed hp: select)", coevo, True)):
+            tr = Trainer(static_for(method, setting, args), env, env_params)
+            hp = hparams_for(method, args)
+            axes = 0 if batched_hp else None
+            hp_in = jax.tree.map(lambda x: jnp.repeat(x[None], len(keys), 0), hp) if batched_hp else hp
+            state = jax.jit(jax.vmap(tr.init, in_axes=(0, axes)))(keys, hp_in)
+            chunk = jax.jit(jax.vmap(lambda s, h, tr=tr: tr.run_chunk(s, h, n), in_axes=(0, axes)))
+            t0 = time.perf_counter()
+            jax.block_until_ready(chunk(state, hp_in))
+            print(f"[{setting}] {name}: compiled + first call {time.perf_counter() - t0:.0f}s", flush=True)
+            variants[name] = (chunk, state, hp_in)
+        times = {k: [] for k in variants}
+        for _ in range(reps):
+            for k, (chunk, state, hp_in) in variants.items():
+                t0 = time.perf_counter()
+                jax.block_until_ready(chunk(state, hp_in))
+                times[k].append((time.perf_counter() - t0) / n)
+        base = float(np.median(times["ppo"]))
+        for k, v in times.items():
+            med = float(np.median(v))
+            rows.append({"setting": setting, "variant": k, "ms_per_iter": 1000 * med, "ratio": med / base,
+                         "all_ms": [round(1000 * x, 1) for x in v]})
+            lines.append(f"| {setting} | {k} | {1000 * med:.0f} | {med / base:.2f}x |")
+    text = "\n".join(lines)
+    print(text)
+    with open(os.path.join(out, "cost.md"), "w") as fh:
+        fh.write(text + "\n")
+    with open(os.path.join(out, "cost.json"), "w") as fh:
+        json.dump({"args": vars(args), "rows": rows}, fh, indent=1, default=str)
+    return rows
+
+
 def tune(args, out, keys):
     """Grid over coevo HParams (``--grid``) on each setting: every point x seeds in one call."""
     method = [m for m in args.methods.split(",") if m.startswith("coevo")]
@@ -272,11 +340,7 @@ def tune(args, out, keys):
     for setting in args.envs.split(","):
         (env_name, kw), metric, threshold, max_len, time_limit = SETTINGS[setting]
         env, env_params = envs_jax.make(env_name, **kw)
-        static = cj.StaticConfig(
-            method=method, num_envs=args.num_envs, rollout_len=args.rollout_len, total_steps=args.steps[setting],
-            reward_steps=args.reward_steps, buffer_episodes=args.buffer_episodes,
-            max_episode_len=args.max_episode_len or max_len,
-        )
+        static = static_for(method, setting, args)
         fn = jax.jit(jax.vmap(cj.make_train(static, env, env_params)))
         t0 = time.perf_counter()
         _, m = jax.block_until_ready(fn(key_b, hp_b))

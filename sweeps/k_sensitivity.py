@@ -119,7 +119,7 @@ def static_for(method: str, total_steps: int):
 
     return StaticConfig(method=method, num_envs=NUM_ENVS, rollout_len=ROLLOUT_LEN, total_steps=total_steps,
                         num_minibatches=2, update_epochs=2, hidden_sizes=(64, 64), reward_hidden=(64, 64),
-                        buffer_episodes=32, max_episode_len=128, reward_steps=4, potential_steps=4)
+                        buffer_episodes=16, max_episode_len=64, reward_steps=4, potential_steps=4)
 
 
 def build_config(args, notices: list):

@@ -338,14 +338,16 @@ def main(argv=None):
             return
 
     t0 = time.time()
-    results = {e: run_env(args, e, settings, log) for e in env_names}
-    np.savez_compressed(os.path.join(args.out, "runs.npz"), **{
-        f"{e}/{n}/{k}": v for e, per in results.items() for n, m in per.items() for k, v in m.items()})
-    header = (f"# LIRPG delayed-reward protocol: reward every {args.reward_freq} steps, {args.num_seeds} seeds, "
-              f"{args.total_steps} env steps per run\n\nScore of a run: mean over the last 10% of iterations; "
-              f"IQM over runs with 95% percentile-bootstrap CI. Wall time {time.time() - t0:.0f}s.")
-    text = write_tables(summarise(results), args.out, header)
-    plot_curves(results, args.out, args.reward_freq)
+    results = {}
+    for e in env_names:  # outputs are rewritten after every environment
+        results[e] = run_env(args, e, settings, log)
+        np.savez_compressed(os.path.join(args.out, "runs.npz"), **{
+            f"{env}/{n}/{k}": v for env, per in results.items() for n, m in per.items() for k, v in m.items()})
+        header = (f"# LIRPG delayed-reward protocol: reward every {args.reward_freq} steps, {args.num_seeds} seeds, "
+                  f"{args.total_steps} env steps per run\n\nScore of a run: mean over the last 10% of iterations; "
+                  f"IQM over runs with 95% percentile-bootstrap CI. Wall time so far {time.time() - t0:.0f}s.")
+        text = write_tables(summarise(results), args.out, header)
+        plot_curves(results, args.out, args.reward_freq)
     print(text)
     log_f.close()
 

@@ -34,7 +34,7 @@ from coevo_jax.stats import iqm, steps_to_threshold, summarize  # noqa: E402
 TASKS = {
     "cartpole": dict(env="CartPole-v1", static=dict(num_envs=4, rollout_len=128, total_steps=500_000,
                                                     update_epochs=4, num_minibatches=4), hp={}),
-    "keydoor": dict(env="KeyDoor-5x5", static=dict(num_envs=16, rollout_len=128, total_steps=1_000_000,
+    "keydoor": dict(env="KeyDoor-5x5", static=dict(num_envs=16, rollout_len=128, total_steps=262_144,
                                                    update_epochs=4, num_minibatches=8), hp={"lr": 5e-4}),
 }
 

@@ -161,7 +161,11 @@ def summarise(m: dict, warmup: int) -> dict:
     curve[:, :warmup] = 0.0
     reach = steps_to_threshold(np.nan_to_num(curve, nan=0.0), m["env_steps"][0], 0.9)
     frac = float(np.isfinite(reach).mean())
+    per_iter = episode_weighted(m, 1)[:, warmup:]
+    auc = np.nanmean(np.where(np.isfinite(per_iter), per_iter, np.nan), axis=1)  # mean success over training
+    auc_lo, auc_hi = bootstrap_ci(auc, iqm)
     return {"final_success_iqm": iqm(final), "ci_low": lo, "ci_high": hi, "final_success_mean": float(final.mean()),
+            "auc_iqm": iqm(auc), "auc_ci_low": auc_lo, "auc_ci_high": auc_hi,
             "steps_to_90_median": float(np.median(reach)), "reached_90_frac": frac,
             "diverged_frac": float(m["diverged"][:, -1].mean())}
 
@@ -197,6 +201,40 @@ def time_iterations(env_name: str, num_seeds: int, args, siop_hp: dict, reps: in
     return {m: float(np.min(v)) for m, v in times.items()}
 
 
+HEADER = ["env", "method", "seeds", "env steps/seed", "wall s", "final success IQM [95% CI]",
+          "mean success over training IQM [95% CI]", "steps to 90% success, median (seeds reaching)",
+          "credit-A* Spearman, median [IQR]", "diverged"]
+
+
+def table_row(env_name, method, seeds, steps, wall, s: dict, corr: str) -> dict:
+    return {"env": env_name, "method": method, "seeds": seeds, "env steps/seed": steps, "wall s": wall,
+            "final success IQM [95% CI]": f"{s['final_success_iqm']:.3f} [{s['ci_low']:.3f}, {s['ci_high']:.3f}]",
+            "mean success over training IQM [95% CI]": f"{s['auc_iqm']:.3f} [{s['auc_ci_low']:.3f}, {s['auc_ci_high']:.3f}]",
+            "steps to 90% success, median (seeds reaching)": fmt_steps(s["steps_to_90_median"], s["reached_90_frac"]),
+            "credit-A* Spearman, median [IQR]": corr, "diverged": f"{s['diverged_frac']:.2f}", **s}
+
+
+def resummarise(folder: str, warmup: int = 4) -> str:
+    """Re-read ``curves_<env>_<method>.npz`` (and credit correlations) in ``folder``
+    and return the markdown table (wall times are not stored: shown as '-')."""
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    for name in sorted(os.listdir(folder)):
+        if not (name.startswith("curves_") and name.endswith(".npz")):
+            continue
+        env_name, method = name[len("curves_"):-len(".npz")].rsplit("_", 1)
+        m = dict(np.load(os.path.join(folder, name)))
+        s = summarise(m, warmup)
+        corr = ""
+        cpath = os.path.join(folder, f"credit_spearman_{env_name}.npy")
+        if method == "siop" and os.path.exists(cpath):
+            q1, med, q3 = np.nanpercentile(np.load(cpath), [25, 50, 75])
+            corr = f"{med:.3f} [{q1:.3f}, {q3:.3f}]"
+        steps = int(m["env_steps"][0, -1])
+        row = table_row(env_name, method, m["episodes"].shape[0], steps, "-", s, corr)
+        lines.append("| " + " | ".join(str(row[h]) for h in HEADER) + " |")
+    return "\n".join(lines)
+
+
 def fmt_steps(med: float, frac: float) -> str:
     return ("never" if not np.isfinite(med) else f"{med:,.0f}") + f" ({100 * frac:.0f}% of seeds)"
 
@@ -218,7 +256,11 @@ def main(argv=None):
     ap.add_argument("--layernorm", action="store_true")
     ap.add_argument("--no-timing", action="store_true", help="skip the siop-vs-ppo cost measurement")
     ap.add_argument("--timing-only", action="store_true", help="only measure the siop-vs-ppo cost")
+    ap.add_argument("--resummarise", default="", help="print the table of an existing output folder and exit")
     args = ap.parse_args(argv)
+    if args.resummarise:
+        print(resummarise(args.resummarise))
+        return
     envs = [e.strip() for e in args.envs.split(",") if e.strip()]
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if any(m not in METHOD_HP for m in methods):
@@ -232,8 +274,7 @@ def main(argv=None):
     siop_hp = parse_kv(args.siop_hp)
 
     rows, t_start = [], time.time()
-    header = ["env", "method", "seeds", "env steps/seed", "wall s", "final success IQM [95% CI]",
-              "steps to 90% success, median (seeds reaching)", "credit-A* Spearman, median [IQR]", "diverged"]
+    header = HEADER
     for env_name in envs if not args.timing_only else []:
         total = args.total_steps or 100_000
         for method in methods:
@@ -250,12 +291,8 @@ def main(argv=None):
                     corr = f"{med:.3f} [{q1:.3f}, {q3:.3f}]"
                     s["credit_spearman_median"] = float(med)
                     np.save(os.path.join(out, f"credit_spearman_{env_name}.npy"), corrs)
-            row = {"env": env_name, "method": method, "seeds": args.num_seeds,
-                   "env steps/seed": static.num_iterations * static.steps_per_iteration, "wall s": round(wall),
-                   "final success IQM [95% CI]": f"{s['final_success_iqm']:.3f} [{s['ci_low']:.3f}, {s['ci_high']:.3f}]",
-                   "steps to 90% success, median (seeds reaching)": fmt_steps(s["steps_to_90_median"],
-                                                                               s["reached_90_frac"]),
-                   "credit-A* Spearman, median [IQR]": corr, "diverged": f"{s['diverged_frac']:.2f}", **s}
+            row = table_row(env_name, method, args.num_seeds, static.num_iterations * static.steps_per_iteration,
+                            round(wall), s, corr)
             rows.append(row)
             print("| " + " | ".join(str(row[h]) for h in header) + " |", flush=True)
 

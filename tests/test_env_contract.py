@@ -12,22 +12,23 @@ STEPS = 64
 
 
 def _random_run(env, params, key, steps=STEPS, num_envs=3):
-    """vmapped, jitted random policy: returns stacked step outputs."""
+    """One compiled program per env: vmapped random-policy rollouts. Returns the
+    reset observations and the stacked ``(obs, next_obs, reward, terminated,
+    truncated, final_obs)`` of every step, plus the first step's ``info``."""
     space = env.action_space(params)
 
     def run(key):
         k0, key = jax.random.split(key)
-        obs, state = env.reset(k0, params)
+        obs0, state = env.reset(k0, params)
 
         def step(carry, k):
             obs, state = carry
             ka, ks = jax.random.split(k)
-            action = space.sample(ka)
-            obs2, state2, r, term, trunc, info = env.step(ks, state, action, params)
-            return (obs2, state2), (obs, obs2, r, term, trunc, info["final_obs"])
+            obs2, state2, r, term, trunc, info = env.step(ks, state, space.sample(ka), params)
+            return (obs2, state2), ((obs, obs2, r, term, trunc, info["final_obs"]), info)
 
-        _, out = jax.lax.scan(step, (obs, state), jax.random.split(key, steps))
-        return out
+        _, (out, infos) = jax.lax.scan(step, (obs0, state), jax.random.split(key, steps))
+        return obs0, out, jax.tree.map(lambda x: x[0], infos)
 
     return jax.jit(jax.vmap(run))(jax.random.split(key, num_envs))
 
@@ -37,19 +38,12 @@ def test_contract(name):
     env, params = envs_jax.make(name)
     obs_space, act_space = env.observation_space(params), env.action_space(params)
     key = jax.random.PRNGKey(0)
-    obs, state = jax.jit(env.reset)(key, params)
-    assert obs.shape == tuple(obs_space.shape) and obs.dtype == obs_space.dtype
-    assert bool(obs_space.contains(obs))
     a = act_space.sample(key)
     assert bool(act_space.contains(a)) and not bool(act_space.contains(jnp.int32(act_space.n)))
-    out = jax.jit(env.step)(key, state, a, params)
-    assert len(out) == 6
-    obs2, state2, r, term, trunc, info = out
-    assert r.shape == () and r.dtype == jnp.float32
-    assert term.dtype == jnp.bool_ and trunc.dtype == jnp.bool_
-    assert "final_obs" in info and info["final_obs"].shape == obs.shape
-
-    cur, nxt, rew, term, trunc, final = _random_run(env, params, key)
+    obs0, (cur, nxt, rew, term, trunc, final), info = _random_run(env, params, key)
+    assert obs0.shape[1:] == tuple(obs_space.shape) and obs0.dtype == obs_space.dtype
+    assert rew.dtype == jnp.float32 and term.dtype == jnp.bool_ and trunc.dtype == jnp.bool_
+    assert final.shape == cur.shape
     assert not bool(jnp.any(term & trunc)), "terminated and truncated both set"
     assert bool(jnp.all(jax.vmap(jax.vmap(obs_space.contains))(cur)))
     # final_obs equals the next observation unless the episode ended (then obs is a fresh reset)
@@ -57,17 +51,12 @@ def test_contract(name):
     same = np.all(np.asarray(final == nxt).reshape(done.shape + (-1,)), axis=-1)
     assert same[~done].all()
     assert np.isfinite(np.asarray(rew)).all()
-
-
-@pytest.mark.parametrize("name", [n for n in envs_jax.registered() if not n.startswith(("CartPole", "Acrobot", "Mountain"))])
-def test_project_envs_have_info_keys_and_render(name):
-    env, params = envs_jax.make(name)
-    key = jax.random.PRNGKey(1)
-    obs, state = env.reset(key, params)
-    *_, info = env.step(key, state, env.action_space(params).sample(key), params)
-    assert {"success", "dense_reward"} <= set(info)
-    text = env.render(state, params)
-    assert isinstance(text, str) and len(text) > 0
+    if not name.startswith(("CartPole", "Acrobot", "Mountain")):
+        # the project's own envs: info keys for the baselines, and a text drawing
+        assert {"success", "dense_reward"} <= set(info)
+        _, state = env.reset(key, params)
+        text = env.render(state, params)
+        assert isinstance(text, str) and len(text) > 0
 
 
 def test_truncation_at_time_limit_not_termination():

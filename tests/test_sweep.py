@@ -207,6 +207,41 @@ def test_sharded_over_four_devices_equals_unsharded(reference, sharded_job):
     _assert_same_curves(sharded, reference.curves, exact=False)
 
 
+MULTIHOST_SCRIPT = """
+import sys
+sys.path.insert(0, {root!r})
+from coevo_jax.sweep import SweepConfig, run_sweep
+import json
+config = SweepConfig.from_json(json.loads(open({cfg!r}).read()))
+res = run_sweep(config, {out!r}, processes=1, max_parallel=2, progress=False, compile_cache={cache!r},
+                distributed=dict(coordinator_address="localhost:{port}", num_processes=2, process_id={pid}))
+print("host", {pid}, "wrote results" if res is not None else "left the results to process 0")
+"""
+
+
+@pytest.mark.skipif(os.environ.get("COEVO_JAX_MULTIHOST_TEST") != "1",
+                    reason="two jax.distributed processes (~1-2 min); set COEVO_JAX_MULTIHOST_TEST=1")
+def test_two_hosts_with_jax_distributed_equal_one_process(reference, workdir):
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("localhost", 0))
+        port = sock.getsockname()[1]
+    cfg = os.path.join(workdir, "multihost_config.json")
+    with open(cfg, "w") as f:
+        f.write(config_text(CONFIG))
+    out = os.path.join(workdir, "multihost")
+    procs = [subprocess.Popen([sys.executable, "-c", MULTIHOST_SCRIPT.format(
+        root=ROOT, cfg=cfg, out=out, cache=CACHE, port=port, pid=i)], stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    texts = [p.communicate(timeout=900)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), [t[-1500:] for t in texts]
+    assert "host 0 wrote results" in texts[0] and "host 1 left the results to process 0" in texts[1]
+    res = load_result(out)
+    assert res.info["num_hosts"] == 2 and set(res.info["workers"]) == {"0", "1"}
+    _assert_same_curves(res.curves, reference.curves)
+
+
 # ----------------------------------------------------------------------------- refusals
 def test_finished_folder_is_refused_without_overwrite(reference):
     with pytest.raises(SweepError, match="finished sweep; pass --overwrite"):

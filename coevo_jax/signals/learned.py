@@ -97,7 +97,11 @@ class RewardNet(nn.Module):
 
     @nn.compact
     def __call__(self, features, action):
-        emb = nn.Embed(self.num_actions, self.action_embed_dim, name="action_embed")(action)
+        # an embedding lookup written as one_hot @ table: the same function, but its gradient is a matmul
+        # instead of a scatter-add (several times faster on CPU, and under vmap)
+        one_hot = jax.nn.one_hot(action, self.num_actions, dtype=jnp.float32)
+        emb = nn.Dense(self.action_embed_dim, use_bias=False, kernel_init=nn.initializers.normal(1.0),
+                       name="action_embed")(one_hot)
         x = jnp.concatenate([features.astype(jnp.float32), emb], axis=-1)
         for i, width in enumerate(self.hidden):
             x = nn.relu(nn.Dense(width, name=f"dense_{i}")(x))
