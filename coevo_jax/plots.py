@@ -115,9 +115,12 @@ def plot_metric_vs_hparam(xs: Sequence[float], lines: Mapping[str, Sequence[np.n
 
 
 def plot_diagnostics(rows: Mapping[str, Mapping[str, Mapping[str, tuple]]], path: str, stat: str = "mean",
-                     title: str | None = None) -> str:
+                     title: str | None = None, notes: Mapping[tuple, str] | None = None) -> str:
     """A grid of curves: ``rows[row][column][line] = (steps [I], curves [R, I])``
-    (e.g. row = method, column = diagnostic, line = K)."""
+    (e.g. row = method, column = diagnostic, line = K); an empty cell reads
+    "metric not reported". ``notes[(row, column)]`` is added under the panel title
+    (e.g. which metric was drawn)."""
+    notes = notes or {}
     row_names = list(rows)
     col_names = []
     for r in row_names:
@@ -138,7 +141,8 @@ def plot_diagnostics(rows: Mapping[str, Mapping[str, Mapping[str, tuple]]], path
                     curve_band(ax, steps, curves, label, stat=stat, color=f"C{n % 10}", n_boot=200, seed=n)
                 ax.legend(fontsize=7, loc="best")
                 ax.grid(alpha=0.3)
-            ax.set_title(f"{r}: {c}", fontsize=9)
+            note = notes.get((r, c))
+            ax.set_title(f"{r}: {c}" + (f"\n{note}" if note else ""), fontsize=9)
             if i == nr - 1:
                 ax.set_xlabel("env steps")
     if title:

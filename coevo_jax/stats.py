@@ -155,3 +155,45 @@ def median_steps(steps: np.ndarray) -> float:
     steps = np.asarray(steps, np.float64).ravel()
     steps = steps[~np.isnan(steps)]
     return float(np.median(steps)) if len(steps) else float("nan")
+
+
+def trailing_mean(curve: np.ndarray, window: int, weights: np.ndarray | None = None) -> np.ndarray:
+    """Weighted mean over the last ``window`` iterations (the current one included).
+
+    ``curve [..., I]``; ``weights [..., I]`` (e.g. the number of episodes that
+    ended in each iteration; default 1). Entry ``i`` is
+    ``sum_j w_j c_j / sum_j w_j`` over ``j in [i - window + 1, i]`` (fewer at
+    the start), NaN where the weights sum to 0. NaN values count as weight 0.
+    """
+    curve = np.asarray(curve, np.float64)
+    w = np.ones_like(curve) if weights is None else np.broadcast_to(np.asarray(weights, np.float64), curve.shape)
+    w = np.where(np.isfinite(curve), w, 0.0)
+    cw = np.cumsum(np.where(w > 0, curve * w, 0.0), -1)
+    cs = np.cumsum(w, -1)
+    window = max(1, int(window))
+    pad = [(0, 0)] * (curve.ndim - 1) + [(window, 0)]
+    cw = np.pad(cw, pad)
+    cs = np.pad(cs, pad)
+    num = cw[..., window:] - cw[..., :-window]
+    den = cs[..., window:] - cs[..., :-window]
+    return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+
+
+def steps_to_sustained_threshold(curve: np.ndarray, steps: np.ndarray, threshold: float, window: int,
+                                 weights: np.ndarray | None = None) -> np.ndarray:
+    """First env step from which the (weighted) trailing mean of ``curve`` stays
+    at or above ``threshold`` until the end of training.
+
+    ``curve [..., I]`` per-iteration scores, ``steps [I]``, ``weights`` as in
+    :func:`trailing_mean`. Returns ``[...]`` float steps, ``inf`` where the
+    curve does not end above the threshold. "Stays until the end" makes the
+    number robust to early flukes: with sparse rewards the first episodes to
+    finish are the lucky successes (failures last until the time limit), so a
+    first crossing would often be an artefact of the first few iterations.
+    """
+    tm = trailing_mean(curve, window, weights)
+    hit = np.where(np.isfinite(tm), tm >= threshold, False)
+    stays = np.flip(np.cumprod(np.flip(hit, -1), -1), -1).astype(bool)  # hit at i and at every later iteration
+    first = np.argmax(stays, axis=-1)
+    out = np.asarray(steps, np.float64)[first]
+    return np.where(stays.any(-1), out, np.inf)

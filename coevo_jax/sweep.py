@@ -939,7 +939,16 @@ def resolve_threshold(config: SweepConfig, curves: dict) -> float:
 
 def summarize_runs(config: SweepConfig, plans: list[ArmPlan], curves: dict, runs: dict) -> list[dict]:
     """One row per (arm, setting): counts, final return (mean, IQM, 95% bootstrap CI of the IQM),
-    final success, median steps to threshold, oscillation, plus the swept HParams values."""
+    final success, median steps to threshold, oscillation, plus the swept HParams values.
+
+    Definitions: a run's *final* return / success is its mean over the last 10% of
+    iterations; *steps to threshold* is the first env step from which the
+    episode-weighted mean return over a trailing window of 10% of the iterations
+    stays >= ``threshold`` to the end (:func:`stats.steps_to_sustained_threshold`;
+    ``inf`` if never), median over seeds; *oscillation* is the variance of a run's
+    return curve over the last 25% of iterations, mean over seeds. Diverged runs
+    are kept (their frozen policy is what the setting produced) and counted.
+    """
     threshold = resolve_threshold(config, curves)
     swept = []
     for p in plans:
@@ -953,8 +962,9 @@ def summarize_runs(config: SweepConfig, plans: list[ArmPlan], curves: dict, runs
             n_it = plan.num_iterations
             final = stats.tail_fraction_mean(ret[idx, :n_it], 0.1)
             s = stats.summarize(final, seed=ai * 1000 + si)
-            sts = np.array([stats.steps_to_threshold(ret[i, :n_it], steps[i, :n_it], threshold,
-                                                     smooth=max(1, n_it // 20)) for i in idx])
+            weights = curves["episodes"][idx, :n_it] if "episodes" in curves else None
+            sts = stats.steps_to_sustained_threshold(ret[idx, :n_it], steps[idx[0], :n_it], threshold,
+                                                     window=max(1, n_it // 10), weights=weights)
             osc = stats.tail_fraction_variance(ret[idx, :n_it], 0.25)
             row = {
                 "env": config.env, "method": plan.arm.name, "k": int(runs["hp/k"][idx[0]]),
@@ -1042,6 +1052,22 @@ def load_result(out: str) -> SweepResult:
         rows = [{k: _parse_cell(v) for k, v in r.items()} for r in csv.DictReader(f)]
     info = _read_json(os.path.join(out, "run_info.json"), {})
     return SweepResult(out, config, curves, runs, rows, info)
+
+
+def rebuild_outputs(out: str) -> SweepResult:
+    """Recompute ``summary.csv`` and the default plots of a finished sweep from its
+    ``curves.npz`` (e.g. after a change to the statistics); runs nothing."""
+    if not os.path.exists(os.path.join(out, FINISHED_MARK)):
+        raise SweepError(f"{out} holds no finished sweep to rebuild")
+    res = load_result(out)
+    plans = build_plan(res.config, check_trainers=False)
+    rows = summarize_runs(res.config, plans, res.curves, res.runs)
+    atomic_write_text(os.path.join(out, "summary.csv"), rows_to_csv(rows))
+    from coevo_jax import plots
+
+    plots.sweep_default_plots(out, res.config, plans, res.curves, res.runs, rows)
+    res.summary = rows
+    return res
 
 
 # ============================================================================ the entry point

@@ -91,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true",
                    help="replace a finished (or differently configured) output folder (default: refuse)")
     p.add_argument("--quiet", action="store_true", help="no progress bar (default: show it)")
+    p.add_argument("--replot", action="store_true",
+                   help="only recompute the table and plots of the finished sweep in --out (default: run the sweep)")
     add_execution_args(p)
     return p
 
@@ -202,25 +204,26 @@ def k_outputs(result, ks) -> tuple[str, list[dict]]:
     if swept:
         shown = sorted({ks[0], ks[len(ks) // 2], ks[-1]})
         names = [n for n in curves if np.isfinite(curves[n]).any()]
-        rows = {}
+        rows, notes = {}, {}
         for lab in swept:
             mask_lab = runs["label"] == lab
             idx_any = np.nonzero(mask_lab)[0]
             sub = {n: curves[n][idx_any] for n in names}
             pred = _pick_metric([n for n in names if np.isfinite(sub[n]).any()], "pred")
             var = _pick_metric([n for n in names if np.isfinite(sub[n]).any()], "r_int_var", "credit_var", "var")
-            cols = {"external return": "episode_return",
-                    f"predicted cumulative internal reward ({pred or 'not reported'})": pred,
-                    f"internal-reward variance ({var or 'not reported'})": var}
+            cols = {"external return": "episode_return", "predicted cumulative internal reward": pred,
+                    "internal-reward variance": var}
             rows[lab] = {}
             for title, metric in cols.items():
+                notes[(lab, title)] = metric or "not reported by this method"
                 if metric is None:
                     rows[lab][title] = {}
                     continue
                 rows[lab][title] = {f"K={k}": (curves["env_steps"][mask_lab & (runs["hp/k"] == k)][0],
                                                curves[metric][mask_lab & (runs["hp/k"] == k)]) for k in shown}
-        plots.plot_diagnostics(rows, os.path.join(out, "k_diagnostics.png"), stat="mean",
-                               title=f"{result.config.env}: diagnostics (mean over seeds, 95% bootstrap bands)")
+        plots.plot_diagnostics(rows, os.path.join(out, "k_diagnostics.png"), stat="mean", notes=notes,
+                               title=f"{result.config.env}: diagnostics for the smallest, middle and largest K"
+                                     " (mean over seeds, 95% bootstrap bands)")
     table_rows = []
     for r in result.summary:
         is_ref = r["method"] in REFERENCE_METHODS
@@ -241,6 +244,18 @@ def main(argv=None) -> int:
     from coevo_jax.config import ConfigError
     from coevo_jax.sweep import SweepError, execution_kwargs, run_sweep
 
+    if args.replot:
+        from coevo_jax.sweep import rebuild_outputs
+
+        try:
+            result = rebuild_outputs(args.out)
+        except SweepError as e:
+            print(f"k_sensitivity.py: error: {e}", file=sys.stderr)
+            return 2
+        ks = tuple(sorted({int(k) for a in result.config.arms for k in a.grid.get("k", ())})) or parse_ks(args.k)
+        table, _ = k_outputs(result, ks)
+        print(table)
+        return 0
     notices: list = []
     try:
         config = build_config(args, notices)

@@ -67,7 +67,8 @@ DEFAULT_SETTINGS = ("ppo", "meta", "meta-rint-only")
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--num-seeds", type=int, default=32)
     ap.add_argument("--total-steps", type=int, default=98_304, help="env steps per run")
     ap.add_argument("--envs", default="CartPole-v1,KeyDoor-5x5", help="comma-separated; missing ones are skipped")
@@ -87,6 +88,8 @@ def parse_args(argv=None):
     ap.add_argument("--bench", action="store_true", help="also time meta vs ppo and measure meta-update memory")
     ap.add_argument("--bench-only", action="store_true", help="only the --bench measurements")
     ap.add_argument("--bench-repeats", type=int, default=10)
+    ap.add_argument("--merge", default="", help="comma-separated earlier --out folders: combine their runs.npz "
+                    "into one table and figure in --out (runs nothing)")
     return ap.parse_args(argv)
 
 
@@ -315,6 +318,17 @@ def main(argv=None):
 
     with open(os.path.join(args.out, "config.json"), "w") as f:
         json.dump({**vars(args), "jax": jax.__version__, "backend": jax.default_backend()}, f, indent=1)
+    if args.merge:
+        results = {}
+        for folder in args.merge.split(","):
+            with np.load(os.path.join(folder, "runs.npz")) as z:
+                for name in z.files:
+                    e, n, k = name.split("/")
+                    results.setdefault(e, {}).setdefault(n, {})[k] = z[name]
+        text = write_tables(summarise(results), args.out, f"# LIRPG delayed-reward protocol (merged from {args.merge})")
+        plot_curves(results, args.out, args.reward_freq)
+        print(text)
+        return
     known = set(envs_jax.registered())
     env_names = [e for e in args.envs.split(",") if e]
     for e in env_names:

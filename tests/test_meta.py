@@ -34,7 +34,8 @@ def _modules():
 
 
 # Tests compile many small second-order programs; XLA's cheapest settings halve the compile time.
-_jit = partial(jax.jit, compiler_options={"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True})
+_jit = partial(jax.jit, compiler_options={"xla_backend_optimization_level": 0,
+                                          "xla_llvm_disable_expensive_passes": True})
 
 
 @_jit
@@ -87,7 +88,8 @@ def _data(hp, lr, seed=0, dtype=jnp.float64, warm_steps=3, dead_unit=False):
     adam = optax.ScaleByAdamState(count=jnp.asarray(warm_steps, jnp.int32),
                                   mu=treedef.unflatten([jnp.asarray(m, dtype) for m in mu]),
                                   nu=treedef.unflatten([jnp.asarray(v, dtype) for v in nu]))
-    opt_state = tuple(adam if isinstance(x, optax.ScaleByAdamState) else x for x in make_optimizer(1.0, 1.0).init(theta))
+    opt_state = tuple(adam if isinstance(x, optax.ScaleByAdamState) else x
+                      for x in make_optimizer(1.0, 1.0).init(theta))
     phi = _random_params(reward_net, rng, dtype, features[0], traj.action[0])
     psi = _random_params(v_net, rng, dtype, obs[0])
     return dict(theta=theta, opt_state=opt_state, traj=traj, lr=jnp.asarray(lr, dtype), phi=phi, psi=psi,

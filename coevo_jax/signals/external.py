@@ -1,14 +1,22 @@
-"""Sparse PPO baseline: the policy optimises the external reward alone."""
+"""Reward sources that read a trajectory field directly: sparse PPO (the
+external reward alone, method ``ppo``) and the upper-bound baseline (the
+environment's hand-designed dense reward ``info["dense_reward"]``, method
+``dense``)."""
 from coevo_jax.signals.base import Signal, no_observe, no_update
 
 
-def make_external(static, network, env, env_params) -> Signal:
-    """``rewards = traj.reward`` (method ``ppo``)."""
+def field_signal(field: str) -> Signal:
+    """A :class:`Signal` whose ``rewards`` are ``getattr(traj, field)`` ``[T, N]``."""
 
     def init(key, traj, hp):
         return ()
 
     def rewards(state, traj, hp):
-        return traj.reward, {}
+        return getattr(traj, field), {}
 
     return Signal(init, no_observe, no_update, rewards)
+
+
+def make_external(static, network, env, env_params) -> Signal:
+    """``rewards = traj.reward`` (method ``ppo``)."""
+    return field_signal("reward")
