@@ -16,6 +16,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 import numpy as np  # noqa: E402
 
 from coevo_jax import stats  # noqa: E402
@@ -41,6 +42,7 @@ def curve_band(ax, steps: np.ndarray, curves: np.ndarray, label: str, stat: str 
     steps = np.asarray(steps, np.float64)
     ok = np.isfinite(steps) & np.isfinite(point)
     (line,) = ax.plot(steps[ok], point[ok], label=label, color=color, lw=1.6)
+    ax.xaxis.set_major_locator(MaxNLocator(5))
     ok_band = ok & np.isfinite(lo) & np.isfinite(hi)
     ax.fill_between(steps[ok_band], lo[ok_band], hi[ok_band], color=line.get_color(), alpha=0.2, lw=0)
     return line

@@ -296,16 +296,20 @@ def measure_cost(args, out, keys, reps: int = 5):
             axes = 0 if batched_hp else None
             hp_in = jax.tree.map(lambda x: jnp.repeat(x[None], len(keys), 0), hp) if batched_hp else hp
             state = jax.jit(jax.vmap(tr.init, in_axes=(0, axes)))(keys, hp_in)
-            chunk = jax.jit(jax.vmap(lambda s, h, tr=tr: tr.run_chunk(s, h, n), in_axes=(0, axes)))
+            # as inside vmap(train): the iteration counter is shared by all runs (not batched), so with
+            # shared hyperparameters the gate ``iteration % k == 0`` is an unbatched lax.cond
+            chunk = jax.jit(jax.vmap(lambda s, it, h, tr=tr: tr.run_chunk(s.replace(iteration=it), h, n),
+                                     in_axes=(0, None, axes)))
+            state = (state, jnp.int32(0))
             t0 = time.perf_counter()
-            jax.block_until_ready(chunk(state, hp_in))
+            jax.block_until_ready(chunk(*state, hp_in))
             print(f"[{setting}] {name}: compiled + first call {time.perf_counter() - t0:.0f}s", flush=True)
             variants[name] = (chunk, state, hp_in)
         times = {k: [] for k in variants}
         for _ in range(reps):
             for k, (chunk, state, hp_in) in variants.items():
                 t0 = time.perf_counter()
-                jax.block_until_ready(chunk(state, hp_in))
+                jax.block_until_ready(chunk(*state, hp_in))
                 times[k].append((time.perf_counter() - t0) / n)
         base = float(np.median(times["ppo"]))
         for k, v in times.items():
