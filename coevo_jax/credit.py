@@ -255,10 +255,15 @@ def plot_episode_credit(credit, path: str, reward=None, optimal_adv=None, title:
     steps = np.arange(len(credit))
     fig, ax = plt.subplots(figsize=(max(6.0, 0.12 * len(credit)), 3.5))
     ax.bar(steps, credit, color="tab:blue", label="SIOP credit V(s_t+1) - V(s_t)")
-    if reward is not None:
+    handles = []
+    if reward is not None:  # on its own axis: a sparse reward of ~1 would flatten the credit bars
         r = np.asarray(reward, np.float64)
         nz = np.nonzero(r)[0]
-        ax.scatter(nz, r[nz], color="tab:green", marker="*", s=80, zorder=3, label="external reward")
+        ax_r = ax.twinx()
+        handles.append(ax_r.scatter(nz, r[nz], color="tab:green", marker="*", s=80, zorder=3,
+                                    label="external reward (right axis)"))
+        ax_r.set_ylabel("external reward")
+        ax_r.set_ylim(min(0.0, r.min()) - 0.05, max(1.0, r.max()) + 0.05)
     if optimal_adv is not None:
         a = np.asarray(optimal_adv, np.float64)
         scale = np.nanmax(np.abs(credit)) / max(np.nanmax(np.abs(a)), 1e-12) if np.isfinite(a).any() else 1.0
@@ -267,7 +272,8 @@ def plot_episode_credit(credit, path: str, reward=None, optimal_adv=None, title:
     ax.set_xlabel("step in episode")
     ax.set_ylabel("credit")
     ax.set_title(title)
-    ax.legend(fontsize=8, loc="best")
+    h, _ = ax.get_legend_handles_labels()
+    ax.legend(handles=h + handles, fontsize=8, loc="best")
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=100)

@@ -155,7 +155,8 @@ def plot_diagnostics(rows: Mapping[str, Mapping[str, Mapping[str, tuple]]], path
 
 # ----------------------------------------------------------------------------- default sweep figures
 def _setting_label(setting: dict) -> str:
-    return ", ".join(f"{k}={v:g}" if isinstance(v, (int, float)) else f"{k}={v}" for k, v in setting.items()) or "default"
+    text = ", ".join(f"{k}={v:g}" if isinstance(v, (int, float)) else f"{k}={v}" for k, v in setting.items())
+    return text or "default"
 
 
 def sweep_default_plots(out: str, config, plans, curves: dict, runs: dict, rows) -> list[str]:

@@ -22,7 +22,6 @@ estimates) in ``<out>``.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import time
@@ -54,7 +53,8 @@ def build_parser():
     p.add_argument("--num-seeds", type=int, default=8, metavar="N", help="seeds per method, >= 1 (default: 8)")
     p.add_argument("--total-steps", type=int, default=DEFAULT_TOTAL_STEPS, metavar="S",
                    help=f"env steps per run, >= {NUM_ENVS * ROLLOUT_LEN} (default: {DEFAULT_TOTAL_STEPS})")
-    p.add_argument("--num-chunks", type=int, default=8, metavar="C", help="checkpointed chunks per run, >= 1 (default: 8)")
+    p.add_argument("--num-chunks", type=int, default=8, metavar="C",
+                   help="checkpointed chunks per run, >= 1 (default: 8)")
     p.add_argument("--threshold", type=float, default=None,
                    help="return for steps-to-threshold (default: per env, half the best final return of any run)")
     p.add_argument("--seed", type=int, default=0, help="base seed, >= 0 (default: 0)")
@@ -143,7 +143,8 @@ def main(argv=None) -> int:
     results = []
     for cfg in configs:
         try:
-            res = run_sweep(cfg, os.path.join(args.out, cfg.env), overwrite=args.overwrite, progress=not args.quiet, **kw)
+            res = run_sweep(cfg, os.path.join(args.out, cfg.env), overwrite=args.overwrite,
+                            progress=not args.quiet, **kw)
         except (ConfigError, SweepError) as e:
             print(f"compare_methods.py: error: {str(e).splitlines()[0]}", file=sys.stderr)
             return 2

@@ -151,7 +151,8 @@ def build_config(args, notices: list):
         if env == DEFAULT_ENV:
             fallback = next((e for e in FALLBACK_ENVS if e in registered), None)
             if fallback is None:
-                raise ConfigError(f"--env: {env} is not registered and no fallback is; registered: {', '.join(registered)}")
+                raise ConfigError(f"--env: {env} is not registered and no fallback is;"
+                                  f" registered: {', '.join(registered)}")
             notices.append(f"notice: {env} is not registered yet; using {fallback} instead")
             env = fallback
         else:

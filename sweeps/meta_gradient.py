@@ -323,7 +323,7 @@ def main(argv=None):
         for folder in args.merge.split(","):
             with np.load(os.path.join(folder, "runs.npz")) as z:
                 for name in z.files:
-                    e, n, k = name.split("/")
+                    e, n, k = name.split("/", 2)
                     results.setdefault(e, {}).setdefault(n, {})[k] = z[name]
         text = write_tables(summarise(results), args.out, f"# LIRPG delayed-reward protocol (merged from {args.merge})")
         plot_curves(results, args.out, args.reward_freq)

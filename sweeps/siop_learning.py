@@ -295,9 +295,8 @@ def main(argv=None):
                             round(wall), s, corr)
             rows.append(row)
             print("| " + " | ".join(str(row[h]) for h in header) + " |", flush=True)
+            write_summary(out, rows, [])  # kept up to date after every method
 
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(r[h]) for h in header) + " |" for r in rows]
     notes = [f"\nStatic: {json.dumps(STATIC)}; base HParams {BASE_HP}; per-method {json.dumps(METHOD_HP)}; "
              f"siop extra {siop_hp}; potential_steps={args.potential_steps}, credit_nstep={args.credit_nstep}, "
              f"ensemble_size={args.ensemble_size}, layernorm={args.layernorm}. Total wall {time.time() - t_start:.0f} s."]
@@ -307,16 +306,25 @@ def main(argv=None):
         notes.append(f"Per-iteration cost on {envs[0]} ({args.num_seeds} vmapped seeds, {STATIC['num_envs']} envs x "
                      f"{STATIC['rollout_len']} steps, after compile, best of 3 alternated chunks of 8 iterations): "
                      f"ppo {1e3 * t['ppo']:.1f} ms; {ratios}.")
+    print("\n" + write_summary(out, rows, notes))
+
+
+def write_summary(out: str, rows: list, notes: list) -> str:
+    """Write ``summary.md`` (table + notes) and ``summary.csv``; returns the markdown."""
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines += ["| " + " | ".join(str(r[h]) for h in HEADER) + " |" for r in rows]
     table = "\n".join(lines + notes)
-    print("\n" + table)
     with open(os.path.join(out, "summary.md"), "w") as f:
         f.write(table + "\n")
-    keys = header + [k for k in rows[0] if k not in header] if rows else header
+    keys = list(HEADER)
+    for r in rows:
+        keys += [k for k in r if k not in keys]
     with open(os.path.join(out, "summary.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys)
         w.writeheader()
         for r in rows:
             w.writerow({k: r.get(k, "") for k in keys})
+    return table
 
 
 if __name__ == "__main__":

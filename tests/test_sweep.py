@@ -329,10 +329,26 @@ def test_chunk_length_and_batch_size():
     assert chunk_length(128, 8) == 16
     assert chunk_length(4, 2) == 2
     assert chunk_length(12, 5) == 2  # divisors of 12 nearest 12/5 = 2.4 in log ratio: 2 (0.18) beats 3 (0.22)
-    assert chunk_length(7, 3) == 7 or chunk_length(7, 3) == 1  # a prime count: one chunk or single iterations
+    assert chunk_length(7, 3) == 1  # a prime count: 1 (log ratio 0.85 to 7/3) beats 7 (1.10)
     assert batch_size(10, 2, 3, 1) == 3  # 5 runs per worker in 2 batches of 3 (the last padded)
     assert batch_size(10, 2, 3, 4) == 4  # rounded up to the device count
     assert batch_size(4, 1, None, 1) == 4
+
+
+def test_sustained_steps_to_threshold_ignores_early_flukes():
+    steps = np.arange(1, 9) * 100.0
+    # an early lucky success (iterations 0-1), a dip, then a rise that stays
+    curve = np.array([0.9, 0.9, 0.0, 0.0, 0.6, 0.7, 0.8, 0.8])
+    assert float(stats.steps_to_sustained_threshold(curve, steps, 0.5, window=1)) == 500.0
+    # window 2, weights = episodes: at iteration 4 the mean is (0*1 + 0.6*3) / 4 = 0.45 < 0.5,
+    # from iteration 5 on (0.6*3 + 0.7*1) / 4 = 0.625 and up
+    episodes = np.array([1, 1, 1, 1, 3, 1, 1, 1])
+    assert float(stats.steps_to_sustained_threshold(curve, steps, 0.5, window=2, weights=episodes)) == 600.0
+    np.testing.assert_allclose(stats.trailing_mean(curve, 2, episodes)[4], 0.45)
+    assert float(stats.steps_to_sustained_threshold(curve[:6] * 0, steps[:6], 0.5, window=1)) == np.inf
+    # a batch of runs [R, I] gives one number per run
+    both = stats.steps_to_sustained_threshold(np.stack([curve, curve * 0]), steps, 0.5, window=1)
+    np.testing.assert_array_equal(both, [500.0, np.inf])
 
 
 def test_stats_helpers_against_hand_values():

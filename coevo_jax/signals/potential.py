@@ -312,7 +312,7 @@ def potential_step(network, params, opt_state, batch, hp, w_fit_now):
     tx = make_optimizer(hp.potential_max_grad_norm, hp.potential_lr)
     updates, opt_state = tx.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
-    return params, opt_state, {**terms, "loss": loss, "grad_norm": optax.global_norm(grads)}
+    return params, opt_state, {**terms, "loss": loss, "grad_norm": optax.tree.norm(grads)}
 
 
 def minibatch_indices(key: jax.Array, size: int, num_minibatches: int, steps: int) -> jax.Array:
