@@ -45,15 +45,16 @@ class StaticConfig:
     d_model: int = 64
     num_layers: int = 2
     num_heads: int = 4
+    kv_cache: bool = True  # transformer rollouts decode incrementally with a key-value cache
     # learned internal reward (co-evolution and meta-gradient)
     reward_hidden: tuple = (64, 64)
     action_embed_dim: int = 16
-    reward_steps: int = 8  # gradient steps per refit
-    buffer_episodes: int = 64  # complete episodes kept for the refit
-    max_episode_len: int = 128  # episodes are truncated/padded to this length in the buffer
+    reward_steps: int = 4  # gradient steps per refit
+    buffer_episodes: int = 32  # complete episodes kept for the refit
+    max_episode_len: int = 32  # the last this-many steps of each episode are kept (padded) in the buffer
     # potential (SIOP)
     potential_hidden: tuple = (64, 64)
-    potential_steps: int = 5
+    potential_steps: int = 4
     potential_layernorm: bool = False
     ensemble_size: int = 1
     ensemble_combine: str = "mean"  # or "min"
@@ -197,9 +198,10 @@ METHOD_DEFAULTS: dict[str, dict] = {
     "ppo": {},
     "dense": {},
     "icm": {},
-    "coevo-regression": {"beta_ext": 1.0, "beta_int": 0.5},
-    "coevo-ranking": {"beta_ext": 1.0, "beta_int": 0.5},
-    "coevo-novelty": {"beta_ext": 1.0, "beta_int": 0.5},
+    # raw (unstandardised) R_phi: per-batch standardisation drowned the sparse reward (README, co-evolution)
+    "coevo-regression": {"beta_ext": 1.0, "beta_int": 0.5, "normalize_int": 0.0},
+    "coevo-ranking": {"beta_ext": 1.0, "beta_int": 0.5, "normalize_int": 0.0},
+    "coevo-novelty": {"beta_ext": 1.0, "beta_int": 0.5, "normalize_int": 0.0},
     "siop": {"beta_ext": 1.0, "beta_int": 1.0},
     "meta": {"k": 1},
 }
@@ -298,6 +300,8 @@ def validate_static(static: StaticConfig) -> StaticConfig:
         raise ConfigError(f"StaticConfig.activation={static.activation!r} must be 'tanh' or 'relu'")
     if static.network not in ("auto", "mlp", "transformer"):
         raise ConfigError(f"StaticConfig.network={static.network!r} must be 'auto', 'mlp' or 'transformer'")
+    if not isinstance(static.kv_cache, bool):
+        raise ConfigError(f"StaticConfig.kv_cache={static.kv_cache!r} must be True or False")
     if static.ensemble_combine not in ("mean", "min"):
         raise ConfigError(f"StaticConfig.ensemble_combine={static.ensemble_combine!r} must be 'mean' or 'min'")
     if static.steps_per_iteration % static.num_minibatches:

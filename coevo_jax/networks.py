@@ -17,6 +17,43 @@ import numpy as np
 from coevo_jax.config import StaticConfig
 
 
+def orthonormal_columns(a: jax.Array) -> jax.Array:
+    """``Q`` of the QR decomposition of ``a [m, n]`` (``m >= n``) with a positive
+    diagonal of ``R``, by classical Gram-Schmidt with re-orthogonalisation (CGS2,
+    as accurate as Householder QR for well-conditioned input).
+
+    Pure ``jnp`` arithmetic in a ``fori_loop``: no LAPACK custom call, so a
+    vmapped initialisation holds no batched QR decompositions (the trigger of
+    the jax 0.10.2 XLA:CPU hang, see :mod:`envs_jax._xla`).
+    """
+    m, n = a.shape
+
+    def column(j, q):
+        v = a[:, j]
+        for _ in range(2):  # project out the columns found so far (later ones are still zero), twice
+            v = v - q @ (q.T @ v)
+        return q.at[:, j].set(v / jnp.linalg.norm(v))
+
+    return jax.lax.fori_loop(0, n, column, jnp.zeros((m, n), a.dtype))
+
+
+def orthogonal(scale: float = 1.0):
+    """Drop-in for ``flax.linen.initializers.orthogonal(scale)`` on 2-D kernels:
+    the same matrix (the sign-corrected ``Q`` of a Gaussian matrix, so
+    Haar-distributed) up to float rounding, computed by :func:`orthonormal_columns`."""
+
+    def init(key, shape, dtype=jnp.float32):
+        if len(shape) != 2:
+            raise ValueError(f"orthogonal: expected a 2-D kernel shape, got {shape}")
+        rows, cols = shape
+        tall = rows >= cols
+        a = jax.random.normal(key, (rows, cols) if tall else (cols, rows), dtype)
+        q = orthonormal_columns(a)
+        return (scale * (q if tall else q.T)).astype(dtype)
+
+    return init
+
+
 def _act(name: str):
     return {"tanh": nn.tanh, "relu": nn.relu}[name]
 
@@ -34,13 +71,13 @@ class ActorCritic(nn.Module):
         x = obs.astype(jnp.float32)
         h = x
         for i, width in enumerate(self.hidden_sizes):
-            h = act(nn.Dense(width, kernel_init=nn.initializers.orthogonal(np.sqrt(2)), name=f"actor_{i}")(h))
+            h = act(nn.Dense(width, kernel_init=orthogonal(np.sqrt(2)), name=f"actor_{i}")(h))
         features = h
-        logits = nn.Dense(self.num_actions, kernel_init=nn.initializers.orthogonal(0.01), name="actor_out")(h)
+        logits = nn.Dense(self.num_actions, kernel_init=orthogonal(0.01), name="actor_out")(h)
         v = x
         for i, width in enumerate(self.hidden_sizes):
-            v = act(nn.Dense(width, kernel_init=nn.initializers.orthogonal(np.sqrt(2)), name=f"critic_{i}")(v))
-        value = nn.Dense(1, kernel_init=nn.initializers.orthogonal(1.0), name="critic_out")(v)[..., 0]
+            v = act(nn.Dense(width, kernel_init=orthogonal(np.sqrt(2)), name=f"critic_{i}")(v))
+        value = nn.Dense(1, kernel_init=orthogonal(1.0), name="critic_out")(v)[..., 0]
         return logits, value, features
 
 

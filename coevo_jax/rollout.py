@@ -1,4 +1,16 @@
-"""Collect a ``[T, N]`` trajectory with ``lax.scan`` (T steps of N envs)."""
+"""Collect a ``[T, N]`` trajectory with ``lax.scan`` (T steps of N envs).
+
+Two paths give the same trajectory:
+
+* plain: the policy is applied to the whole observation every step (MLP
+  policies, or any network);
+* cached (``decode_chunk`` set, transformer policies on token buffers): the
+  policy's key-value cache is filled once per rollout with one causal pass over
+  the buffers, then every step only processes the tokens the environment added
+  (at most ``decode_chunk`` of them, ``env.max_tokens_per_step``). The cache is
+  rebuilt at the start of each rollout because the parameters change between
+  iterations.
+"""
 from __future__ import annotations
 
 from typing import Any, NamedTuple
@@ -40,40 +52,87 @@ class RolloutState(NamedTuple):
     obs: jax.Array  # [N, ...]
 
 
+def sample_action(logits: jax.Array, key: jax.Array):
+    """``logits [N, A] -> (action [N] int32, logp [N])``."""
+    dist = distrax.Categorical(logits=logits)
+    action = dist.sample(seed=key)
+    return action.astype(jnp.int32), dist.log_prob(action)
+
+
 def policy_step(network: nn.Module, params, obs: jax.Array, key: jax.Array):
     """Sample actions. ``obs [N, ...] -> (action [N], logp [N], value [N], features [N, H])``."""
     logits, value, features = network.apply(params, obs)
-    dist = distrax.Categorical(logits=logits)
-    action = dist.sample(seed=key)
-    return action.astype(jnp.int32), dist.log_prob(action), value, features
+    action, logp = sample_action(logits, key)
+    return action, logp, value, features
 
 
-def rollout(network: nn.Module, params, env, env_params, state: RolloutState, key: jax.Array, length: int):
+def env_step(env, env_params, env_state, action: jax.Array, key: jax.Array):
+    """Step the batched env. Returns ``(obs [N, ...], env_state, step fields [N])``
+    where the fields are the env-side part of a :class:`Trajectory` row."""
+    env_keys = jax.random.split(key, action.shape[0])
+    obs, env_state, reward, term, trunc, info = jax.vmap(env.step, (0, 0, 0, None))(
+        env_keys, env_state, action, env_params
+    )
+    dense = info["dense_reward"] if "dense_reward" in info else reward
+    fields = dict(
+        reward=reward, dense_reward=dense.astype(jnp.float32), terminated=term, truncated=trunc,
+        next_obs=info["final_obs"], episode_done=info["returned_episode"],
+        episode_return=info["returned_episode_returns"],
+        episode_length=info["returned_episode_lengths"].astype(jnp.float32),
+        episode_success=info["returned_episode_success"],
+    )
+    return obs, env_state, fields
+
+
+def rollout(network: nn.Module, params, env, env_params, state: RolloutState, key: jax.Array, length: int,
+            decode_chunk: int | None = None):
     """Run ``length`` steps of the batched env with the current policy.
 
-    ``env`` must be wrapped in :class:`envs_jax.EpisodeStats`. Returns
-    ``(new RolloutState, Trajectory [length, N])``.
+    ``env`` must be wrapped in :class:`envs_jax.EpisodeStats`. With
+    ``decode_chunk`` (static; the network must provide ``init_cache`` and
+    ``decode_step``, as :class:`coevo_jax.transformer.TransformerActorCritic`
+    does) the policy decodes incrementally with a key-value cache; the result
+    equals the plain path up to float rounding. Returns ``(new RolloutState,
+    Trajectory [length, N])``.
     """
-    num_envs = state.obs.shape[0]
+    if decode_chunk is not None:
+        return _rollout_cached(network, params, env, env_params, state, key, length, decode_chunk)
 
     def one_step(carry: RolloutState, step_key):
         k_act, k_env = jax.random.split(step_key)
         action, logp, value, features = policy_step(network, params, carry.obs, k_act)
-        env_keys = jax.random.split(k_env, num_envs)
-        obs, env_state, reward, term, trunc, info = jax.vmap(env.step, (0, 0, 0, None))(
-            env_keys, carry.env_state, action, env_params
-        )
-        dense = info["dense_reward"] if "dense_reward" in info else reward
-        step = dict(
-            obs=carry.obs, action=action, logp=logp, value=value, features=features, reward=reward,
-            dense_reward=dense.astype(jnp.float32), terminated=term, truncated=trunc,
-            next_obs=info["final_obs"], episode_done=info["returned_episode"],
-            episode_return=info["returned_episode_returns"],
-            episode_length=info["returned_episode_lengths"].astype(jnp.float32),
-            episode_success=info["returned_episode_success"],
-        )
+        obs, env_state, fields = env_step(env, env_params, carry.env_state, action, k_env)
+        step = dict(obs=carry.obs, action=action, logp=logp, value=value, features=features, **fields)
         return RolloutState(env_state, obs), step
 
     state, steps = jax.lax.scan(one_step, state, jax.random.split(key, length))
     next_value = network.apply(params, steps["next_obs"])[1]
     return state, Trajectory(next_value=next_value, **steps)
+
+
+def _rollout_cached(network, params, env, env_params, state: RolloutState, key, length: int, chunk: int):
+    """The key-value-cached path of :func:`rollout`.
+
+    Per step: act on the outputs for the current buffers, step the env, decode
+    ``final_obs`` (the critic's bootstrap value; for running episodes it is the
+    next buffer itself), then decode the next buffers (differs only where an
+    episode auto-reset; the cache notices and restarts those rows).
+    """
+    decode = lambda cache, obs, c: network.apply(params, cache, obs, chunk=c, method=network.decode_step)
+    cache = network.init_cache(state.obs.shape[:-1], state.obs.shape[-1])
+    out, cache = decode(cache, state.obs, state.obs.shape[-1])  # prefill: one causal pass
+
+    def one_step(carry, step_key):
+        ro, out, cache = carry
+        logits, value, features = out
+        k_act, k_env = jax.random.split(step_key)
+        action, logp = sample_action(logits, k_act)
+        obs, env_state, fields = env_step(env, env_params, ro.env_state, action, k_env)
+        (_, next_value, _), cache = decode(cache, fields["next_obs"], chunk)
+        out, cache = decode(cache, obs, chunk)
+        step = dict(obs=ro.obs, action=action, logp=logp, value=value, features=features,
+                    next_value=next_value, **fields)
+        return (RolloutState(env_state, obs), out, cache), step
+
+    (state, _, _), steps = jax.lax.scan(one_step, (state, out, cache), jax.random.split(key, length))
+    return state, Trajectory(**steps)

@@ -65,9 +65,11 @@ Measured on the 2-core development machine while other jobs kept its load at
   bit-identical across batch sizes, process counts and the Eigen setting;
   sharding over forced host devices changes only the summation order of two
   per-minibatch diagnostics (``approx_kl``, ``policy_loss``; ~1e-9).
-* swept ``k`` under ``vmap`` turns the gated refit into a select (both branches
-  run): k = 1 vs k = 1000 ran at 3.3k vs 3.1k env steps/s (coevo-regression)
-  and 10.5k vs 9.2k (siop), i.e. the refit is not where the time goes.
+* the run axis is vmapped with ``axis_name="runs"`` and the trainers are built
+  with ``batch_axis="runs"``, so the K-gated refit stays a real branch taken
+  only on iterations where some run of the batch refits (a plain ``vmap``
+  would turn it into a select that refits every iteration); an arm that mixes
+  K = 1 with larger K still refits every iteration.
 * ``xla_flags="--xla_backend_optimization_level=0"`` compiled a PPO chunk
   3.4x faster and ran it 26% slower, and changes low-order bits.
 
@@ -112,6 +114,9 @@ CONFIG_VERSION = 1
 FINISHED_MARK = "FINISHED"
 RETURN_METRIC = "episode_return"
 SUCCESS_METRIC = "success_rate"
+
+
+BATCH_AXIS = "runs"  # the vmapped (and sharded) run axis; the K-gated refits branch on it (Trainer.batch_axis)
 
 
 class SweepError(RuntimeError):
@@ -497,15 +502,15 @@ def _batch_program(trainer, plan: ArmPlan, b: int, devices):
     import jax
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-    mesh = Mesh(np.asarray(devices), ("runs",))
-    sharding = NamedSharding(mesh, PartitionSpec("runs"))
+    mesh = Mesh(np.asarray(devices), (BATCH_AXIS,))
+    sharding = NamedSharding(mesh, PartitionSpec(BATCH_AXIS))
     length = plan.chunk_len
 
     def init_batch(keys, hp):
         return jax.vmap(trainer.init)(keys, hp)
 
     def chunk_batch(state, hp):
-        return jax.vmap(lambda s, h: trainer.run_chunk(s, h, length))(state, hp)
+        return jax.vmap(lambda s, h: trainer.run_chunk(s, h, length), axis_name=BATCH_AXIS)(state, hp)
 
     def spec(x):
         return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
@@ -588,7 +593,7 @@ def run_worker(out: str, worker: int, num_workers: int, max_parallel: int | None
             if not todo:
                 continue
             static = plan.arm.static
-            trainer = Trainer(static, env, env_params)
+            trainer = Trainer(static, env, env_params, batch_axis=BATCH_AXIS)
             rep.update(phase=f"compiling {plan.arm.name} ({b} runs/batch on {len(devices)} device(s))")
             _set_thread_affinity(allowed)  # compile on every allowed core ...
             init_c, chunk_c, state_abs, sharding, comp_s, per_run = _batch_program(trainer, plan, b, devices)

@@ -66,6 +66,16 @@ def episode_metrics(traj: Trajectory, last_return, last_success):
     return {"episode_return": ret, "success_rate": succ, "episodes": count, "episode_length": length}, ret, succ
 
 
+def decode_chunk(static: StaticConfig, network, env) -> int | None:
+    """Tokens per incremental-decoding call for cached rollouts, or ``None`` for
+    the plain path (no ``static.kv_cache``, a network without ``decode_step``, or
+    an env that does not say how many tokens one step can add)."""
+    chunk = getattr(env, "max_tokens_per_step", None)
+    if not static.kv_cache or not hasattr(network, "decode_step") or chunk is None:
+        return None
+    return int(chunk)
+
+
 class Trainer:
     """The training loop for one (static config, environment, reward source).
 
@@ -74,12 +84,20 @@ class Trainer:
     identity and safe to close over in ``jit``.
     """
 
-    def __init__(self, static: StaticConfig, env, env_params, signal: Signal | None = None):
+    def __init__(self, static: StaticConfig, env, env_params, signal: Signal | None = None,
+                 batch_axis: str | None = None):
+        """``batch_axis``: the ``axis_name`` of the ``jax.vmap`` over runs this
+        trainer will be batched with, if any. With it the K-gated refit stays a
+        real branch under ``vmap`` (see :func:`coevo_jax.signals.gated_update`):
+        it costs compute only on the iterations where some run refits. Vmap with
+        ``axis_name=batch_axis`` then (not vmapping at all is an error)."""
         self.static = validate_static(static)
+        self.batch_axis = batch_axis
         self.env = env if isinstance(env, EpisodeStats) else EpisodeStats(env)
         self.env_params = env_params
         self.network = make_policy_network(static, env, env_params)
         self.signal = signal if signal is not None else make_signal(static, self.network, self.env, env_params)
+        self.decode_chunk = decode_chunk(static, self.network, self.env)
 
     # ------------------------------------------------------------------ init
     def init(self, key: jax.Array, hp: HParams) -> TrainState:
@@ -101,7 +119,7 @@ class Trainer:
     def _example_trajectory(self, params, obs, env_state) -> Trajectory:
         shapes = jax.eval_shape(
             lambda p, s: rollout(self.network, p, self.env, self.env_params, s, jax.random.PRNGKey(0),
-                                 self.static.rollout_len)[1],
+                                 self.static.rollout_len, self.decode_chunk)[1],
             params, RolloutState(env_state, obs),
         )
         return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
@@ -119,13 +137,14 @@ class Trainer:
         static = self.static
         key, k_roll, k_sig, k_ppo = jax.random.split(state.key, 4)
         ro_state, traj = rollout(self.network, state.params, self.env, self.env_params, state.rollout, k_roll,
-                                 static.rollout_len)
+                                 static.rollout_len, self.decode_chunk)
         lr = self.learning_rate(state, hp)
         policy = PolicyView(self.network, state.params, state.opt_state, lr)
 
         sig_state = self.signal.observe(state.signal_state, traj, hp)
         do_update = (state.iteration % hp.k) == 0
-        sig_state, upd_metrics = gated_update(self.signal, do_update, sig_state, traj, policy, hp, k_sig)
+        sig_state, upd_metrics = gated_update(self.signal, do_update, sig_state, traj, policy, hp, k_sig,
+                                              self.batch_axis)
         r_used, r_metrics = self.signal.rewards(sig_state, traj, hp)
 
         adv, targets = gae(r_used, traj.value, traj.next_value, traj.terminated, traj.truncated,

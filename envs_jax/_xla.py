@@ -6,6 +6,9 @@ XLA worker idles while the main thread waits. Turning off the concurrency-
 optimised scheduler prevented it in every trial at ~5% cost. XLA reads the flag
 when the CPU backend starts, so importing this package before the first JAX
 computation is enough; users can opt out with ``COEVO_JAX_KEEP_XLA_FLAGS=1``.
+The flag is not a guarantee (a 64-run vmapped sweep still hung once with it),
+so ``coevo_jax`` also avoids the trigger: its orthogonal initialiser
+(``coevo_jax.networks.orthogonal``) uses no QR decomposition.
 """
 import os
 

@@ -128,10 +128,13 @@ def _method_trainer(method, env_name, static_kw):
 
     env, p = envs_jax.make(env_name)
     static = cj.StaticConfig(method=method, **static_kw)
-    return cj.Trainer(static, env, p), cj.default_hparams(method)
+    return cj.Trainer(static, env, p, batch_axis="runs"), cj.default_hparams(method)
 
 
 def worker_methods(cfg):
+    """Per-iteration time of every method on the same batch: with the refit every
+    iteration (k = 1) and at the method's default k (amortised over ``iters``, a
+    multiple of it; the batch-aware gate skips the refit on the other iterations)."""
     import jax
     import jax.numpy as jnp
 
@@ -140,29 +143,34 @@ def worker_methods(cfg):
     env_name, runs, iters = cfg["env"], cfg["runs"], cfg["iters"]
     static_kw = dict(num_envs=16, rollout_len=128, total_steps=16 * 128 * 100)
     methods = [m for m in cfg["methods"] if m in available_methods()]
-    compiled, states, hps = {}, {}, {}
+    compiled, args, default_k = {}, {}, {}
     keys = jax.random.split(jax.random.PRNGKey(0), runs)
     for m in methods:
         trainer, hp = _method_trainer(m, env_name, static_kw)
-        hp = hp.replace(k=1)  # the refit runs every iteration: the worst case for cost
-        hpb = jax.tree.map(lambda x: jnp.broadcast_to(x, (runs,)), hp)
-        state = jax.jit(jax.vmap(trainer.init))(keys, hpb)
-        fn = jax.jit(jax.vmap(trainer.run_chunk, (0, 0, None)), static_argnums=2)
-        t0 = time.time()
-        compiled[m] = fn.lower(state, hpb, iters).compile()
-        states[m], hps[m] = state, hpb
-        print(f"compiled {m} in {time.time() - t0:.1f}s", file=sys.stderr, flush=True)
-    best = {m: float("inf") for m in methods}
-    for _ in range(cfg["repeats"]):  # interleaved, so machine noise hits every method alike
-        for m in methods:
+        default_k[m] = int(hp.k)
+        for variant, hp_v in (("k1", hp.replace(k=1)), ("default", hp)):
+            if variant == "default" and default_k[m] == 1:
+                continue
+            hpb = jax.tree.map(lambda x: jnp.broadcast_to(x, (runs,)), hp_v)
+            state = jax.jit(jax.vmap(trainer.init))(keys, hpb)
+            fn = jax.jit(jax.vmap(trainer.run_chunk, (0, 0, None), axis_name="runs"), static_argnums=2)
             t0 = time.time()
-            jax.block_until_ready(compiled[m](states[m], hps[m]))
-            best[m] = min(best[m], (time.time() - t0) / iters)
-    out = {"per_iter_s": best}
+            compiled[m, variant] = fn.lower(state, hpb, iters).compile()
+            args[m, variant] = (state, hpb)
+            print(f"compiled {m} ({variant}) in {time.time() - t0:.1f}s", file=sys.stderr, flush=True)
+    best = {key: float("inf") for key in compiled}
+    for _ in range(cfg["repeats"]):  # interleaved, so machine noise hits every method alike
+        for key, fn in compiled.items():
+            t0 = time.time()
+            jax.block_until_ready(fn(*args[key]))
+            best[key] = min(best[key], (time.time() - t0) / iters)
+    out = {"per_iter_s": {m: {"k1": best[m, "k1"], "default": best.get((m, "default"), best[m, "k1"])}
+                          for m in methods}, "default_k": default_k}
     if "meta" in methods:
         mem = {}
         for n in (1, 2, 4):
             trainer, hp = _method_trainer("meta", env_name, {**static_kw, "meta_inner_steps": n})
+            trainer.batch_axis = None  # one unbatched run
             state = trainer.init(keys[0], hp)
             lowered = jax.jit(trainer.iteration).lower(state, hp)
             ma = lowered.compile().memory_analysis()
@@ -173,11 +181,10 @@ def worker_methods(cfg):
 
 def worker_text(cfg):
     import jax
-    import jax.numpy as jnp
 
     import coevo_jax as cj
     import envs_jax
-    from coevo_jax.rollout import RolloutState, rollout
+    from coevo_jax.rollout import rollout
 
     n, T = cfg["envs"], cfg["rollout_len"]
     env, p = envs_jax.make(cfg["env"])
@@ -185,25 +192,47 @@ def worker_text(cfg):
     trainer = cj.Trainer(static, env, p)
     hp = cj.default_hparams("ppo")
     state = trainer.init(jax.random.PRNGKey(0), hp)
-    roll = jax.jit(lambda prm, rs, k: rollout(trainer.network, prm, trainer.env, p, rs, k, T))
     t0 = time.time()
-    roll_c = roll.lower(state.params, state.rollout, state.key).compile()
-    it_c = jax.jit(trainer.run_chunk, static_argnums=2).lower(state, hp, 1).compile()
+    fns = {}
+    for name, chunk in (("cached", trainer.decode_chunk), ("plain", None)):
+        roll = jax.jit(lambda prm, rs, k, c=chunk: rollout(trainer.network, prm, trainer.env, p, rs, k, T, c))
+        fns[name] = roll.lower(state.params, state.rollout, state.key).compile()
+    fns["iteration"] = jax.jit(trainer.run_chunk, static_argnums=2).lower(state, hp, 1).compile()
     compile_s = time.time() - t0
-    jax.block_until_ready(roll_c(state.params, state.rollout, state.key))
-    best_roll = best_it = float("inf")
-    for _ in range(3):
-        t0 = time.time()
-        jax.block_until_ready(roll_c(state.params, state.rollout, state.key))
-        best_roll = min(best_roll, time.time() - t0)
-        t0 = time.time()
-        jax.block_until_ready(it_c(state, hp))
-        best_it = min(best_it, time.time() - t0)
-    return {"rollout_tok_s": n * T / best_roll, "iter_tok_s": n * T / best_it, "compile_s": compile_s,
-            "peak_mb": _peak_mb()}
+    args = {"cached": (state.params, state.rollout, state.key), "plain": (state.params, state.rollout, state.key),
+            "iteration": (state, hp)}
+    best = {k: float("inf") for k in fns}
+    for _ in range(4):  # interleaved; the first round is a warm-up like any other, the best counts
+        for k, f in fns.items():
+            t0 = time.time()
+            jax.block_until_ready(f(*args[k]))
+            best[k] = min(best[k], time.time() - t0)
+    return {"rollout_tok_s": n * T / best["cached"], "plain_tok_s": n * T / best["plain"],
+            "iter_tok_s": n * T / best["iteration"], "compile_s": compile_s, "peak_mb": _peak_mb()}
 
 
-WORKERS = {"ppo": worker_ppo, "matmul": worker_matmul, "methods": worker_methods, "text": worker_text}
+def worker_sweep(cfg):
+    """One :func:`coevo_jax.sweep.run_sweep` of PPO on KeyDoor-5x5 with ``runs`` runs."""
+    import tempfile
+
+    import coevo_jax as cj
+    from coevo_jax.sweep import Arm, SweepConfig, run_sweep
+
+    static = cj.StaticConfig(method="ppo", num_envs=8, rollout_len=16, total_steps=cfg["total_steps"])
+    config = SweepConfig(env="KeyDoor-5x5", arms=(Arm(static),), num_seeds=cfg["runs"], num_chunks=4,
+                         study="bench")
+    with tempfile.TemporaryDirectory() as out:
+        res = run_sweep(config, out, processes=cfg["processes"], compile_cache=False, progress=False)
+    workers = res.info["workers"].values()
+    mem = [m["compiled_bytes_per_run"] for w in workers for m in (w.get("memory") or {}).values()]
+    return {"wall_s": res.info["wall_s"], "env_steps": res.info["env_steps_this_call"],
+            "exec_s": max(w["exec_s"] for w in workers), "compile_s": max(sum((w["compile_s"] or {}).values()) for w in workers),
+            "peak_mb": max([w["peak_rss_mb"] or 0.0 for w in workers] + [_peak_mb()]),
+            "mb_per_run": max(mem) / 2 ** 20 if mem else float("nan")}
+
+
+WORKERS = {"ppo": worker_ppo, "matmul": worker_matmul, "methods": worker_methods, "text": worker_text,
+           "sweep": worker_sweep}
 
 
 # ----------------------------------------------------------------------------- parent side
@@ -292,14 +321,17 @@ def section_methods(args):
     from coevo_jax.config import METHODS
 
     env = "KeyDoor-5x5"
-    (res,), _ = run_workers([{"kind": "methods", "env": env, "runs": 8, "iters": 5, "repeats": 3,
+    (res,), _ = run_workers([{"kind": "methods", "env": env, "runs": 8, "iters": 8, "repeats": 3,
                               "methods": list(METHODS)}], args.timeout)
-    t = res["per_iter_s"]
-    print(f"\n### Cost of one training iteration ({env}, 16 envs x 128 steps, 8 runs vmapped, refit every iteration)\n")
-    print("| method | ms / iteration | x ppo |")
-    print("|---|---|---|")
-    for m, s in t.items():
-        print(f"| {m} | {1000 * s:.1f} | {s / t['ppo']:.2f} |")
+    t, dk = res["per_iter_s"], res["default_k"]
+    ppo = t["ppo"]["k1"]
+    print(f"\n### Cost of one training iteration ({env}, 16 envs x 128 steps, 8 runs vmapped, default StaticConfig)\n")
+    print("| method | default k | ms / iteration, refit every iteration (k = 1) | x ppo | ms / iteration at default k"
+          " | x ppo |")
+    print("|---|---|---|---|---|---|")
+    for m, v in t.items():
+        print(f"| {m} | {dk[m]} | {1000 * v['k1']:.1f} | {v['k1'] / ppo:.2f} | {1000 * v['default']:.1f}"
+              f" | {v['default'] / ppo:.2f} |")
     if "meta_temp_mb" in res:
         print("\nMeta-gradient iteration, compiled temporary memory (one run): "
               + ", ".join(f"N={n}: {mb:.1f} MB" for n, mb in res["meta_temp_mb"].items()))
@@ -311,19 +343,32 @@ def section_text(args):
         (res,), _ = run_workers([{"kind": "text", "env": "Booking", "envs": n, "rollout_len": 32}], args.timeout)
         rows.append((n, res))
     print("\n### Transformer policy on Booking (d_model 64, 2 layers, 32-step rollouts)\n")
-    print("| parallel envs | rollout tokens/s | full iteration tokens/s | compile s | peak RSS MB |")
-    print("|---|---|---|---|---|")
+    print("| parallel envs | rollout tokens/s (KV cache) | rollout tokens/s (full pass per token) | cache speed-up"
+          " | full iteration tokens/s | compile s | peak RSS MB |")
+    print("|---|---|---|---|---|---|---|")
     for n, r in rows:
-        print(f"| {n} | {r['rollout_tok_s']:,.0f} | {r['iter_tok_s']:,.0f} | {r['compile_s']:.1f} | {r['peak_mb']:,.0f} |")
+        print(f"| {n} | {r['rollout_tok_s']:,.0f} | {r['plain_tok_s']:,.0f} | {r['rollout_tok_s'] / r['plain_tok_s']:.1f}x"
+              f" | {r['iter_tok_s']:,.0f} | {r['compile_s']:.1f} | {r['peak_mb']:,.0f} |")
 
 
 def section_sweep(args):
-    from coevo_jax import sweep
-
-    if not hasattr(sweep, "benchmark_table"):
-        print("\n(sweep section: coevo_jax.sweep.benchmark_table not available)")
-        return
-    print(sweep.benchmark_table(runs=(1, 64, 256, 512), timeout=args.timeout))
+    ncpu = os.cpu_count() or 1
+    rows = []
+    for runs in (1, 64, 256, 512):
+        for procs in sorted({1, ncpu}):
+            (res,), _ = run_workers([{"kind": "sweep", "runs": runs, "processes": procs,
+                                      "total_steps": args.sweep_steps}], args.timeout)
+            rows.append((runs, procs, res))
+            print(f"  sweep {runs:4d} runs, {procs} process(es): {res['env_steps'] / res['exec_s']:,.0f} env steps/s",
+                  file=sys.stderr, flush=True)
+    print(f"\n### Sweep runner (`coevo_jax.sweep.run_sweep`, PPO on KeyDoor-5x5, 8 envs x 16 steps,"
+          f" {args.sweep_steps:,} steps per run, no compile cache)\n")
+    print("| runs | worker processes | env steps/s (compiled chunks) | env steps/s (wall, incl. compile)"
+          " | compile s | wall s | peak RSS MB per process | compiled MB per run |")
+    print("|---|---|---|---|---|---|---|---|")
+    for runs, procs, r in rows:
+        print(f"| {runs} | {procs} | {r['env_steps'] / r['exec_s']:,.0f} | {r['env_steps'] / r['wall_s']:,.0f}"
+              f" | {r['compile_s']:.1f} | {r['wall_s']:.1f} | {r['peak_mb']:,.0f} | {r['mb_per_run']:.2f} |")
 
 
 SECTIONS = {"ppo": section_ppo, "methods": section_methods, "text": section_text, "sweep": section_sweep}
@@ -336,6 +381,8 @@ def main(argv=None):
     ap.add_argument("--seeds", default="1,8,64", help="seed counts for the ppo section (default 1,8,64)")
     ap.add_argument("--total-steps", type=int, default=131_072,
                     help="env steps per seed in the ppo section (>= 512; default 131072)")
+    ap.add_argument("--sweep-steps", type=int, default=4096,
+                    help="env steps per run in the sweep section (>= 128; default 4096)")
     ap.add_argument("--processes", type=int, default=0, help="worker processes for the split run (default: one per core)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds before a measurement is abandoned (default 900)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -353,8 +400,8 @@ def main(argv=None):
         args.seeds = [int(s) for s in args.seeds.split(",")]
     except ValueError:
         ap.error(f"--seeds must be a comma list of positive integers, got {args.seeds!r}")
-    if min(args.seeds) < 1 or args.total_steps < 512 or args.processes < 0:
-        ap.error("--seeds must be >= 1, --total-steps >= 512, --processes >= 0")
+    if min(args.seeds) < 1 or args.total_steps < 512 or args.processes < 0 or args.sweep_steps < 128:
+        ap.error("--seeds must be >= 1, --total-steps >= 512, --sweep-steps >= 128, --processes >= 0")
     print(f"# coevo-jax benchmarks ({os.cpu_count()} CPU cores)")
     for s in sections:
         SECTIONS[s](args)

@@ -292,6 +292,8 @@ def loop():
         coevo=jax.jit(cj.make_train(coevo, env, p)),
         ppo=jax.jit(cj.make_train(cj.StaticConfig(method="ppo", **SMALL), env, p)),
         swept=jax.jit(jax.vmap(cj.make_train(coevo, env, p))),
+        gated=jax.jit(jax.vmap(cj.Trainer(coevo, env, p, batch_axis="runs").train, axis_name="runs")),
+        train_fns=(cj.make_train(coevo, env, p), cj.Trainer(coevo, env, p, batch_axis="runs").train),
     )
 
 
@@ -362,3 +364,27 @@ def test_plot_coevo_diagnostics_writes_png(tmp_path):
         assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(KeyError, match="signal/r_int_var"):
         diagnostics.plot_coevo_diagnostics({"episode_return": i, "signal/val_pred_return": i}, str(tmp_path / "x.png"))
+
+
+def test_batch_aware_gate_equals_separate_runs_and_keeps_a_real_branch(loop):
+    """With ``batch_axis`` the K-gated refit under vmap is a real ``cond`` on
+    "does any run refit now" (not a select that refits every iteration), and
+    every run still equals its solo run."""
+    ks = [2, 4, 4]  # iterations 1 and 3: no run refits, so the branch is skipped
+    hps = [cj.default_hparams("coevo-regression", k=k, reward_lr=1e-2, beta_int=1.0) for k in ks]
+    keys = jnp.stack([jax.random.PRNGKey(20 + i) for i in range(3)])
+    s_b, m_b = loop.gated(keys, jax.tree.map(lambda *x: jnp.stack(x), *hps))
+    for i, hp in enumerate(hps):
+        s_i, m_i = loop.coevo(keys[i], hp)
+        np.testing.assert_array_equal(np.asarray(m_b["signal/updated"][i]), np.asarray(m_i["signal/updated"]))
+        np.testing.assert_allclose(np.asarray(m_b["signal/buffer_corr"][i]), np.asarray(m_i["signal/buffer_corr"]),
+                                   rtol=1e-4, atol=1e-5)
+        for a, b in zip(jax.tree.leaves((s_b.params, s_b.signal_state.params)),
+                        jax.tree.leaves((s_i.params, s_i.signal_state.params))):
+            np.testing.assert_allclose(np.asarray(a)[i], np.asarray(b), rtol=1e-4, atol=1e-5)
+    # the batch-aware program keeps one more real cond than the plain vmapped one
+    plain, gated = loop.train_fns
+    stacked = jax.tree.map(lambda *x: jnp.stack(x), *hps)
+    n_plain = str(jax.make_jaxpr(jax.vmap(plain))(keys, stacked)).count(" cond[")
+    n_gated = str(jax.make_jaxpr(jax.vmap(gated, axis_name="runs"))(keys, stacked)).count(" cond[")
+    assert n_gated == n_plain + 1

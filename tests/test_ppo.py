@@ -107,3 +107,22 @@ def test_ppo_update_reduces_loss_on_fixed_batch():
     after, _ = cj.ppo_loss(p2, net, batch, hp.clip_eps, hp.vf_coef, hp.ent_coef)
     assert float(after) < float(before)
     assert set(m) >= {"policy_loss", "value_loss", "entropy", "approx_kl", "grad_norm"}
+
+
+@pytest.mark.parametrize("shape", [(8, 8), (155, 64), (64, 7), (64, 1), (3, 16)])
+def test_orthogonal_init_equals_flax_and_has_no_qr(shape):
+    """The library's orthogonal initialiser reproduces flax's (same key, same
+    matrix up to rounding) without a QR custom call, so vmapped inits cannot
+    hit the batched-QR XLA:CPU hang."""
+    import flax.linen as nn
+
+    from coevo_jax.networks import orthogonal
+
+    key = jax.random.PRNGKey(7)
+    ours = orthogonal(1.4)(key, shape)
+    ref = nn.initializers.orthogonal(1.4)(key, shape)
+    np.testing.assert_allclose(np.asarray(ours), np.asarray(ref), atol=2e-5)
+    jaxpr = str(jax.make_jaxpr(jax.vmap(lambda k: orthogonal()(k, shape)))(jax.random.split(key, 4)))
+    assert " qr[" not in jaxpr and "householder" not in jaxpr and "geqrf" not in jaxpr
+    flax_jaxpr = str(jax.make_jaxpr(jax.vmap(lambda k: nn.initializers.orthogonal()(k, shape)))(jax.random.split(key, 4)))
+    assert " qr[" in flax_jaxpr  # the check would see one

@@ -61,12 +61,16 @@ def mix_rewards(r_ext: jax.Array, r_int: jax.Array, hp) -> jax.Array:
     return hp.beta_ext * r_ext + hp.beta_int * n
 
 
-def gated_update(signal: Signal, do_update: jax.Array, state, traj, policy: PolicyView, hp, key):
+def gated_update(signal: Signal, do_update: jax.Array, state, traj, policy: PolicyView, hp, key,
+                 axis_name: str | None = None):
     """Run ``signal.update`` when ``do_update`` else keep ``state``.
 
     Returns ``(state, metrics)``; metrics of a skipped call are zeros, plus
-    ``"updated"`` (0./1.). Under ``vmap`` with a batched ``do_update`` (a
-    swept ``k``) ``lax.cond`` becomes a select and both branches run.
+    ``"updated"`` (0./1.). Under ``vmap`` a batched ``do_update`` turns
+    ``lax.cond`` into a select, so the refit would run every iteration for every
+    run. Pass the vmapped axis' ``axis_name`` to keep a real branch: the refit
+    then runs (for the whole batch, each run keeping its result only if its own
+    ``do_update`` holds) exactly on the iterations where some run needs it.
     """
     def run(s):
         return signal.update(s, traj, policy, hp, key)
@@ -76,7 +80,16 @@ def gated_update(signal: Signal, do_update: jax.Array, state, traj, policy: Poli
     def skip(s):
         return s, jax.tree.map(lambda m: jnp.zeros(m.shape, m.dtype), out_shape[1])
 
-    state, metrics = jax.lax.cond(do_update, run, skip, state)
+    if axis_name is None:
+        state, metrics = jax.lax.cond(do_update, run, skip, state)
+    else:
+        def run_selected(s):
+            new, metrics = run(s)
+            keep = lambda a, b: jnp.where(do_update, a, b)  # noqa: E731
+            return jax.tree.map(keep, new, s), jax.tree.map(lambda m: keep(m, jnp.zeros_like(m)), metrics)
+
+        any_update = jax.lax.psum(do_update.astype(jnp.int32), axis_name) > 0
+        state, metrics = jax.lax.cond(any_update, run_selected, skip, state)
     return state, {**metrics, "updated": do_update.astype(jnp.float32)}
 
 

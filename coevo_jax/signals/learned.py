@@ -74,6 +74,7 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
+from coevo_jax.networks import orthogonal
 from coevo_jax.ppo import make_optimizer
 from coevo_jax.signals.base import Signal, mix_rewards
 
@@ -105,7 +106,7 @@ class RewardNet(nn.Module):
         x = jnp.concatenate([features.astype(jnp.float32), emb], axis=-1)
         for i, width in enumerate(self.hidden):
             x = nn.relu(nn.Dense(width, name=f"dense_{i}")(x))
-        pre = nn.Dense(1, kernel_init=nn.initializers.orthogonal(0.01), name="head")(x)[..., 0]
+        pre = nn.Dense(1, kernel_init=orthogonal(0.01), name="head")(x)[..., 0]
         return jnp.tanh(pre), pre
 
 
