@@ -81,8 +81,9 @@ def parse_args(argv=None):
     ap.add_argument("--lr", type=float, default=2.5e-4, help="policy learning rate")
     ap.add_argument("--ent-coef", type=float, default=0.01)
     ap.add_argument("--meta-lr", type=float, default=1e-3, help="phi's Adam step (see the module docstring)")
-    ap.add_argument("--r-int-coef", type=float, default=1.0,
-                    help="HParams.r_int_coef: weight of R_phi in the policy's reward (default 1.0)")
+    ap.add_argument("--r-int-coef", type=float, default=0.01,
+                    help="HParams.r_int_coef: weight of R_phi in the policy's reward (default 0.01, LIRPG's scale;"
+                         " at 1.0 the meta-learned reward hurt, see the README)")
     ap.add_argument("--meta-inner-steps", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="results/meta_gradient", help="a new folder (refused if it exists)")

@@ -65,10 +65,11 @@ def reference_success(env_name: str, episodes: int = 256, seed: int = 0) -> dict
             state, done, success = carry
             ka, ks = jax.random.split(k)
             a = env.expert_action(state, p) if expert else jax.random.randint(ka, (), 0, env.num_actions)
-            _, nstate, _, term, trunc, info = env.step_env(ks, state, a, p)
+            _, nstate, _, term, info = env.step_env(ks, state, a, p)  # no auto-reset, no time limit
+            ended = term | (nstate.time >= p.max_steps)
             nstate = jax.tree.map(lambda x, y: jnp.where(done, x, y), state, nstate)
             success = success | (~done & info["success"].astype(bool))
-            return (nstate, done | term | trunc, success), None
+            return (nstate, done | ended, success), None
 
         (_, _, success), _ = jax.lax.scan(body, (state, jnp.bool_(False), jnp.bool_(False)),
                                           jax.random.split(k1, max_steps))
@@ -90,8 +91,8 @@ def render_episode(trainer, params, key, max_steps: int) -> str:
         ka, ks = jax.random.split(k)
         logits = net.apply(params, obs[None])[0][0]
         a = jax.random.categorical(ka, logits)
-        obs, state, r, term, trunc, _ = env.step_env(ks, state, a, p)
-        return obs, state, r, term | trunc
+        obs, state, r, term, _ = env.step_env(ks, state, a, p)  # no auto-reset, no time limit
+        return obs, state, r, term | (state.time >= p.max_steps)
 
     total = 0.0
     for t in range(max_steps):

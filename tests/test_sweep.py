@@ -67,7 +67,9 @@ def _assert_same_curves(a: dict, b: dict, exact: bool = True):
         if exact:
             np.testing.assert_array_equal(a[name], b[name], err_msg=name)
         else:
-            np.testing.assert_allclose(a[name], b[name], rtol=2e-5, atol=1e-8, err_msg=name)
+            # atol: float32 means over a 512-step minibatch of mixed-sign terms ~1e-2 carry ~1e-8..1e-7 of
+            # summation-order noise (seen: 1.1e-8 on a policy_loss of 2.3e-5)
+            np.testing.assert_allclose(a[name], b[name], rtol=2e-5, atol=1e-7, err_msg=name)
 
 
 @pytest.fixture(scope="module")
@@ -201,7 +203,7 @@ def test_sharded_over_four_devices_equals_unsharded(reference, sharded_job):
     assert res.info["devices_per_process"] == 4
     sharded = {k: v[SHARDED_AS_REFERENCE] for k, v in res.curves.items()}
     # the learning outcome is bit-identical; the SPMD-partitioned program may sum a few
-    # per-minibatch diagnostics (approx_kl, policy_loss) in another order (seen: 1e-9 absolute)
+    # per-minibatch diagnostics (approx_kl, policy_loss) in another order (seen: 1e-9 to 1.1e-8 absolute)
     _assert_same_curves({k: sharded[k] for k in ("episode_return", "env_steps", "diverged")},
                         {k: reference.curves[k] for k in ("episode_return", "env_steps", "diverged")})
     _assert_same_curves(sharded, reference.curves, exact=False)
