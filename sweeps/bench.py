@@ -122,13 +122,13 @@ def worker_matmul(cfg):
     return {"gflops": 2 * n ** 3 / best / 1e9}
 
 
-def _method_trainer(method, env_name, static_kw):
+def _method_trainer(method, env_name, static_kw, batch_axis="runs"):
     import coevo_jax as cj
     import envs_jax
 
     env, p = envs_jax.make(env_name)
     static = cj.StaticConfig(method=method, **static_kw)
-    return cj.Trainer(static, env, p, batch_axis="runs"), cj.default_hparams(method)
+    return cj.Trainer(static, env, p, batch_axis=batch_axis), cj.default_hparams(method)
 
 
 def worker_methods(cfg):
@@ -169,8 +169,7 @@ def worker_methods(cfg):
     if "meta" in methods:
         mem = {}
         for n in (1, 2, 4):
-            trainer, hp = _method_trainer("meta", env_name, {**static_kw, "meta_inner_steps": n})
-            trainer.batch_axis = None  # one unbatched run
+            trainer, hp = _method_trainer("meta", env_name, {**static_kw, "meta_inner_steps": n}, batch_axis=None)
             state = trainer.init(keys[0], hp)
             lowered = jax.jit(trainer.iteration).lower(state, hp)
             ma = lowered.compile().memory_analysis()
