@@ -14,7 +14,6 @@ Prints a markdown table and writes it (plus curves) to ``--out``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
