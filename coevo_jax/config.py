@@ -46,6 +46,9 @@ class StaticConfig:
     num_layers: int = 2
     num_heads: int = 4
     kv_cache: bool = True  # transformer rollouts decode incrementally with a key-value cache
+    # transformer PPO update: score each env's rollout window in one causal pass
+    # (minibatches are then whole envs: num_envs must be divisible by num_minibatches)
+    packed_update: bool = True
     # learned internal reward (co-evolution and meta-gradient)
     reward_hidden: tuple = (64, 64)
     action_embed_dim: int = 16
@@ -300,8 +303,9 @@ def validate_static(static: StaticConfig) -> StaticConfig:
         raise ConfigError(f"StaticConfig.activation={static.activation!r} must be 'tanh' or 'relu'")
     if static.network not in ("auto", "mlp", "transformer"):
         raise ConfigError(f"StaticConfig.network={static.network!r} must be 'auto', 'mlp' or 'transformer'")
-    if not isinstance(static.kv_cache, bool):
-        raise ConfigError(f"StaticConfig.kv_cache={static.kv_cache!r} must be True or False")
+    for name in ("kv_cache", "packed_update"):
+        if not isinstance(getattr(static, name), bool):
+            raise ConfigError(f"StaticConfig.{name}={getattr(static, name)!r} must be True or False")
     if static.ensemble_combine not in ("mean", "min"):
         raise ConfigError(f"StaticConfig.ensemble_combine={static.ensemble_combine!r} must be 'mean' or 'min'")
     if static.steps_per_iteration % static.num_minibatches:

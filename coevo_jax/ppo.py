@@ -4,13 +4,16 @@
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import distrax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
+
+from coevo_jax.rollout import mask_logits
+from coevo_jax.transformer import PackedWindows
 
 
 def make_optimizer(max_grad_norm: jax.Array, lr: jax.Array) -> optax.GradientTransformation:
@@ -55,24 +58,35 @@ def gae(rewards, values, next_values, terminated, truncated, gamma, gae_lambda):
 
 
 class PPOBatch(NamedTuple):
-    """Flat or ``[B]``-shaped training data for :func:`ppo_loss`."""
+    """Training data for :func:`ppo_loss`: ``[B]`` samples, or ``[B, T]`` when
+    ``obs`` is a :class:`~coevo_jax.transformer.PackedWindows` of ``B`` envs'
+    ``T``-step windows (then minibatches are whole envs)."""
 
-    obs: jax.Array  # [B, ...]
-    action: jax.Array  # [B]
+    obs: Any  # [B, ...] observations, or PackedWindows [B, P] / query [B, T]
+    action: jax.Array  # [B] or [B, T]
     logp: jax.Array  # [B] behaviour log-probabilities
     value: jax.Array  # [B] critic values at collection time
     advantage: jax.Array  # [B]
     target: jax.Array  # [B] value targets
+    legal_mask: Any = None  # [B, A] (or [B, T, A]) bool legal actions, or None (all legal)
+
+
+def policy_outputs(network: nn.Module, params, obs):
+    """``(logits, value, features)`` for plain observations ``[B, ...]``, or
+    ``[B, T, ...]`` for packed windows (``network.score_packed``)."""
+    if isinstance(obs, PackedWindows):
+        return network.apply(params, obs, method=network.score_packed)
+    return network.apply(params, obs)
 
 
 def ppo_loss(params, network: nn.Module, batch: PPOBatch, clip_eps, vf_coef, ent_coef, normalize_advantages=True):
-    """Clipped-surrogate PPO loss on a ``[B]`` batch.
+    """Clipped-surrogate PPO loss on a ``[B]`` (or packed ``[B, T]``) batch.
 
     ``loss = -E[min(rho A, clip(rho, 1 +- eps) A)] + vf_coef * value_loss - ent_coef * entropy``
     with the clipped value loss of PureJaxRL. Returns ``(loss, metrics)``.
     """
-    logits, value, _ = network.apply(params, batch.obs)
-    dist = distrax.Categorical(logits=logits)
+    logits, value, _ = policy_outputs(network, params, batch.obs)
+    dist = distrax.Categorical(logits=mask_logits(logits, batch.legal_mask))
     logp = dist.log_prob(batch.action)
     entropy = dist.entropy().mean()
 
@@ -102,8 +116,8 @@ def ppo_update(
 ):
     """``num_epochs`` passes of shuffled minibatch PPO steps over ``batch``.
 
-    ``batch`` leaves have a leading ``[B]`` axis (flatten ``[T, N]`` first) and
-    ``B`` must be divisible by ``num_minibatches``. ``hp`` supplies
+    ``batch`` leaves have a leading ``[B]`` axis (flatten ``[T, N]`` first, or
+    pack it per env) and ``B`` must be divisible by ``num_minibatches``. ``hp`` supplies
     ``clip_eps, vf_coef, ent_coef, max_grad_norm``; ``lr`` is this step's
     learning rate. Returns ``(params, opt_state, metrics)`` with metrics
     averaged over all minibatch steps.

@@ -20,6 +20,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from coevo_jax.transformer import restart_rows
+
 
 class Trajectory(NamedTuple):
     """One rollout. Leading axes ``[T, N]`` on every field.
@@ -45,6 +47,7 @@ class Trajectory(NamedTuple):
     episode_return: jax.Array  # [T, N]
     episode_length: jax.Array  # [T, N]
     episode_success: jax.Array  # [T, N]
+    legal_mask: Any = None  # [T, N, A] bool legal actions at obs[t] (envs with a legal-action mask), else None
 
 
 class RolloutState(NamedTuple):
@@ -52,17 +55,42 @@ class RolloutState(NamedTuple):
     obs: jax.Array  # [N, ...]
 
 
-def sample_action(logits: jax.Array, key: jax.Array):
-    """``logits [N, A] -> (action [N] int32, logp [N])``."""
-    dist = distrax.Categorical(logits=logits)
+ILLEGAL_LOGIT = -1e9
+
+
+def mask_logits(logits: jax.Array, mask: jax.Array | None) -> jax.Array:
+    """``logits [..., A]`` with the actions where ``mask`` is False set to
+    ``ILLEGAL_LOGIT`` (probability 0); unchanged for ``mask=None``."""
+    if mask is None:
+        return logits
+    return jnp.where(mask, logits, ILLEGAL_LOGIT)
+
+
+def has_legal_mask(env) -> bool:
+    """Whether ``env`` (possibly wrapped) reports legal-action masks
+    (``env.legal_mask(state, params)`` and ``info["legal_mask"]``)."""
+    return hasattr(getattr(env, "unwrapped", env), "legal_mask")
+
+
+def current_legal_mask(env, env_params, env_state) -> jax.Array | None:
+    """Bool ``[N, A]`` legal actions of the batched current states, or ``None``."""
+    if not has_legal_mask(env):
+        return None
+    return jax.vmap(env.legal_mask, (0, None))(env_state, env_params)
+
+
+def sample_action(logits: jax.Array, key: jax.Array, mask: jax.Array | None = None):
+    """``logits [N, A] -> (action [N] int32, logp [N])``, sampling only actions
+    where ``mask`` [N, A] is True when given."""
+    dist = distrax.Categorical(logits=mask_logits(logits, mask))
     action = dist.sample(seed=key)
     return action.astype(jnp.int32), dist.log_prob(action)
 
 
-def policy_step(network: nn.Module, params, obs: jax.Array, key: jax.Array):
+def policy_step(network: nn.Module, params, obs: jax.Array, key: jax.Array, mask: jax.Array | None = None):
     """Sample actions. ``obs [N, ...] -> (action [N], logp [N], value [N], features [N, H])``."""
     logits, value, features = network.apply(params, obs)
-    action, logp = sample_action(logits, key)
+    action, logp = sample_action(logits, key, mask)
     return action, logp, value, features
 
 
@@ -80,6 +108,7 @@ def env_step(env, env_params, env_state, action: jax.Array, key: jax.Array):
         episode_return=info["returned_episode_returns"],
         episode_length=info["returned_episode_lengths"].astype(jnp.float32),
         episode_success=info["returned_episode_success"],
+        next_legal_mask=info.get("legal_mask"),
     )
     return obs, env_state, fields
 
@@ -89,8 +118,8 @@ def rollout(network: nn.Module, params, env, env_params, state: RolloutState, ke
     """Run ``length`` steps of the batched env with the current policy.
 
     ``env`` must be wrapped in :class:`envs_jax.EpisodeStats`. With
-    ``decode_chunk`` (static; the network must provide ``init_cache`` and
-    ``decode_step``, as :class:`coevo_jax.transformer.TransformerActorCritic`
+    ``decode_chunk`` (static; the network must provide ``init_cache``,
+    ``decode_step`` and ``prompt_step``, as :class:`coevo_jax.transformer.TransformerActorCritic`
     does) the policy decodes incrementally with a key-value cache; the result
     equals the plain path up to float rounding. Returns ``(new RolloutState,
     Trajectory [length, N])``.
@@ -98,14 +127,17 @@ def rollout(network: nn.Module, params, env, env_params, state: RolloutState, ke
     if decode_chunk is not None:
         return _rollout_cached(network, params, env, env_params, state, key, length, decode_chunk)
 
-    def one_step(carry: RolloutState, step_key):
+    def one_step(carry, step_key):
+        ro, mask = carry
         k_act, k_env = jax.random.split(step_key)
-        action, logp, value, features = policy_step(network, params, carry.obs, k_act)
-        obs, env_state, fields = env_step(env, env_params, carry.env_state, action, k_env)
-        step = dict(obs=carry.obs, action=action, logp=logp, value=value, features=features, **fields)
-        return RolloutState(env_state, obs), step
+        action, logp, value, features = policy_step(network, params, ro.obs, k_act, mask)
+        obs, env_state, fields = env_step(env, env_params, ro.env_state, action, k_env)
+        next_mask = fields.pop("next_legal_mask")
+        step = dict(obs=ro.obs, action=action, logp=logp, value=value, features=features, legal_mask=mask, **fields)
+        return (RolloutState(env_state, obs), next_mask), step
 
-    state, steps = jax.lax.scan(one_step, state, jax.random.split(key, length))
+    mask = current_legal_mask(env, env_params, state.env_state)
+    (state, _), steps = jax.lax.scan(one_step, (state, mask), jax.random.split(key, length))
     next_value = network.apply(params, steps["next_obs"])[1]
     return state, Trajectory(next_value=next_value, **steps)
 
@@ -115,24 +147,32 @@ def _rollout_cached(network, params, env, env_params, state: RolloutState, key, 
 
     Per step: act on the outputs for the current buffers, step the env, decode
     ``final_obs`` (the critic's bootstrap value; for running episodes it is the
-    next buffer itself), then decode the next buffers (differs only where an
-    episode auto-reset; the cache notices and restarts those rows).
+    next buffer itself, so its outputs are the next step's), and score the
+    fresh prompts of the episodes that auto-reset on a short cache
+    (``prompt_step``), restarting those rows of the cache.
     """
     decode = lambda cache, obs, c: network.apply(params, cache, obs, chunk=c, method=network.decode_step)
-    cache = network.init_cache(state.obs.shape[:-1], state.obs.shape[-1])
+    prompt = lambda obs: network.apply(params, obs, chunk, method=network.prompt_step)
+    cache = network.init_cache(state.obs.shape[:-1], state.obs.shape[-1], chunk=chunk)
     out, cache = decode(cache, state.obs, state.obs.shape[-1])  # prefill: one causal pass
 
     def one_step(carry, step_key):
-        ro, out, cache = carry
+        ro, mask, out, cache = carry
         logits, value, features = out
         k_act, k_env = jax.random.split(step_key)
-        action, logp = sample_action(logits, k_act)
+        action, logp = sample_action(logits, k_act, mask)
         obs, env_state, fields = env_step(env, env_params, ro.env_state, action, k_env)
-        (_, next_value, _), cache = decode(cache, fields["next_obs"], chunk)
-        out, cache = decode(cache, obs, chunk)
+        next_mask = fields.pop("next_legal_mask")
+        out_final, cache = decode(cache, fields["next_obs"], chunk)
+        reset = jnp.logical_or(fields["terminated"], fields["truncated"])
+        out_reset, prompt_kv = prompt(obs)
+        out = jax.tree.map(lambda r, f: jnp.where(reset.reshape(reset.shape + (1,) * (r.ndim - 1)), r, f),
+                           out_reset, out_final)
+        cache = restart_rows(cache, reset, obs, prompt_kv)
         step = dict(obs=ro.obs, action=action, logp=logp, value=value, features=features,
-                    next_value=next_value, **fields)
-        return (RolloutState(env_state, obs), out, cache), step
+                    next_value=out_final[1], legal_mask=mask, **fields)
+        return (RolloutState(env_state, obs), next_mask, out, cache), step
 
-    (state, _, _), steps = jax.lax.scan(one_step, (state, out, cache), jax.random.split(key, length))
+    mask = current_legal_mask(env, env_params, state.env_state)
+    (state, _, _, _), steps = jax.lax.scan(one_step, (state, mask, out, cache), jax.random.split(key, length))
     return state, Trajectory(**steps)

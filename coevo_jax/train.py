@@ -14,11 +14,12 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from coevo_jax.config import HParams, StaticConfig, as_arrays, validate_static
+from coevo_jax.config import ConfigError, HParams, StaticConfig, as_arrays, validate_static
 from coevo_jax.networks import make_policy_network
 from coevo_jax.ppo import PPOBatch, gae, init_optimizer, ppo_update
 from coevo_jax.rollout import RolloutState, Trajectory, rollout
 from coevo_jax.signals import PolicyView, Signal, gated_update, make_signal
+from coevo_jax.transformer import pack_windows
 from envs_jax.core import EpisodeStats
 
 
@@ -76,6 +77,29 @@ def decode_chunk(static: StaticConfig, network, env) -> int | None:
     return int(chunk)
 
 
+def packed_chunk(static: StaticConfig, network, env) -> int | None:
+    """Slots per step for packing each env's rollout window into one token
+    stream in the PPO update (:func:`coevo_jax.transformer.pack_windows`), or
+    ``None`` for the flat per-step update (no ``static.packed_update``, a
+    network without ``score_packed``, or an env without ``max_tokens_per_step``)."""
+    chunk = getattr(env, "max_tokens_per_step", None)
+    if not static.packed_update or not hasattr(network, "score_packed") or chunk is None:
+        return None
+    return int(chunk)
+
+
+def ppo_batch(traj: Trajectory, advantages: jax.Array, targets: jax.Array, chunk: int | None = None) -> PPOBatch:
+    """The PPO training data of a ``[T, N]`` trajectory: flat ``[T * N]``
+    samples, or with ``chunk`` one packed stream per env (fields ``[N, T]``,
+    ``obs`` a :class:`~coevo_jax.transformer.PackedWindows`) so every step of a
+    window is scored in one causal pass."""
+    fields = (traj.action, traj.logp, traj.value, advantages, targets, traj.legal_mask)
+    if chunk is None:
+        return PPOBatch(flatten_time(traj.obs), *jax.tree.map(flatten_time, fields))
+    obs = pack_windows(traj.obs, jnp.logical_or(traj.terminated, traj.truncated), chunk)
+    return PPOBatch(obs, *jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), fields))
+
+
 class Trainer:
     """The training loop for one (static config, environment, reward source).
 
@@ -98,6 +122,11 @@ class Trainer:
         self.network = make_policy_network(static, env, env_params)
         self.signal = signal if signal is not None else make_signal(static, self.network, self.env, env_params)
         self.decode_chunk = decode_chunk(static, self.network, self.env)
+        self.packed_chunk = packed_chunk(static, self.network, self.env)
+        if self.packed_chunk is not None and static.num_envs % static.num_minibatches:
+            raise ConfigError(
+                f"StaticConfig.num_minibatches={static.num_minibatches} must divide num_envs={static.num_envs}:"
+                " the packed transformer update (StaticConfig.packed_update) minibatches whole envs")
 
     # ------------------------------------------------------------------ init
     def init(self, key: jax.Array, hp: HParams) -> TrainState:
@@ -149,8 +178,7 @@ class Trainer:
 
         adv, targets = gae(r_used, traj.value, traj.next_value, traj.terminated, traj.truncated,
                            hp.gamma, hp.gae_lambda)
-        batch = PPOBatch(flatten_time(traj.obs), flatten_time(traj.action), flatten_time(traj.logp),
-                         flatten_time(traj.value), flatten_time(adv), flatten_time(targets))
+        batch = ppo_batch(traj, adv, targets, self.packed_chunk)
         params, opt_state, ppo_metrics = ppo_update(
             state.params, state.opt_state, self.network, batch, k_ppo, hp, lr,
             static.update_epochs, static.num_minibatches, static.normalize_advantages,

@@ -14,17 +14,24 @@ attention is causal, the output at position ``t`` depends only on tokens
 
 * ``score_sequence(obs_final)`` returns the per-position outputs of a whole
   episode buffer in one pass (as LM training does), equal to the per-step calls;
+* ``score_packed(pack_windows(obs, done, chunk))`` scores every step of a
+  ``[T, N]`` rollout window in one pass per env: the window's observations
+  are packed into one token stream (its first buffer, then the tokens each
+  step added) and a segment mask keeps episodes apart. This is what the PPO
+  update uses (``StaticConfig.packed_update``);
 * ``init_cache`` / ``decode_step`` give incremental decoding with a key-value
   cache: each call processes only the tokens added since the previous call
   (at most ``chunk`` of them, e.g. ``env.max_tokens_per_step``) and detects an
-  environment auto-reset by comparing the buffer with the cached tokens.
+  environment auto-reset by comparing the buffer with the cached tokens;
+  ``prompt_step`` + :func:`restart_rows` handle the auto-reset rows more
+  cheaply, on a ``chunk``-long cache (what cached rollouts do).
 
 Usage::
 
     model = TransformerActorCritic(env.num_actions, env.vocab_size, max_len=L)
     params = model.init(key, obs)
     logits, value, feats = model.apply(params, obs)
-    cache = model.init_cache(batch_shape)
+    cache = model.init_cache(batch_shape, chunk=16)
     (logits, value, feats), cache = model.apply(params, cache, obs, chunk=16,
                                                 method=model.decode_step)
 """
@@ -32,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import NamedTuple
 
 import flax.linen as nn
 import jax
@@ -41,41 +49,144 @@ Array = jax.Array
 PAD = 0
 
 
+class PackedWindows(NamedTuple):
+    """The ``T`` observations of a rollout window of one env, packed into one
+    token stream of length ``P = L + (T - 1) * chunk`` (leading batch axes
+    allowed on every field). Built by :func:`pack_windows`; scored by
+    :meth:`TransformerActorCritic.score_packed`."""
+
+    tokens: Array  # int32 [..., P]
+    pos: Array  # int32 [..., P] buffer position of each token
+    seg: Array  # int32 [..., P] episode id within the window; -1 marks padding
+    query: Array  # int32 [..., T] stream index of the last token of obs[t]
+
+
+def pack_window(obs: Array, fresh: Array, chunk: int) -> PackedWindows:
+    """Pack one env's observations ``obs`` [T, L] into a :class:`PackedWindows`.
+
+    ``fresh`` [T] (bool) marks the observations that start an episode (after an
+    auto-reset); ``obs[0]`` is taken whole. Every other ``obs[t]`` must extend
+    ``obs[t-1]`` (unless fresh) by 1..``chunk`` tokens, which holds for the
+    text environments with ``chunk = env.max_tokens_per_step`` (a fresh
+    observation holds at most ``chunk`` tokens). The stream is ``obs[0]`` (L
+    slots), then ``chunk`` slots per later step holding the tokens the step
+    added (the whole prompt when fresh); unused slots are padding.
+    """
+    t_len, l = obs.shape
+    obs = obs.astype(jnp.int32)
+    width = jnp.sum(obs != PAD, axis=-1).astype(jnp.int32)  # [T]
+    fresh = fresh.at[0].set(True)
+    seg_id = jnp.cumsum(fresh.astype(jnp.int32)) - 1  # [T]
+    start = jnp.where(fresh, 0, jnp.concatenate([jnp.zeros(1, jnp.int32), width[:-1]]))  # [T]
+    start = start.at[0].set(0)
+
+    j = jnp.arange(chunk)
+    pos_rest = start[1:, None] + j[None, :]  # [T-1, C]
+    tok_rest = jnp.take_along_axis(obs[1:], jnp.clip(pos_rest, 0, l - 1), axis=1)
+    ok_rest = pos_rest < width[1:, None]
+    cols = jnp.arange(l)
+    ok_first = cols < width[0]
+    tokens = jnp.concatenate([jnp.where(ok_first, obs[0], PAD), jnp.where(ok_rest, tok_rest, PAD).reshape(-1)])
+    pos = jnp.concatenate([cols, pos_rest.reshape(-1)]).astype(jnp.int32)
+    seg = jnp.concatenate([jnp.where(ok_first, seg_id[0], -1),
+                           jnp.where(ok_rest, seg_id[1:, None], -1).reshape(-1)]).astype(jnp.int32)
+    last = jnp.maximum(width - 1, 0)
+    query = jnp.concatenate([last[:1], l + jnp.arange(t_len - 1) * chunk + jnp.clip(last[1:] - start[1:], 0, chunk - 1)])
+    return PackedWindows(tokens, pos, seg, query.astype(jnp.int32))
+
+
+def pack_windows(obs: Array, done: Array, chunk: int) -> PackedWindows:
+    """Pack a ``[T, N, L]`` rollout window per env: fields ``[N, P]`` and
+    ``query [N, T]``. ``done`` [T, N] marks the steps whose episode ended (so
+    ``obs[t + 1]`` is fresh)."""
+    fresh = jnp.concatenate([jnp.ones_like(done[:1]), done[:-1]], axis=0)
+    return jax.vmap(pack_window, in_axes=(1, 1, None))(obs, fresh, chunk)
+
+
+def restart_rows(cache: dict, rows: Array, obs: Array, prompt_kv) -> dict:
+    """``cache`` (from :meth:`TransformerActorCritic.init_cache`, batch ``[N]``)
+    with the rows where ``rows`` [N] is True restarted on the short buffers
+    ``obs`` [N, L] whose key/values ``prompt_kv`` came from
+    :meth:`TransformerActorCritic.prompt_step` (``chunk`` = their length axis).
+    Only the first ``chunk`` positions of those rows are written; the stale
+    positions after them are never attended to (keys past a query's position
+    are masked) and are overwritten as the episode grows."""
+    pk, pv = prompt_kv
+    chunk = pk[0].shape[-2]
+    sel = rows[:, None, None, None]
+    put = lambda full, new: full.at[..., :chunk, :].set(jnp.where(sel, new, full[..., :chunk, :]))
+    new_len = jnp.minimum(jnp.sum(obs != PAD, axis=-1), chunk).astype(jnp.int32)
+    return {
+        "tokens": jnp.where(rows[:, None], obs.astype(jnp.int32), cache["tokens"]),
+        "length": jnp.where(rows, new_len, cache["length"]),
+        "k": tuple(put(f, n) for f, n in zip(cache["k"], pk)),
+        "v": tuple(put(f, n) for f, n in zip(cache["v"], pv)),
+    }
+
+
 class CausalSelfAttention(nn.Module):
     d_model: int
     num_heads: int
 
     @nn.compact
     def __call__(self, x: Array, q_pos: Array, k_cache: Array | None, v_cache: Array | None,
-                 x_kv: Array | None = None):
+                 x_kv: Array | None = None, mask: Array | None = None):
         """``x`` [B, C, d] at positions ``q_pos`` [B, C].
 
         * plain: the C tokens are the whole sequence (``q_pos = arange(C)``);
-        * ``x_kv`` [B, L, d]: keys/values come from the whole sequence ``x_kv``
-          and only the queries ``x`` are computed (the last layer of ``__call__``);
-        * cache (``[B, L, H, dh]``): the keys/values of ``x`` are written into it
-          at ``q_pos`` and the queries attend over the cache.
+        * ``x_kv`` [B, Lk, d]: keys/values come from the whole sequence ``x_kv``
+          and only the queries ``x`` are computed (the last layer of a pass that
+          needs outputs at a few positions);
+        * ``mask`` [B, C, Lk] (bool): which keys each query sees, replacing the
+          causal mask ``key position <= q_pos`` (packed streams of several
+          episodes, see :meth:`TransformerActorCritic.score_packed`);
+        * cache (``[B, H, Lc, dh]``, ``Lc >= max(q_pos) + 1``): the keys/values of
+          ``x`` are written into it at ``q_pos[:, 0]`` onwards (contiguous) and
+          the queries attend over the cache.
 
         Returns ``(y, k_cache, v_cache)``."""
         h = self.num_heads
         dh = self.d_model // h
         src = x if x_kv is None else x_kv
-        q = nn.DenseGeneral((h, dh), name="query")(x)
+        q = nn.DenseGeneral((h, dh), name="query")(x) / math.sqrt(dh)
         k = nn.DenseGeneral((h, dh), name="key")(src)
         v = nn.DenseGeneral((h, dh), name="value")(src)
         if k_cache is not None:
-            write = jax.vmap(lambda c, p, u: c.at[p].set(u.astype(c.dtype), mode="drop"))
-            k_cache = write(k_cache, q_pos, k)
-            v_cache = write(v_cache, q_pos, v)
-            k, v = k_cache, v_cache
-        k_pos = jnp.arange(k.shape[1])
-        mask = k_pos[None, None, :] <= q_pos[:, :, None]  # [B, C, Lk]
-        att = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(dh)
-        att = jnp.where(mask[:, None], att, jnp.finfo(att.dtype).min)
-        att = jax.nn.softmax(att, axis=-1)
-        y = jnp.einsum("bhqk,bkhd->bqhd", att, v)
+            y, k_cache, v_cache = _cached_attention(q, k, v, q_pos, k_cache, v_cache)
+        else:
+            if mask is None:
+                mask = jnp.arange(k.shape[1])[None, None, :] <= q_pos[:, :, None]  # [B, C, Lk]
+            att = jnp.einsum("bqhd,bkhd->bhqk", q, k)
+            att = jax.nn.softmax(jnp.where(mask[:, None], att, jnp.finfo(att.dtype).min), axis=-1)
+            y = jnp.einsum("bhqk,bkhd->bqhd", att, v)
         y = nn.DenseGeneral(self.d_model, axis=(-2, -1), name="out")(y)
         return y, k_cache, v_cache
+
+
+def _cached_attention(q: Array, k: Array, v: Array, q_pos: Array, k_cache: Array, v_cache: Array):
+    """Write ``k, v`` [B, C, H, dh] into the caches [B, H, Lc, dh] at
+    ``q_pos[:, 0]`` (one contiguous slice per row, no scatter) and attend the
+    (pre-scaled) queries ``q`` [B, C, H, dh] causally over the caches.
+
+    Returns ``(y [B, C, H, dh], k_cache, v_cache)``. The two formulations of
+    the attention are the fastest ones measured on XLA:CPU for one query and
+    for a few queries per row (a batched dot is slow for a handful of queries;
+    broadcast-multiply-reduce is slow for one)."""
+    write = jax.vmap(lambda c, s, u: jax.lax.dynamic_update_slice(c, u.astype(c.dtype).transpose(1, 0, 2), (0, s, 0)))
+    k_cache = write(k_cache, q_pos[:, 0], k)
+    v_cache = write(v_cache, q_pos[:, 0], v)
+    mask = jnp.arange(k_cache.shape[2])[None, None, None, :] <= q_pos[:, None, :, None]  # [B, 1, C, Lc]
+    qh = q.transpose(0, 2, 1, 3)  # [B, H, C, dh]
+    if q.shape[1] == 1:
+        att = jnp.einsum("bhqd,bhkd->bhqk", qh, k_cache)
+    else:
+        att = jnp.sum(qh[:, :, :, None, :] * k_cache[:, :, None, :, :], axis=-1)
+    att = jax.nn.softmax(jnp.where(mask, att, jnp.finfo(att.dtype).min), axis=-1)
+    if q.shape[1] == 1:
+        y = jnp.einsum("bhqk,bhkd->bhqd", att, v_cache)
+    else:
+        y = jnp.sum(att[..., None] * v_cache[:, :, None, :, :], axis=3)
+    return y.transpose(0, 2, 1, 3), k_cache, v_cache
 
 
 class Block(nn.Module):
@@ -84,10 +195,10 @@ class Block(nn.Module):
     mlp_ratio: int = 4
 
     @nn.compact
-    def __call__(self, x, q_pos, k_cache=None, v_cache=None, x_kv=None):
+    def __call__(self, x, q_pos, k_cache=None, v_cache=None, x_kv=None, mask=None):
         ln1 = nn.LayerNorm(name="ln1")
         y, k_cache, v_cache = CausalSelfAttention(self.d_model, self.num_heads, name="attn")(
-            ln1(x), q_pos, k_cache, v_cache, None if x_kv is None else ln1(x_kv)
+            ln1(x), q_pos, k_cache, v_cache, None if x_kv is None else ln1(x_kv), mask
         )
         x = x + y
         y = nn.LayerNorm(name="ln2")(x)
@@ -176,18 +287,83 @@ class TransformerActorCritic(nn.Module):
             h.reshape(batch + (l, self.d_model)),
         )
 
-    def init_cache(self, batch_shape=(), buffer_len: int | None = None) -> dict:
+    def score_packed(self, packed: "PackedWindows"):
+        """Outputs at the ``T`` query positions of packed token streams (see
+        :func:`pack_windows`): ``(logits [..., T, A], value [..., T],
+        features [..., T, d])``, where entry ``t`` equals ``__call__`` on the
+        buffer ``obs[t]`` the stream was packed from. One causal pass per stream
+        in which a token sees only the earlier tokens of its own episode."""
+        tokens, pos, seg, query = packed
+        batch, p, t = tokens.shape[:-1], tokens.shape[-1], query.shape[-1]
+        tokens, pos, seg, query = (a.reshape(-1, a.shape[-1]) for a in (tokens, pos, seg, query))
+        idx = jnp.arange(p)
+        mask = (seg[:, :, None] == seg[:, None, :]) & (seg[:, None, :] >= 0) & (idx[None, None, :] <= idx[None, :, None])
+        x = self._embed(tokens, pos)
+        for blk in self.blocks[:-1]:
+            x, _, _ = blk(x, pos, mask=mask)
+        x_q = jnp.take_along_axis(x, query[:, :, None], axis=1)  # [B, T, d]
+        mask_q = jnp.take_along_axis(mask, query[:, :, None], axis=1)  # [B, T, P]
+        x_q, _, _ = self.blocks[-1](x_q, jnp.take_along_axis(pos, query, axis=1), x_kv=x, mask=mask_q)
+        feats = self.ln_f(x_q)
+        logits, value = self._heads(feats)
+        return (
+            logits.reshape(batch + (t, self.num_actions)),
+            value.reshape(batch + (t,)),
+            feats.reshape(batch + (t, self.d_model)),
+        )
+
+    def _cached_blocks(self, toks: Array, q_pos: Array, k_all, v_all):
+        """Tokens ``[B, C]`` at positions ``q_pos`` through every block with the
+        per-layer caches: ``(final hidden [B, C, d], new k caches, new v caches)``."""
+        x = self._embed(toks, q_pos)
+        ks, vs = [], []
+        for i, blk in enumerate(self.blocks):
+            x, k_i, v_i = blk(x, q_pos, k_all[i], v_all[i])
+            ks.append(k_i)
+            vs.append(v_i)
+        return self.ln_f(x), ks, vs
+
+    def prompt_step(self, obs: Array, chunk: int):
+        """``__call__`` for buffers that hold at most ``chunk`` (static) tokens,
+        e.g. the prompts of freshly reset episodes, computed from scratch on a
+        ``chunk``-long cache: ``((logits, value, features), (k, v))`` with one
+        ``[..., H, chunk, d_head]`` key/value array per layer, for
+        :func:`restart_rows` to drop into a full cache. Cheaper than
+        :meth:`decode_step` since attention spans ``chunk`` keys only."""
+        self._check(obs)
+        batch, l = obs.shape[:-1], obs.shape[-1]
+        toks = obs.reshape(-1, l)[:, :chunk].astype(jnp.int32)
+        b, c = toks.shape
+        dh = self.d_model // self.num_heads
+        zeros = [jnp.zeros((b, self.num_heads, c, dh), jnp.float32) for _ in self.blocks]
+        q_pos = jnp.broadcast_to(jnp.arange(c), (b, c))
+        h, ks, vs = self._cached_blocks(toks, q_pos, zeros, zeros)
+        idx = jnp.clip(jnp.sum(toks != PAD, axis=-1) - 1, 0, c - 1)
+        feats = jnp.take_along_axis(h, idx[:, None, None], axis=1)[:, 0]
+        logits, value = self._heads(feats)
+        out = (
+            logits.reshape(batch + (self.num_actions,)),
+            value.reshape(batch),
+            feats.reshape(batch + (self.d_model,)),
+        )
+        shape = lambda a: a.reshape(batch + a.shape[1:])
+        return out, (tuple(map(shape, ks)), tuple(map(shape, vs)))
+
+    def init_cache(self, batch_shape=(), buffer_len: int | None = None, chunk: int = 16) -> dict:
         """Empty key-value cache for buffers ``[*batch_shape, buffer_len]``
-        (``buffer_len`` defaults to ``max_len``); needs no parameters."""
+        (``buffer_len`` defaults to ``max_len``) decoded ``chunk`` tokens at a
+        time; needs no parameters. ``"k"`` and ``"v"`` hold one array per layer,
+        ``[*batch_shape, num_heads, buffer_len + chunk, d_head]``:
+        ``chunk`` slack slots keep every write one contiguous slice."""
         l = self.max_len if buffer_len is None else int(buffer_len)
         b = tuple(batch_shape)
         dh = self.d_model // self.num_heads
-        kv = (self.num_layers, l, self.num_heads, dh)
+        kv = (self.num_heads, l + int(chunk), dh)
         return {
             "tokens": jnp.zeros(b + (l,), jnp.int32),
             "length": jnp.zeros(b, jnp.int32),
-            "k": jnp.zeros(b + kv, jnp.float32),
-            "v": jnp.zeros(b + kv, jnp.float32),
+            "k": tuple(jnp.zeros(b + kv, jnp.float32) for _ in range(self.num_layers)),
+            "v": tuple(jnp.zeros(b + kv, jnp.float32) for _ in range(self.num_layers)),
         }
 
     def decode_step(self, cache: dict, obs: Array, chunk: int = 16):
@@ -196,6 +372,9 @@ class TransformerActorCritic(nn.Module):
         Processes the tokens from the cached length (0 when the buffer no longer
         starts with the cached tokens, e.g. after an auto-reset) up to the write
         position; at most ``chunk`` (static) new tokens per call are supported.
+        A ``chunk`` of at least the buffer length recomputes the whole buffer
+        (a prefill). The cache must come from ``init_cache(..., chunk=c)`` with
+        ``c >= chunk`` (a prefill needs ``buffer_len + c >= chunk``).
         """
         self._check(obs)
         batch, l = obs.shape[:-1], obs.shape[-1]
@@ -203,32 +382,33 @@ class TransformerActorCritic(nn.Module):
         b = obs2.shape[0]
         toks_c = cache["tokens"].reshape(b, l)
         len_c = cache["length"].reshape(b)
-        k_all = cache["k"].reshape((b,) + cache["k"].shape[len(batch):])
-        v_all = cache["v"].reshape((b,) + cache["v"].shape[len(batch):])
+        kv_shape = cache["k"][0].shape
+        k_all = [c.reshape((b,) + kv_shape[len(batch):]) for c in cache["k"]]
+        v_all = [c.reshape((b,) + kv_shape[len(batch):]) for c in cache["v"]]
+        prefill = chunk >= l
+        if kv_shape[-2] < (chunk if prefill else l + chunk):
+            raise ValueError(f"the cache holds {kv_shape[-2]} positions; decoding chunk={chunk} of a "
+                             f"{l}-token buffer needs {chunk if prefill else l + chunk}: use init_cache(..., chunk={chunk})")
 
         cols = jnp.arange(l)
         new_len = jnp.sum(obs2 != PAD, axis=-1).astype(jnp.int32)
         same = jnp.all((obs2 == toks_c) | (cols[None, :] >= len_c[:, None]), axis=-1)
         start = jnp.where(same, len_c, 0)
         start = jnp.minimum(start, jnp.maximum(new_len - 1, 0))  # always recompute the last token
+        if prefill:
+            start = jnp.zeros_like(start)
         q_pos = start[:, None] + jnp.arange(chunk)[None, :]  # [B, C]
         toks = jnp.take_along_axis(obs2, jnp.clip(q_pos, 0, l - 1), axis=1)
         toks = jnp.where(q_pos < l, toks, PAD)
-        x = self._embed(toks, q_pos)
-        ks, vs = [], []
-        for i, blk in enumerate(self.blocks):
-            x, k_i, v_i = blk(x, q_pos, k_all[:, i], v_all[:, i])
-            ks.append(k_i)
-            vs.append(v_i)
-        h = self.ln_f(x)
+        h, ks, vs = self._cached_blocks(toks, q_pos, k_all, v_all)
         idx = jnp.clip(new_len - 1 - start, 0, chunk - 1)
         feats = jnp.take_along_axis(h, idx[:, None, None], axis=1)[:, 0]
         logits, value = self._heads(feats)
         new_cache = {
             "tokens": obs2.reshape(batch + (l,)),
             "length": jnp.minimum(new_len, start + chunk).reshape(batch),
-            "k": jnp.stack(ks, axis=1).reshape(cache["k"].shape),
-            "v": jnp.stack(vs, axis=1).reshape(cache["v"].shape),
+            "k": tuple(c.reshape(kv_shape) for c in ks),
+            "v": tuple(c.reshape(kv_shape) for c in vs),
         }
         out = (
             logits.reshape(batch + (self.num_actions,)),

@@ -174,6 +174,10 @@ class Wrapper(Environment):
     def render(self, state, params=None):
         return self._env.render(self._inner_state(state), self._inner_params(params))
 
+    def legal_mask(self, state, params=None):
+        """The wrapped env's legal-action mask (only for envs that define one)."""
+        return self._env.legal_mask(self._inner_state(state), self._inner_params(params))
+
     def _inner_params(self, params):
         return params
 

@@ -12,7 +12,8 @@ Sections
   methods  cost of one training iteration of every available method relative to ppo
            on the same batch (KeyDoor-5x5, 16 envs x 128 steps, 8 runs vmapped), plus
            compiled memory of the meta-gradient update at N = 1, 2, 4 inner steps.
-  text     agent tokens/s with the transformer policy on Booking at 1/64/256 envs:
+  text     agent tokens/s with the transformer policy on Booking at 1/64/256 envs (2 layers)
+           and the 1-layer learning config (16 envs, packed vs flat update):
            rollout alone and the full training iteration.
   sweep    coevo_jax.sweep throughput at 1/64/256/512 runs, one worker vs one per core.
 
@@ -22,6 +23,7 @@ no-hang XLA flag) so compile time and peak memory are per configuration.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import resource
@@ -179,6 +181,9 @@ def worker_methods(cfg):
 
 
 def worker_text(cfg):
+    """Agent tokens/s of the transformer policy on a text env: the cached and
+    the plain rollout, and full training iterations with the packed (and, with
+    ``cfg["flat"]``, the flat per-step) PPO update; best of interleaved rounds."""
     import jax
 
     import coevo_jax as cj
@@ -187,7 +192,8 @@ def worker_text(cfg):
 
     n, T = cfg["envs"], cfg["rollout_len"]
     env, p = envs_jax.make(cfg["env"])
-    static = cj.StaticConfig(num_envs=n, rollout_len=T, total_steps=n * T * 10, num_minibatches=4)
+    static = cj.StaticConfig(num_envs=n, rollout_len=T, total_steps=n * T * 10, num_minibatches=min(4, n),
+                             num_layers=cfg["layers"])
     trainer = cj.Trainer(static, env, p)
     hp = cj.default_hparams("ppo")
     state = trainer.init(jax.random.PRNGKey(0), hp)
@@ -196,18 +202,22 @@ def worker_text(cfg):
     for name, chunk in (("cached", trainer.decode_chunk), ("plain", None)):
         roll = jax.jit(lambda prm, rs, k, c=chunk: rollout(trainer.network, prm, trainer.env, p, rs, k, T, c))
         fns[name] = roll.lower(state.params, state.rollout, state.key).compile()
-    fns["iteration"] = jax.jit(trainer.run_chunk, static_argnums=2).lower(state, hp, 1).compile()
+    iters = {"iteration": trainer}
+    if cfg.get("flat"):
+        iters["iteration_flat"] = cj.Trainer(dataclasses.replace(static, packed_update=False), env, p)
+    for name, tr in iters.items():
+        fns[name] = jax.jit(tr.run_chunk, static_argnums=2).lower(state, hp, 1).compile()
     compile_s = time.time() - t0
-    args = {"cached": (state.params, state.rollout, state.key), "plain": (state.params, state.rollout, state.key),
-            "iteration": (state, hp)}
+    args = {k: (state.params, state.rollout, state.key) for k in ("cached", "plain")}
+    args.update({k: (state, hp) for k in iters})
     best = {k: float("inf") for k in fns}
-    for _ in range(4):  # interleaved; the first round is a warm-up like any other, the best counts
+    for _ in range(3):  # interleaved; the first round is a warm-up like any other, the best counts
         for k, f in fns.items():
             t0 = time.time()
             jax.block_until_ready(f(*args[k]))
             best[k] = min(best[k], time.time() - t0)
-    return {"rollout_tok_s": n * T / best["cached"], "plain_tok_s": n * T / best["plain"],
-            "iter_tok_s": n * T / best["iteration"], "compile_s": compile_s, "peak_mb": _peak_mb()}
+    out = {f"{k}_tok_s": n * T / v for k, v in best.items()}
+    return {**out, "compile_s": compile_s, "peak_mb": _peak_mb()}
 
 
 def worker_sweep(cfg):
@@ -338,16 +348,19 @@ def section_methods(args):
 
 def section_text(args):
     rows = []
-    for n in (1, 64, 256):
-        (res,), _ = run_workers([{"kind": "text", "env": "Booking", "envs": n, "rollout_len": 32}], args.timeout)
-        rows.append((n, res))
-    print("\n### Transformer policy on Booking (d_model 64, 2 layers, 32-step rollouts)\n")
-    print("| parallel envs | rollout tokens/s (KV cache) | rollout tokens/s (full pass per token) | cache speed-up"
-          " | full iteration tokens/s | compile s | peak RSS MB |")
-    print("|---|---|---|---|---|---|---|")
-    for n, r in rows:
-        print(f"| {n} | {r['rollout_tok_s']:,.0f} | {r['plain_tok_s']:,.0f} | {r['rollout_tok_s'] / r['plain_tok_s']:.1f}x"
-              f" | {r['iter_tok_s']:,.0f} | {r['compile_s']:.1f} | {r['peak_mb']:,.0f} |")
+    for n, layers, flat in ((1, 2, False), (64, 2, False), (256, 2, False), (16, 1, True), (256, 1, False)):
+        (res,), _ = run_workers([{"kind": "text", "env": "Booking", "envs": n, "rollout_len": 32, "layers": layers,
+                                  "flat": flat}], args.timeout)
+        rows.append((n, layers, res))
+        print(f"  text {n} envs, {layers} layer(s): {res['cached_tok_s']:,.0f} rollout tokens/s", file=sys.stderr, flush=True)
+    print("\n### Transformer policy on Booking (d_model 64, 4 heads, buffer 128 tokens, 32-step rollouts)\n")
+    print("| parallel envs | layers | rollout tokens/s (KV cache) | rollout tokens/s (full pass per token) | cache speed-up"
+          " | iteration tokens/s (packed update) | iteration tokens/s (flat update) | compile s | peak RSS MB |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for n, layers, r in rows:
+        flat = f"{r['iteration_flat_tok_s']:,.0f}" if "iteration_flat_tok_s" in r else "not run"
+        print(f"| {n} | {layers} | {r['cached_tok_s']:,.0f} | {r['plain_tok_s']:,.0f} | {r['cached_tok_s'] / r['plain_tok_s']:.1f}x"
+              f" | {r['iteration_tok_s']:,.0f} | {flat} | {r['compile_s']:.1f} | {r['peak_mb']:,.0f} |")
 
 
 def section_sweep(args):

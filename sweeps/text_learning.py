@@ -2,16 +2,21 @@
 
     python sweeps/text_learning.py                                   # Booking + TwentyQuestions, ppo + dense, 16 seeds
     python sweeps/text_learning.py --envs TwentyQuestions --methods ppo,dense,siop --num-seeds 16
+    python sweeps/text_learning.py --no-legal-mask                   # free tokens: no grammar curriculum
 
 One action is one token; the policy is :class:`coevo_jax.transformer.TransformerActorCritic`
-(chosen automatically for int token observations) with key-value-cached rollouts.
+(chosen automatically for int token observations; one layer, d_model 64, so that
+16 seeds fit a CPU budget) with key-value-cached rollouts and the packed PPO
+update. By default the env's legal-token mask is on (``use_legal_mask``): the
+policy samples only tokens that extend some well-formed utterance, the
+curriculum the issue describes; which utterance to say, and when, is learned.
 All seeds of one (env, method) run in one ``jax.jit(jax.vmap(train))`` call.
 Reported per env x method: final success (mean over the last 10% of iterations
 per seed) as mean and IQM with a 95% percentile-bootstrap CI over seeds, final
 episode return, and the wall time; the scripted expert and a uniform random
 policy are measured on the same env for reference. Writes ``summary.md``,
 ``summary.csv``, ``curves_<env>_<method>.npz``, ``learning_curves.png`` and
-``dialogue_<env>.txt`` (one sampled episode of the best seed of the first
+``dialogue_<env>.txt`` (one sampled episode of the best seed of the best
 method, rendered with ``env.render``) to ``--out``.
 """
 from __future__ import annotations
@@ -33,16 +38,22 @@ import jax.numpy as jnp  # noqa: E402
 
 import coevo_jax as cj  # noqa: E402
 import envs_jax  # noqa: E402
+from coevo_jax.rollout import mask_logits  # noqa: E402
 from coevo_jax.stats import iqm, summarize, tail_fraction_mean  # noqa: E402
 
 TEXT_ENVS = ("Booking", "TwentyQuestions", "TextMaze", "TextMaze-PO")
-STATIC = dict(num_envs=16, rollout_len=32, num_minibatches=4, update_epochs=4, d_model=64, num_layers=2, num_heads=4)
+STATIC = dict(num_envs=16, rollout_len=32, num_minibatches=4, update_epochs=4, d_model=64, num_layers=1, num_heads=4)
 HP = dict(lr=3e-4, ent_coef=0.01)
 
 
-def train_method(env_name: str, method: str, num_seeds: int, total_steps: int, seed: int):
-    """``num_seeds`` runs of ``method`` on ``env_name``: ``(trainer, final state [S], metrics [S, I], wall s)``."""
+def make_env(env_name: str, legal_mask: bool):
     env, p = envs_jax.make(env_name)
+    return env, p.replace(use_legal_mask=legal_mask)
+
+
+def train_method(env_name: str, method: str, num_seeds: int, total_steps: int, seed: int, legal_mask: bool):
+    """``num_seeds`` runs of ``method`` on ``env_name``: ``(trainer, final state [S], metrics [S, I], wall s)``."""
+    env, p = make_env(env_name, legal_mask)
     static = cj.validate_static(cj.StaticConfig(method=method, total_steps=total_steps, **STATIC))
     hp = cj.validate_hparams(cj.default_hparams(method, **HP))
     trainer = cj.Trainer(static, env, p)
@@ -52,9 +63,10 @@ def train_method(env_name: str, method: str, num_seeds: int, total_steps: int, s
     return trainer, state, {k: np.asarray(v) for k, v in metrics.items()}, time.time() - t0
 
 
-def reference_success(env_name: str, episodes: int = 256, seed: int = 0) -> dict:
-    """Success rate of the scripted expert and of uniform random tokens over ``episodes`` episodes each."""
-    env, p = envs_jax.make(env_name)
+def reference_success(env_name: str, legal_mask: bool, episodes: int = 256, seed: int = 0) -> dict:
+    """Success rate of the scripted expert and of uniform random tokens (uniform
+    over the legal ones with ``legal_mask``) over ``episodes`` episodes each."""
+    env, p = make_env(env_name, legal_mask)
     max_steps = int(p.max_steps)
 
     def episode(key, expert: bool):
@@ -64,7 +76,8 @@ def reference_success(env_name: str, episodes: int = 256, seed: int = 0) -> dict
         def body(carry, k):
             state, done, success = carry
             ka, ks = jax.random.split(k)
-            a = env.expert_action(state, p) if expert else jax.random.randint(ka, (), 0, env.num_actions)
+            uniform = jnp.where(env.legal_mask(state, p), 0.0, -jnp.inf)
+            a = env.expert_action(state, p) if expert else jax.random.categorical(ka, uniform)
             _, nstate, _, term, info = env.step_env(ks, state, a, p)  # no auto-reset, no time limit
             ended = term | (nstate.time >= p.max_steps)
             nstate = jax.tree.map(lambda x, y: jnp.where(done, x, y), state, nstate)
@@ -89,7 +102,7 @@ def render_episode(trainer, params, key, max_steps: int) -> str:
     @jax.jit
     def step(obs, state, k):
         ka, ks = jax.random.split(k)
-        logits = net.apply(params, obs[None])[0][0]
+        logits = mask_logits(net.apply(params, obs[None])[0][0], env.legal_mask(state, p))
         a = jax.random.categorical(ka, logits)
         obs, state, r, term, _ = env.step_env(ks, state, a, p)  # no auto-reset, no time limit
         return obs, state, r, term | (state.time >= p.max_steps)
@@ -109,7 +122,9 @@ def main(argv=None):
     ap.add_argument("--envs", default="Booking,TwentyQuestions", help=f"comma list of: {', '.join(TEXT_ENVS)}")
     ap.add_argument("--methods", default="ppo,dense", help="comma list of methods (default: ppo,dense)")
     ap.add_argument("--num-seeds", type=int, default=16, help="seeds per (env, method), >= 1 (default 16)")
-    ap.add_argument("--total-steps", type=int, default=131_072, help="agent tokens per run (default 131072)")
+    ap.add_argument("--total-steps", type=int, default=65_536, help="agent tokens per run (default 65536)")
+    ap.add_argument("--legal-mask", action=argparse.BooleanOptionalAction, default=True,
+                    help="sample only grammatical tokens (env use_legal_mask; default on)")
     ap.add_argument("--seed", type=int, default=0, help="base seed (default 0)")
     ap.add_argument("--out", default="results/text_learning", help="output folder (refused if it exists)")
     ap.add_argument("--overwrite", action="store_true", help="write into an existing --out")
@@ -131,10 +146,11 @@ def main(argv=None):
 
     rows, panels = [], {}
     for env_name in envs:
-        ref = reference_success(env_name)
-        panels[env_name] = {}
-        for i, method in enumerate(methods):
-            trainer, state, m, wall = train_method(env_name, method, args.num_seeds, args.total_steps, args.seed)
+        ref = reference_success(env_name, args.legal_mask)
+        panels[env_name], trained = {}, {}
+        for method in methods:
+            trainer, state, m, wall = train_method(env_name, method, args.num_seeds, args.total_steps, args.seed,
+                                                     args.legal_mask)
             np.savez(os.path.join(args.out, f"curves_{env_name}_{method}.npz"), **m)
             succ = tail_fraction_mean(m["success_rate"], 0.1)
             ret = tail_fraction_mean(m["episode_return"], 0.1)
@@ -147,15 +163,17 @@ def main(argv=None):
                          "expert_success": ref["expert"], "random_success": ref["random"]})
             print(json.dumps(rows[-1]), flush=True)
             panels[env_name][method] = (m["env_steps"][0], m["success_rate"])
-            if i == 0:
-                best = int(np.argmax(succ))
-                params = jax.tree.map(lambda x: x[best], state.params)
-                text = render_episode(trainer, params, jax.random.PRNGKey(args.seed + 1),
-                                      int(trainer.env_params.max_steps))
-                header = f"# {env_name}: {method}, seed {best} (final success {succ[best]:.2f}), one sampled episode\n"
-                with open(os.path.join(args.out, f"dialogue_{env_name}.txt"), "w") as f:
-                    f.write(header + text + "\n")
-                print(header + text, flush=True)
+            trained[method] = (trainer, state, succ)
+        # one sampled dialogue of the best seed of the best method on this env
+        method = max(trained, key=lambda k: trained[k][2].mean())
+        trainer, state, succ = trained[method]
+        best = int(np.argmax(succ))
+        params = jax.tree.map(lambda x: x[best], state.params)
+        text = render_episode(trainer, params, jax.random.PRNGKey(args.seed + 1), int(trainer.env_params.max_steps))
+        header = f"# {env_name}: {method}, seed {best} (final success {succ[best]:.2f}), one sampled episode\n"
+        with open(os.path.join(args.out, f"dialogue_{env_name}.txt"), "w") as f:
+            f.write(header + text + "\n")
+        print(header + text, flush=True)
 
     from coevo_jax.plots import plot_learning_curves
 

@@ -378,10 +378,10 @@ def test_vmap_equals_loop_and_jit_equals_eager():
 
 # ----------------------------------------------------------------------------- transformer
 @functools.lru_cache(maxsize=None)
-def small_model():
+def small_model(name="TwentyQuestions"):
     from coevo_jax.transformer import TransformerActorCritic
 
-    env, _ = env_of("TwentyQuestions")
+    env, _ = env_of(name)
     L = env.buffer_len
     model = TransformerActorCritic(env.num_actions, env.vocab_size, d_model=32, num_layers=2, num_heads=4, max_len=L)
     # random parameters with init's structure (compiling init's many PRNG calls is slow on CPU)
@@ -461,3 +461,102 @@ def test_cached_rollout_equals_plain_rollout():
     np.testing.assert_array_equal(plain.obs, cached.obs)
     for field in ("logp", "value", "next_value", "features"):
         np.testing.assert_allclose(getattr(plain, field), getattr(cached, field), atol=1e-4, rtol=1e-4, err_msg=field)
+
+
+def _two_rollouts(model, mp, name="TwentyQuestions", n=4, length=40, use_legal_mask=False):
+    """Two consecutive cached rollouts of ``model`` (the second window starts mid-episode)."""
+    from coevo_jax.rollout import RolloutState, rollout
+    from envs_jax.core import EpisodeStats
+
+    env, params = env_of(name)
+    params = params.replace(use_legal_mask=use_legal_mask)
+    env_s = EpisodeStats(env)
+    obs, st = jax.vmap(env_s.reset, (0, None))(jax.random.split(jax.random.PRNGKey(3), n), params)
+
+    @jax.jit
+    def go(key):
+        k1, k2 = jax.random.split(key)
+        ro, first = rollout(model, mp, env_s, params, RolloutState(st, obs), k1, length, env.max_tokens_per_step)
+        return first, rollout(model, mp, env_s, params, ro, k2, length, env.max_tokens_per_step)[1]
+
+    return env, go(jax.random.PRNGKey(4))
+
+
+def test_packed_windows_score_every_step_like_the_per_step_policy():
+    """Each env's rollout window packed into one stream (episodes separated by
+    the segment mask, the first window starting mid-episode) gives, at its query
+    positions, the policy's per-step outputs on ``obs[t]``."""
+    from coevo_jax.transformer import pack_windows
+
+    env, model, mp = small_model()
+    env, (first, second) = _two_rollouts(model, mp)
+    for traj in (first, second):
+        done = traj.terminated | traj.truncated
+        assert int(done.sum()) >= 2
+        packed = pack_windows(traj.obs, done, env.max_tokens_per_step)
+        t, n, length = traj.obs.shape
+        assert packed.tokens.shape == (n, length + (t - 1) * env.max_tokens_per_step) and packed.query.shape == (n, t)
+        # the query token is the last token of obs[t], at its buffer position
+        last = jnp.sum(traj.obs != PAD, axis=-1) - 1  # [T, N]
+        np.testing.assert_array_equal(jnp.take_along_axis(packed.pos, packed.query, axis=1), last.T)
+        np.testing.assert_array_equal(
+            jnp.take_along_axis(packed.tokens, packed.query, axis=1),
+            jnp.take_along_axis(traj.obs, last[..., None], axis=-1)[..., 0].T)
+        p_logits, p_value, p_feats = jax.jit(functools.partial(model.apply, method=model.score_packed))(mp, packed)
+        f_logits, f_value, f_feats = jax.jit(model.apply)(mp, traj.obs)
+        np.testing.assert_allclose(p_logits, jnp.swapaxes(f_logits, 0, 1), atol=1e-5, rtol=1e-4)
+        np.testing.assert_allclose(p_value, f_value.T, atol=1e-5, rtol=1e-4)
+        np.testing.assert_allclose(p_feats, jnp.swapaxes(f_feats, 0, 1), atol=1e-5, rtol=1e-4)
+    assert int(jnp.sum(second.obs[0] != PAD)) > int(jnp.sum(first.obs[0] != PAD))  # mid-episode start
+
+
+def test_packed_ppo_loss_and_gradient_equal_the_flat_update():
+    """With one minibatch the packed update's loss and gradient equal the flat
+    per-step update's (legal-action masks included)."""
+    from coevo_jax.ppo import ppo_loss
+    from coevo_jax.train import ppo_batch
+
+    env, model, mp = small_model()
+    env, (_, traj) = _two_rollouts(model, mp, use_legal_mask=True)
+    adv = jax.random.normal(jax.random.PRNGKey(1), traj.value.shape)
+    grad = jax.jit(jax.value_and_grad(lambda p, b: ppo_loss(p, model, b, 0.2, 0.5, 0.01)[0]))
+    loss_p, g_p = grad(mp, ppo_batch(traj, adv, traj.value + adv, env.max_tokens_per_step))
+    loss_f, g_f = grad(mp, ppo_batch(traj, adv, traj.value + adv, None))
+    assert abs(float(loss_p) - float(loss_f)) < 1e-5
+    for a, b in zip(jax.tree.leaves(g_p), jax.tree.leaves(g_f)):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-3)
+
+
+@pytest.mark.parametrize("name", ["Booking", "TwentyQuestions"])
+def test_masked_policy_only_says_grammatical_turns(name):
+    """With ``use_legal_mask`` the rollout samples only legal tokens (so every
+    turn is well formed) and records the masks it sampled under."""
+    env, model, mp = small_model(name)
+    env, (_, traj) = _two_rollouts(model, mp, name=name, use_legal_mask=True)
+    assert traj.legal_mask.shape == traj.action.shape + (env.vocab_size,)
+    chosen = jnp.take_along_axis(traj.legal_mask, traj.action[..., None], axis=-1)[..., 0]
+    assert bool(chosen.all())
+    assert not bool(traj.legal_mask.all())  # the mask does restrict
+    assert np.isfinite(np.asarray(traj.logp)).all()
+    # every finished agent turn matched an utterance
+    for t in range(traj.obs.shape[0]):
+        for b in range(traj.obs.shape[1]):
+            text = decode(env.vocab, traj.next_obs[t, b])
+            for turn in text.split("<agent>")[1:]:
+                turn = turn.split("<user>")[0].strip()
+                if turn.endswith("<eot>"):
+                    assert turn in env.grammar.utterances, turn
+
+
+def test_packed_update_config_errors_before_compiling():
+    import coevo_jax as cj
+
+    env, p = make("Booking")
+    with pytest.raises(cj.ConfigError, match="num_minibatches=3 must divide num_envs=4"):
+        cj.Trainer(cj.StaticConfig(num_envs=4, rollout_len=6, num_minibatches=3, total_steps=240), env, p)
+    with pytest.raises(cj.ConfigError, match="packed_update"):
+        cj.validate_static(cj.StaticConfig(packed_update="yes"))
+    _, model, mp = small_model()
+    with pytest.raises(ValueError, match="use init_cache"):
+        model.apply(mp, model.init_cache((1,), 40, chunk=2), jnp.zeros((1, 40), jnp.int32), chunk=5,
+                    method=model.decode_step)

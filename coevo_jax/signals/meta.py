@@ -113,7 +113,7 @@ def mixed_batch(phi, traj, reward_net: nn.Module, hp) -> PPOBatch:
     r_mix = mixed_reward(traj.reward, r_int, hp)
     adv, targets = gae(r_mix, traj.value, traj.next_value, traj.terminated, traj.truncated, hp.gamma, hp.gae_lambda)
     return PPOBatch(_flat(traj.obs), _flat(traj.action), _flat(traj.logp), _flat(traj.value), _flat(adv),
-                    _flat(targets))
+                    _flat(targets), jax.tree.map(_flat, traj.legal_mask))
 
 
 def guard_adam_state(opt_state, grads):
