@@ -78,7 +78,6 @@ def pack_window(obs: Array, fresh: Array, chunk: int) -> PackedWindows:
     fresh = fresh.at[0].set(True)
     seg_id = jnp.cumsum(fresh.astype(jnp.int32)) - 1  # [T]
     start = jnp.where(fresh, 0, jnp.concatenate([jnp.zeros(1, jnp.int32), width[:-1]]))  # [T]
-    start = start.at[0].set(0)
 
     j = jnp.arange(chunk)
     pos_rest = start[1:, None] + j[None, :]  # [T-1, C]
