@@ -183,7 +183,8 @@ def worker_methods(cfg):
 def worker_text(cfg):
     """Agent tokens/s of the transformer policy on a text env: the cached and
     the plain rollout, and full training iterations with the packed (and, with
-    ``cfg["flat"]``, the flat per-step) PPO update; best of interleaved rounds."""
+    ``cfg["flat"]``, the flat per-step) PPO update; best of ``cfg["rounds"]``
+    interleaved rounds."""
     import jax
 
     import coevo_jax as cj
@@ -211,7 +212,7 @@ def worker_text(cfg):
     args = {k: (state.params, state.rollout, state.key) for k in ("cached", "plain")}
     args.update({k: (state, hp) for k in iters})
     best = {k: float("inf") for k in fns}
-    for _ in range(3):  # interleaved; the first round is a warm-up like any other, the best counts
+    for _ in range(cfg["rounds"]):  # interleaved; the first round is a warm-up like any other, the best counts
         for k, f in fns.items():
             t0 = time.time()
             jax.block_until_ready(f(*args[k]))
@@ -350,7 +351,7 @@ def section_text(args):
     rows = []
     for n, layers, flat in ((1, 2, False), (64, 2, False), (256, 2, False), (16, 1, True), (256, 1, False)):
         (res,), _ = run_workers([{"kind": "text", "env": "Booking", "envs": n, "rollout_len": 32, "layers": layers,
-                                  "flat": flat}], args.timeout)
+                                  "flat": flat, "rounds": 2 if n >= 256 else 3}], args.timeout)
         rows.append((n, layers, res))
         print(f"  text {n} envs, {layers} layer(s): {res['cached_tok_s']:,.0f} rollout tokens/s", file=sys.stderr, flush=True)
     print("\n### Transformer policy on Booking (d_model 64, 4 heads, buffer 128 tokens, 32-step rollouts)\n")
