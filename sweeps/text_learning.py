@@ -159,6 +159,7 @@ def main(argv=None):
                          "tokens_per_seed": int(m["env_steps"][0, -1]), "wall_s": round(wall, 1),
                          "final_success_mean": float(succ.mean()), "final_success_iqm": s["iqm"],
                          "ci_low": s["ci_low"], "ci_high": s["ci_high"], "final_return_iqm": iqm(ret),
+                         "final_episode_length": float(tail_fraction_mean(m["episode_length"], 0.1).mean()),
                          "diverged": int(np.asarray(state.diverged).sum()),
                          "expert_success": ref["expert"], "random_success": ref["random"]})
             print(json.dumps(rows[-1]), flush=True)
@@ -179,11 +180,12 @@ def main(argv=None):
 
     plot_learning_curves(panels, os.path.join(args.out, "learning_curves.png"), ylabel="success rate")
     lines = ["| env | method | seeds | agent tokens / seed | final success mean | final success IQM [95% CI] |"
-             " final return IQM | expert / random success | diverged | wall s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             " final return IQM | final episode length | expert / random success | diverged | wall s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['env']} | {r['method']} | {r['seeds']} | {r['tokens_per_seed']:,} | {r['final_success_mean']:.3f}"
                      f" | {r['final_success_iqm']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}] | {r['final_return_iqm']:.3f}"
+                     f" | {r['final_episode_length']:.1f}"
                      f" | {r['expert_success']:.2f} / {r['random_success']:.2f} | {r['diverged']} | {r['wall_s']:.0f} |")
     table = "\n".join(lines)
     print("\n" + table)
