@@ -67,14 +67,20 @@ def episode_metrics(traj: Trajectory, last_return, last_success):
     return {"episode_return": ret, "success_rate": succ, "episodes": count, "episode_length": length}, ret, succ
 
 
+def _token_chunk(enabled: bool, network, method: str, env) -> int | None:
+    """``env.max_tokens_per_step`` when ``enabled``, the network has ``method``
+    and the env says how many tokens one step can add; else ``None``."""
+    chunk = getattr(env, "max_tokens_per_step", None)
+    if not enabled or not hasattr(network, method) or chunk is None:
+        return None
+    return int(chunk)
+
+
 def decode_chunk(static: StaticConfig, network, env) -> int | None:
     """Tokens per incremental-decoding call for cached rollouts, or ``None`` for
     the plain path (no ``static.kv_cache``, a network without ``decode_step``, or
     an env that does not say how many tokens one step can add)."""
-    chunk = getattr(env, "max_tokens_per_step", None)
-    if not static.kv_cache or not hasattr(network, "decode_step") or chunk is None:
-        return None
-    return int(chunk)
+    return _token_chunk(static.kv_cache, network, "decode_step", env)
 
 
 def packed_chunk(static: StaticConfig, network, env) -> int | None:
@@ -82,10 +88,7 @@ def packed_chunk(static: StaticConfig, network, env) -> int | None:
     stream in the PPO update (:func:`coevo_jax.transformer.pack_windows`), or
     ``None`` for the flat per-step update (no ``static.packed_update``, a
     network without ``score_packed``, or an env without ``max_tokens_per_step``)."""
-    chunk = getattr(env, "max_tokens_per_step", None)
-    if not static.packed_update or not hasattr(network, "score_packed") or chunk is None:
-        return None
-    return int(chunk)
+    return _token_chunk(static.packed_update, network, "score_packed", env)
 
 
 def ppo_batch(traj: Trajectory, advantages: jax.Array, targets: jax.Array, chunk: int | None = None) -> PPOBatch:

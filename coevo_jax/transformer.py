@@ -241,21 +241,30 @@ class TransformerActorCritic(nn.Module):
     def _heads(self, feats):
         return self.policy_head(feats), self.value_head(feats)[..., 0]
 
+    def _encode(self, toks: Array, pos: Array, mask: Array | None = None, query: Array | None = None):
+        """Final hidden states of one pass over tokens ``[B, P]`` at buffer
+        positions ``pos`` [B, P]: ``[B, P, d]``, or ``[B, Q, d]`` at the stream
+        indices ``query`` [B, Q] (the last block then computes only those
+        queries: same numbers, less work). ``mask`` [B, P, P] replaces the causal
+        mask by position (packed streams)."""
+        x = self._embed(toks, pos)
+        for blk in self.blocks if query is None else self.blocks[:-1]:
+            x, _, _ = blk(x, pos, mask=mask)
+        if query is None:
+            return self.ln_f(x)
+        x_q = jnp.take_along_axis(x, query[:, :, None], axis=1)  # [B, Q, d]
+        mask_q = None if mask is None else jnp.take_along_axis(mask, query[:, :, None], axis=1)  # [B, Q, P]
+        x_q, _, _ = self.blocks[-1](x_q, jnp.take_along_axis(pos, query, axis=1), x_kv=x, mask=mask_q)
+        return self.ln_f(x_q)
+
     def _trunk(self, obs2, last_only: Array | None = None):
-        """Final hidden states ``[B, L, d]`` of a full causal pass, or ``[B, d]``
-        at positions ``last_only`` [B] (the last block then computes only that
-        query: same numbers, less work)."""
+        """Final hidden states ``[B, L, d]`` of a full causal pass over buffers
+        ``[B, L]``, or ``[B, d]`` at positions ``last_only`` [B]."""
         b, l = obs2.shape
         pos = jnp.broadcast_to(jnp.arange(l), (b, l))
-        x = self._embed(obs2, pos)
-        blocks = self.blocks if last_only is None else self.blocks[:-1]
-        for blk in blocks:
-            x, _, _ = blk(x, pos)
         if last_only is None:
-            return self.ln_f(x)
-        x_q = jnp.take_along_axis(x, last_only[:, None, None], axis=1)  # [B, 1, d]
-        x_q, _, _ = self.blocks[-1](x_q, last_only[:, None], x_kv=x)
-        return self.ln_f(x_q[:, 0])
+            return self._encode(obs2, pos)
+        return self._encode(obs2, pos, query=last_only[:, None])[:, 0]
 
     # -- public
     def __call__(self, obs: Array):
@@ -297,13 +306,7 @@ class TransformerActorCritic(nn.Module):
         tokens, pos, seg, query = (a.reshape(-1, a.shape[-1]) for a in (tokens, pos, seg, query))
         idx = jnp.arange(p)
         mask = (seg[:, :, None] == seg[:, None, :]) & (seg[:, None, :] >= 0) & (idx[None, None, :] <= idx[None, :, None])
-        x = self._embed(tokens, pos)
-        for blk in self.blocks[:-1]:
-            x, _, _ = blk(x, pos, mask=mask)
-        x_q = jnp.take_along_axis(x, query[:, :, None], axis=1)  # [B, T, d]
-        mask_q = jnp.take_along_axis(mask, query[:, :, None], axis=1)  # [B, T, P]
-        x_q, _, _ = self.blocks[-1](x_q, jnp.take_along_axis(pos, query, axis=1), x_kv=x, mask=mask_q)
-        feats = self.ln_f(x_q)
+        feats = self._encode(tokens, pos, mask, query)  # [B, T, d]
         logits, value = self._heads(feats)
         return (
             logits.reshape(batch + (t, self.num_actions)),
