@@ -20,6 +20,9 @@ from flax import struct
 METHODS = (
     "ppo", "dense", "icm", "coevo-regression", "coevo-ranking", "coevo-novelty", "siop", "meta",
 )
+#: methods whose per-step bonus has its own non-episodic return and critic head
+#: (:class:`coevo_jax.signals.base.RewardStreams`)
+INTRINSIC_STREAM_METHODS = ("icm", "coevo-novelty", "meta")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,18 +58,27 @@ class StaticConfig:
     reward_steps: int = 4  # gradient steps per refit
     buffer_episodes: int = 32  # complete episodes kept for the refit
     max_episode_len: int = 32  # the last this-many steps of each episode are kept (padded) in the buffer
+    reward_input: str = "features"  # what R_phi and RND read: "features" (policy hidden state) or "obs"
     # potential (SIOP)
     potential_hidden: tuple = (64, 64)
-    potential_steps: int = 4
+    potential_steps: int = 4  # Adam steps per refit, each on minibatch_size transitions drawn from the replay
     potential_layernorm: bool = False
+    potential_buffer_episodes: int = 64  # complete episodes in the potential's replay
+    potential_episode_len: int = 128  # the last this-many steps of each replayed episode are kept
     ensemble_size: int = 1
     ensemble_combine: str = "mean"  # or "min"
-    credit_nstep: int = 1
+    credit_nstep: int = 1  # > 1: each step's credit spread back over n steps (policy invariance exact only at 1)
     # ICM
     icm_feature_dim: int = 32
     # meta-gradient
     meta_inner_steps: int = 1
     meta_truncate: int = 0  # stop gradients through the first `meta_truncate` inner steps
+
+    @property
+    def value_heads(self) -> int:
+        """Critic heads of the policy: 2 (episodic, intrinsic) for methods with a
+        non-episodic bonus stream, else 1."""
+        return 2 if self.method in INTRINSIC_STREAM_METHODS else 1
 
     @property
     def steps_per_iteration(self) -> int:
@@ -108,31 +120,31 @@ class HParams:
     ent_coef: jax.Array = _f(0.01)
     vf_coef: jax.Array = _f(0.5)
     max_grad_norm: jax.Array = _f(0.5)
-    # reward mixing: r_used = beta_ext * r_ext + beta_int * normalise(r_int)
+    # reward mixing: episodic r = beta_ext * r_ext + beta_int * n(r_int) (shaping / learned decomposition),
+    # or a separate non-episodic stream beta_int * n(bonus) (icm; coevo-novelty: novelty_coef * n(RND error));
+    # see each signal module
     beta_ext: jax.Array = _f(1.0)
     beta_int: jax.Array = _f(1.0)
-    normalize_int: jax.Array = _f(1.0)  # 1: per-batch standardisation of r_int, 0: raw
+    normalize_int: jax.Array = _f(1.0)  # 1: divide r_int by a running std of its return (never shifted), 0: raw
     k: jax.Array = _i(4)  # update period of the internal reward / potential, in iterations
     # learned internal reward R_phi (co-evolution)
     reward_lr: jax.Array = _f(5e-5)
     reward_max_grad_norm: jax.Array = _f(1.0)
     anchor_weight: jax.Array = _f(1.0)  # weight of the external-reward anchor (fit) term
-    drift_weight: jax.Array = _f(0.1)  # penalty on drift from the previous R_phi
+    drift_weight: jax.Array = _f(0.1)  # penalty on drift of R_phi's outputs from the anchor's (drift_ema)
     extreme_weight: jax.Array = _f(0.01)  # penalty on extreme (saturated) outputs
-    novelty_coef: jax.Array = _f(0.5)  # weight of the RND novelty bonus (coevo-novelty)
+    drift_ema: jax.Array = _f(0.9)  # the drift anchor: EMA (per refit) of R_phi's params; 0 = the last refit's
+    novelty_coef: jax.Array = _f(0.5)  # weight of the RND novelty bonus (coevo-novelty, intrinsic stream)
+    rnd_lr: jax.Array = _f(2.5e-4)  # the RND predictor's Adam step (it trains on every rollout)
     ranking_temp: jax.Array = _f(1.0)
     # potential V(s) (SIOP)
     potential_lr: jax.Array = _f(5e-4)
     potential_max_grad_norm: jax.Array = _f(1.0)
-    w_fit: jax.Array = _f(1.0)
-    w_fit_all: jax.Array = _f(0.1)
-    w_cons: jax.Array = _f(1.0)
+    w_fit: jax.Array = _f(1.0)  # Monte-Carlo return-to-go fit
+    w_cons: jax.Array = _f(1.0)  # TD consistency, same fixed point as the fit
     w_reg: jax.Array = _f(1e-3)
-    fit_ramp_iters: jax.Array = _f(10.0)
-    potential_init: jax.Array = _f(0.0)
-    credit_clip: jax.Array = _f(1.0)
-    credit_gamma: jax.Array = _f(0.0)  # 1: gamma * V(s_t+1) - V(s_t); 0: V(s_t+1) - V(s_t)
-    terminal_potential: jax.Array = _f(1.0)  # 1: V(s_T) fitted to the final return; 0: V(s_T) fixed at 0
+    potential_init: jax.Array = _f(0.0)  # initial output bias: a guess of the return
+    credit_clip: jax.Array = _f(1e6)  # |credit| cap after scaling; the default never binds (clipping breaks telescoping)
     # ICM
     icm_lr: jax.Array = _f(2.5e-4)
     icm_eta: jax.Array = _f(0.01)
@@ -173,19 +185,17 @@ HPARAM_RANGES: dict[str, tuple] = {
     "anchor_weight": (0.0, INF, True, False),
     "drift_weight": (0.0, INF, True, False),
     "extreme_weight": (0.0, INF, True, False),
+    "drift_ema": (0.0, 1.0, True, False),
     "novelty_coef": (0.0, INF, True, False),
+    "rnd_lr": (0.0, 1.0, True, True),
     "ranking_temp": (0.0, INF, False, False),
     "potential_lr": (0.0, 1.0, True, True),
     "potential_max_grad_norm": (0.0, INF, False, False),
     "w_fit": (0.0, INF, True, False),
-    "w_fit_all": (0.0, INF, True, False),
     "w_cons": (0.0, INF, True, False),
     "w_reg": (0.0, INF, True, False),
-    "fit_ramp_iters": (0.0, INF, True, False),
     "potential_init": (-INF, INF, False, False),
     "credit_clip": (0.0, INF, False, True),
-    "credit_gamma": (0.0, 1.0, True, True),
-    "terminal_potential": (0.0, 1.0, True, True),
     "icm_lr": (0.0, 1.0, True, True),
     "icm_eta": (0.0, INF, True, False),
     "icm_forward_weight": (0.0, 1.0, True, True),
@@ -201,12 +211,15 @@ METHOD_DEFAULTS: dict[str, dict] = {
     "ppo": {},
     "dense": {},
     "icm": {},
-    # raw (unstandardised) R_phi: per-batch standardisation drowned the sparse reward (README, co-evolution)
-    "coevo-regression": {"beta_ext": 1.0, "beta_int": 0.5, "normalize_int": 0.0},
-    "coevo-ranking": {"beta_ext": 1.0, "beta_int": 0.5, "normalize_int": 0.0},
-    "coevo-novelty": {"beta_ext": 1.0, "beta_int": 0.5, "normalize_int": 0.0},
-    "siop": {"beta_ext": 1.0, "beta_int": 1.0},
-    "meta": {"k": 1},
+    # R_phi is a decomposition of the return, in the episodic stream, never normalised (signals/learned.py)
+    "coevo-regression": {"beta_ext": 1.0, "beta_int": 0.5},
+    "coevo-ranking": {"beta_ext": 1.0, "beta_int": 0.5},
+    # the RND bonus, in the intrinsic stream, divided by a running std of its return (as in RND)
+    "coevo-novelty": {"beta_ext": 1.0, "beta_int": 0.5, "normalize_int": 1.0},
+    # raw shaping: Phi is in units of the external return, so r_ext + F pays the outcome once (signals/potential.py)
+    "siop": {"beta_ext": 1.0, "beta_int": 1.0, "normalize_int": 0.0},
+    # raw R_phi: the untrained R_phi is ~0 (|r| < 0.01); divided by its own tiny return std it would be O(1) noise
+    "meta": {"k": 1, "normalize_int": 0.0},
 }
 
 
@@ -279,6 +292,8 @@ _STATIC_CHECKS: dict[str, tuple] = {
     "buffer_episodes": (2, 1 << 16),
     "max_episode_len": (1, 1 << 16),
     "potential_steps": (1, 10_000),
+    "potential_buffer_episodes": (1, 1 << 16),
+    "potential_episode_len": (1, 1 << 16),
     "ensemble_size": (1, 64),
     "credit_nstep": (1, 1024),
     "icm_feature_dim": (1, 4096),
@@ -306,6 +321,8 @@ def validate_static(static: StaticConfig) -> StaticConfig:
     for name in ("kv_cache", "packed_update"):
         if not isinstance(getattr(static, name), bool):
             raise ConfigError(f"StaticConfig.{name}={getattr(static, name)!r} must be True or False")
+    if static.reward_input not in ("features", "obs"):
+        raise ConfigError(f"StaticConfig.reward_input={static.reward_input!r} must be 'features' or 'obs'")
     if static.ensemble_combine not in ("mean", "min"):
         raise ConfigError(f"StaticConfig.ensemble_combine={static.ensemble_combine!r} must be 'mean' or 'min'")
     if static.steps_per_iteration % static.num_minibatches:

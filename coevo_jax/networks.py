@@ -1,6 +1,10 @@
 """Policy networks. Every policy maps observations ``[..., obs]`` to
 ``(logits [..., A], value [...], features [..., H])`` where ``features`` is the
 penultimate hidden state of the actor (what learned-reward networks read).
+With ``value_heads = 2`` (methods with a non-episodic bonus stream, see
+:class:`coevo_jax.signals.base.RewardStreams`) ``value`` is ``[..., 2]``: the
+critic of the episodic return and that of the intrinsic return, two heads on
+one critic torso as in Burda et al. (2018).
 
 The MLP follows PureJaxRL's PPO actor-critic (separate actor and critic
 torsos, orthogonal init with gain sqrt(2), 0.01 on the policy head).
@@ -59,11 +63,12 @@ def _act(name: str):
 
 
 class ActorCritic(nn.Module):
-    """MLP actor-critic. ``__call__(obs [..., D]) -> (logits [..., A], value [...], features [..., H])``."""
+    """MLP actor-critic. ``__call__(obs [..., D]) -> (logits [..., A], value [...] or [..., 2], features [..., H])``."""
 
     num_actions: int
     hidden_sizes: Sequence[int] = (64, 64)
     activation: str = "tanh"
+    value_heads: int = 1
 
     @nn.compact
     def __call__(self, obs):
@@ -77,8 +82,8 @@ class ActorCritic(nn.Module):
         v = x
         for i, width in enumerate(self.hidden_sizes):
             v = act(nn.Dense(width, kernel_init=orthogonal(np.sqrt(2)), name=f"critic_{i}")(v))
-        value = nn.Dense(1, kernel_init=orthogonal(1.0), name="critic_out")(v)[..., 0]
-        return logits, value, features
+        value = nn.Dense(self.value_heads, kernel_init=orthogonal(1.0), name="critic_out")(v)
+        return logits, value[..., 0] if self.value_heads == 1 else value, features
 
 
 def make_policy_network(static: StaticConfig, env, env_params) -> nn.Module:
@@ -99,8 +104,9 @@ def make_policy_network(static: StaticConfig, env, env_params) -> nn.Module:
             num_layers=static.num_layers,
             num_heads=static.num_heads,
             max_len=int(space.shape[-1]),
+            value_heads=static.value_heads,
         )
-    return ActorCritic(num_actions, tuple(static.hidden_sizes), static.activation)
+    return ActorCritic(num_actions, tuple(static.hidden_sizes), static.activation, static.value_heads)
 
 
 def features_dim(network: nn.Module, params, example_obs: jax.Array) -> int:

@@ -57,6 +57,31 @@ def gae(rewards, values, next_values, terminated, truncated, gamma, gae_lambda):
     return adv, adv + values
 
 
+def stream_advantages(streams, traj, hp):
+    """Advantages and value targets of a :class:`~coevo_jax.signals.base.RewardStreams`.
+
+    The episodic stream takes :func:`gae` with the trajectory's end flags and
+    the critic's first head; the intrinsic stream (if any) takes :func:`gae`
+    with no episode ends (its return runs on through resets, bootstrapping from
+    the second head at ``next_obs``) and the second head. The advantages add:
+    the signal has already weighted each stream. ``traj.value`` /
+    ``traj.next_value`` are ``[T, N]`` for one stream, ``[T, N, 2]`` for two.
+    Returns ``(advantages [T, N], targets [T, N] or [T, N, 2])``.
+    """
+    if streams.intrinsic is None:
+        return gae(streams.episodic, traj.value, traj.next_value, traj.terminated, traj.truncated,
+                   hp.gamma, hp.gae_lambda)
+    if traj.value.ndim != streams.intrinsic.ndim + 1:
+        raise ValueError("an intrinsic reward stream needs a policy with two value heads (StaticConfig.value_heads"
+                         f" = 2); the trajectory's values have shape {traj.value.shape}")
+    adv_e, target_e = gae(streams.episodic, traj.value[..., 0], traj.next_value[..., 0], traj.terminated,
+                          traj.truncated, hp.gamma, hp.gae_lambda)
+    never = jnp.zeros_like(traj.terminated)
+    adv_i, target_i = gae(streams.intrinsic, traj.value[..., 1], traj.next_value[..., 1], never, never,
+                          hp.gamma, hp.gae_lambda)
+    return adv_e + adv_i, jnp.stack([target_e, target_i], axis=-1)
+
+
 class PPOBatch(NamedTuple):
     """Training data for :func:`ppo_loss`: ``[B]`` samples, or ``[B, T]`` when
     ``obs`` is a :class:`~coevo_jax.transformer.PackedWindows` of ``B`` envs'
@@ -65,9 +90,9 @@ class PPOBatch(NamedTuple):
     obs: Any  # [B, ...] observations, or PackedWindows [B, P] / query [B, T]
     action: jax.Array  # [B] or [B, T]
     logp: jax.Array  # [B] behaviour log-probabilities
-    value: jax.Array  # [B] critic values at collection time
+    value: jax.Array  # [B] critic values at collection time ([B, 2] with two value heads)
     advantage: jax.Array  # [B]
-    target: jax.Array  # [B] value targets
+    target: jax.Array  # [B] value targets (like value)
     legal_mask: Any = None  # [B, A] (or [B, T, A]) bool legal actions, or None (all legal)
 
 
@@ -83,7 +108,8 @@ def ppo_loss(params, network: nn.Module, batch: PPOBatch, clip_eps, vf_coef, ent
     """Clipped-surrogate PPO loss on a ``[B]`` (or packed ``[B, T]``) batch.
 
     ``loss = -E[min(rho A, clip(rho, 1 +- eps) A)] + vf_coef * value_loss - ent_coef * entropy``
-    with the clipped value loss of PureJaxRL. Returns ``(loss, metrics)``.
+    with the clipped value loss of PureJaxRL (summed over the value heads when
+    there are two). Returns ``(loss, metrics)``.
     """
     logits, value, _ = policy_outputs(network, params, batch.obs)
     dist = distrax.Categorical(logits=mask_logits(logits, batch.legal_mask))
@@ -91,7 +117,10 @@ def ppo_loss(params, network: nn.Module, batch: PPOBatch, clip_eps, vf_coef, ent
     entropy = dist.entropy().mean()
 
     value_clipped = batch.value + jnp.clip(value - batch.value, -clip_eps, clip_eps)
-    value_loss = 0.5 * jnp.maximum((value - batch.target) ** 2, (value_clipped - batch.target) ** 2).mean()
+    value_err = jnp.maximum((value - batch.target) ** 2, (value_clipped - batch.target) ** 2)
+    if value_err.ndim > batch.advantage.ndim:  # two value heads: each head's loss counts in full
+        value_err = value_err.sum(-1)
+    value_loss = 0.5 * value_err.mean()
 
     adv = batch.advantage
     if normalize_advantages:

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from coevo_jax.transformer import restart_rows
+from envs_jax.core import provides
 
 
 class Trajectory(NamedTuple):
@@ -67,9 +68,9 @@ def mask_logits(logits: jax.Array, mask: jax.Array | None) -> jax.Array:
 
 
 def has_legal_mask(env) -> bool:
-    """Whether ``env`` (possibly wrapped) reports legal-action masks
+    """Whether ``env`` (possibly wrapped) declares legal-action masks
     (``env.legal_mask(state, params)`` and ``info["legal_mask"]``)."""
-    return hasattr(getattr(env, "unwrapped", env), "legal_mask")
+    return provides(env, "legal_mask")
 
 
 def current_legal_mask(env, env_params, env_state) -> jax.Array | None:

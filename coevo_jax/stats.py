@@ -1,53 +1,52 @@
 """Aggregate statistics over runs, after Agarwal et al. (2021), "Deep RL at the
-Edge of the Statistical Precipice": interquartile mean (IQM) and percentile
-bootstrap confidence intervals, plus steps-to-threshold. NumPy, host side.
+Edge of the Statistical Precipice": interquartile mean (IQM), percentile
+bootstrap confidence intervals and the probability of improvement, computed
+by that paper's library (``rliable``), plus steps-to-threshold. NumPy, host side.
 """
 from __future__ import annotations
 
 import numpy as np
+from rliable import library as rly
+from rliable import metrics
+
+
+def _finite(x) -> np.ndarray:
+    x = np.asarray(x, np.float64).ravel()
+    return x[np.isfinite(x)]
 
 
 def iqm(x: np.ndarray) -> float:
-    """Mean of the middle 50% of ``x`` (scores ``[R]``), NaNs dropped.
-
-    Uses fractional weights at the quartile boundaries, so it is exact for any
-    ``R`` (with ``R < 4`` it is the plain mean of the trimmed set).
-    """
-    x = np.sort(np.asarray(x, np.float64).ravel())
-    x = x[np.isfinite(x)]
-    n = len(x)
-    if n == 0:
-        return float("nan")
-    lo, hi = 0.25 * n, 0.75 * n
-    idx = np.arange(n)
-    w = np.clip(np.minimum(idx + 1, hi) - np.maximum(idx, lo), 0.0, 1.0)
-    return float((w * x).sum() / w.sum())
+    """Interquartile mean (25% trimmed mean, rliable's ``aggregate_iqm``) of
+    scores ``[R]``, NaNs dropped; NaN when nothing is left."""
+    x = _finite(x)
+    return float(metrics.aggregate_iqm(x[:, None])) if len(x) else float("nan")
 
 
 def bootstrap_ci(x: np.ndarray, stat=np.mean, n_boot: int = 2000, alpha: float = 0.05, seed: int = 0):
-    """Percentile bootstrap ``(low, high)`` of ``stat`` over runs ``x [R]`` (NaNs dropped)."""
-    x = np.asarray(x, np.float64).ravel()
-    x = x[np.isfinite(x)]
+    """Percentile bootstrap ``(low, high)`` of ``stat`` over runs ``x [R]`` (NaNs
+    dropped), by rliable's stratified bootstrap (one stratum)."""
+    x = _finite(x)
     if len(x) == 0:
         return float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(x), size=(n_boot, len(x)))
-    stats = np.array([stat(x[i]) for i in idx])
-    return float(np.quantile(stats, alpha / 2)), float(np.quantile(stats, 1 - alpha / 2))
+    _, ci = rly.get_interval_estimates({"x": x[:, None]}, lambda s: np.array([stat(s[:, 0])]), reps=n_boot,
+                                       confidence_interval_size=1.0 - alpha,
+                                       random_state=np.random.RandomState(seed))
+    return float(ci["x"][0, 0]), float(ci["x"][1, 0])
 
 
-def stratified_bootstrap_ci(groups: list, stat=iqm, n_boot: int = 2000, alpha: float = 0.05, seed: int = 0):
-    """Stratified bootstrap CI: resample runs within each group (e.g. each
-    environment), pool them, apply ``stat``. ``groups`` is a list of ``[R_g]`` arrays."""
-    groups = [np.asarray(g, np.float64).ravel() for g in groups]
-    groups = [g[np.isfinite(g)] for g in groups if np.isfinite(g).any()]
-    if not groups:
-        return float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    stats = np.empty(n_boot)
-    for b in range(n_boot):
-        stats[b] = stat(np.concatenate([g[rng.integers(0, len(g), len(g))] for g in groups]))
-    return float(np.quantile(stats, alpha / 2)), float(np.quantile(stats, 1 - alpha / 2))
+def probability_of_improvement(x: np.ndarray, y: np.ndarray, n_boot: int = 2000, alpha: float = 0.05,
+                               seed: int = 0) -> dict:
+    """P(X > Y) (ties count half) of per-run scores ``x [R]`` over ``y [R']``
+    (rliable's ``probability_of_improvement``) with its percentile bootstrap CI:
+    ``{"p", "ci_low", "ci_high"}``."""
+    x, y = _finite(x), _finite(y)
+    if len(x) == 0 or len(y) == 0:
+        return {"p": float("nan"), "ci_low": float("nan"), "ci_high": float("nan")}
+    point, ci = rly.get_interval_estimates({"xy": (x[:, None], y[:, None])}, metrics.probability_of_improvement,
+                                           reps=n_boot, confidence_interval_size=1.0 - alpha,
+                                           random_state=np.random.RandomState(seed))
+    low, high = np.ravel(ci["xy"])
+    return {"p": float(np.ravel(point["xy"])[0]), "ci_low": float(low), "ci_high": float(high)}
 
 
 def steps_to_threshold(curve: np.ndarray, steps: np.ndarray, threshold: float, smooth: int = 1) -> np.ndarray:
@@ -107,13 +106,14 @@ def tail_fraction_variance(curve: np.ndarray, frac: float = 0.25) -> np.ndarray:
 
 def iqm_along(x: np.ndarray, axis: int = 0) -> np.ndarray:
     """Vectorised :func:`iqm` along ``axis`` (NaNs dropped per slice; an
-    all-NaN slice gives NaN). Equals ``iqm`` applied to each slice."""
+    all-NaN slice gives NaN): the mean after cutting ``floor(n / 4)`` values
+    from each end, as ``scipy.stats.trim_mean(., 0.25)``."""
     x = np.moveaxis(np.asarray(x, np.float64), axis, -1)
     xs = np.sort(x, axis=-1)  # NaNs sort to the end
-    n = np.isfinite(xs).sum(-1, keepdims=True).astype(np.float64)
-    idx = np.arange(xs.shape[-1], dtype=np.float64)
-    w = np.clip(np.minimum(idx + 1, 0.75 * n) - np.maximum(idx, 0.25 * n), 0.0, 1.0)
-    w = np.where(np.isfinite(xs), w, 0.0)
+    n = np.isfinite(xs).sum(-1, keepdims=True)
+    cut = n // 4
+    idx = np.arange(xs.shape[-1])
+    w = ((idx >= cut) & (idx < n - cut)).astype(np.float64)
     wsum = w.sum(-1)
     out = np.where(np.isfinite(xs), xs, 0.0) * w
     return np.where(wsum > 0, out.sum(-1) / np.maximum(wsum, 1e-300), np.nan)

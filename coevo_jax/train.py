@@ -1,5 +1,5 @@
 """The generic training loop: rollout -> signal (observe, gated update,
-rewards) -> GAE -> PPO, for every method.
+rewards) -> GAE per reward stream -> PPO, for every method.
 
 ``make_train(static, env, env_params)`` returns ``train(key, hp) -> (state,
 metrics)``; ``jax.jit(jax.vmap(train))(keys, hps)`` runs a batch of seeds and
@@ -16,7 +16,7 @@ from flax import struct
 
 from coevo_jax.config import ConfigError, HParams, StaticConfig, as_arrays, validate_static
 from coevo_jax.networks import make_policy_network
-from coevo_jax.ppo import PPOBatch, gae, init_optimizer, ppo_update
+from coevo_jax.ppo import PPOBatch, init_optimizer, ppo_update, stream_advantages
 from coevo_jax.rollout import RolloutState, Trajectory, rollout
 from coevo_jax.signals import PolicyView, Signal, gated_update, make_signal
 from coevo_jax.transformer import pack_windows
@@ -157,30 +157,32 @@ class Trainer:
         return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
     # ------------------------------------------------------------------ one iteration
-    def learning_rate(self, state: TrainState, hp: HParams) -> jax.Array:
-        """``hp.lr``, linearly annealed to 0 over the run when ``static.anneal_lr``."""
+    def lr_frac(self, state: TrainState) -> jax.Array:
+        """The annealing factor of the learning rates: 1 -> 0 linearly over the run
+        when ``static.anneal_lr``, else 1. Learners that train beside the policy
+        (the learned reward) follow it too, so their lr / the policy's lr stays constant."""
         if not self.static.anneal_lr:
-            return hp.lr
-        frac = 1.0 - state.iteration.astype(jnp.float32) / self.static.num_iterations
-        return hp.lr * jnp.maximum(frac, 0.0)
+            return jnp.float32(1.0)
+        return jnp.maximum(1.0 - state.iteration.astype(jnp.float32) / self.static.num_iterations, 0.0)
 
     def iteration(self, state: TrainState, hp: HParams):
         """One rollout + signal + PPO update. Returns ``(state, metrics)``."""
         static = self.static
         key, k_roll, k_sig, k_ppo = jax.random.split(state.key, 4)
+        k_obs, k_sig = jax.random.split(k_sig)
         ro_state, traj = rollout(self.network, state.params, self.env, self.env_params, state.rollout, k_roll,
                                  static.rollout_len, self.decode_chunk)
-        lr = self.learning_rate(state, hp)
-        policy = PolicyView(self.network, state.params, state.opt_state, lr)
+        lr_frac = self.lr_frac(state)
+        lr = hp.lr * lr_frac
+        policy = PolicyView(self.network, state.params, state.opt_state, lr, lr_frac)
 
-        sig_state = self.signal.observe(state.signal_state, traj, hp)
+        sig_state, obs_metrics = self.signal.observe(state.signal_state, traj, hp, k_obs)
         do_update = (state.iteration % hp.k) == 0
         sig_state, upd_metrics = gated_update(self.signal, do_update, sig_state, traj, policy, hp, k_sig,
                                               self.batch_axis)
-        r_used, r_metrics = self.signal.rewards(sig_state, traj, hp)
+        sig_state, streams, r_metrics = self.signal.rewards(sig_state, traj, hp)
 
-        adv, targets = gae(r_used, traj.value, traj.next_value, traj.terminated, traj.truncated,
-                           hp.gamma, hp.gae_lambda)
+        adv, targets = stream_advantages(streams, traj, hp)
         batch = ppo_batch(traj, adv, targets, self.packed_chunk)
         params, opt_state, ppo_metrics = ppo_update(
             state.params, state.opt_state, self.network, batch, k_ppo, hp, lr,
@@ -190,7 +192,8 @@ class Trainer:
 
         new = TrainState(params, opt_state, sig_state, ro_state, key, state.iteration + 1, state.diverged,
                          last_return, last_success)
-        finite = _all_finite((params, sig_state, ppo_metrics, upd_metrics, r_metrics))
+        sig_metrics = {**obs_metrics, **upd_metrics, **r_metrics}
+        finite = _all_finite((params, sig_state, ppo_metrics, sig_metrics))
         diverged = jnp.logical_or(state.diverged, jnp.logical_not(finite))
         # A diverged run is frozen at its last finite state (only the counter moves on).
         new = jax.tree.map(lambda a, b: jnp.where(diverged, a, b), state, new)
@@ -201,9 +204,11 @@ class Trainer:
             **ep_metrics,
             **ppo_metrics,
             "lr": lr,
-            "r_used_mean": r_used.mean(),
-            "r_used_std": r_used.std(),
-            **{f"signal/{k}": v for k, v in {**upd_metrics, **r_metrics}.items()},
+            "r_used_mean": streams.episodic.mean(),
+            "r_used_std": streams.episodic.std(),
+            **({} if streams.intrinsic is None else {"r_intrinsic_mean": streams.intrinsic.mean(),
+                                                      "r_intrinsic_std": streams.intrinsic.std()}),
+            **{f"signal/{k}": v for k, v in sig_metrics.items()},
             "diverged": diverged.astype(jnp.float32),
         }
         return new, metrics

@@ -215,6 +215,7 @@ class TransformerActorCritic(nn.Module):
     num_layers: int = 2
     num_heads: int = 4
     max_len: int = dataclasses.field(kw_only=True)
+    value_heads: int = 1  # 2: critic heads for the episodic and the intrinsic return (value [..., 2])
 
     def setup(self):
         if self.d_model % self.num_heads:
@@ -227,7 +228,7 @@ class TransformerActorCritic(nn.Module):
         self.blocks = [Block(self.d_model, self.num_heads, name=f"block_{i}") for i in range(self.num_layers)]
         self.ln_f = nn.LayerNorm()
         self.policy_head = nn.Dense(self.num_actions, kernel_init=nn.initializers.normal(0.01 / math.sqrt(self.d_model)))
-        self.value_head = nn.Dense(1, kernel_init=nn.initializers.normal(1.0 / math.sqrt(self.d_model)))
+        self.value_head = nn.Dense(self.value_heads, kernel_init=nn.initializers.normal(1.0 / math.sqrt(self.d_model)))
 
     # -- helpers
     def _check(self, obs):
@@ -239,7 +240,12 @@ class TransformerActorCritic(nn.Module):
         return self.tok_embed(toks) + self.pos_embed[jnp.clip(pos, 0, self.max_len - 1)]
 
     def _heads(self, feats):
-        return self.policy_head(feats), self.value_head(feats)[..., 0]
+        value = self.value_head(feats)
+        return self.policy_head(feats), value[..., 0] if self.value_heads == 1 else value
+
+    def _vshape(self, shape: tuple) -> tuple:
+        """The value's shape for leading ``shape``: ``shape`` or ``shape + (heads,)``."""
+        return shape if self.value_heads == 1 else shape + (self.value_heads,)
 
     def _encode(self, toks: Array, pos: Array, mask: Array | None = None, query: Array | None = None):
         """Final hidden states of one pass over tokens ``[B, P]`` at buffer
@@ -277,7 +283,7 @@ class TransformerActorCritic(nn.Module):
         logits, value = self._heads(feats)
         return (
             logits.reshape(batch + (self.num_actions,)),
-            value.reshape(batch),
+            value.reshape(self._vshape(batch)),
             feats.reshape(batch + (self.d_model,)),
         )
 
@@ -291,7 +297,7 @@ class TransformerActorCritic(nn.Module):
         logits, value = self._heads(h)
         return (
             logits.reshape(batch + (l, self.num_actions)),
-            value.reshape(batch + (l,)),
+            value.reshape(self._vshape(batch + (l,))),
             h.reshape(batch + (l, self.d_model)),
         )
 
@@ -310,7 +316,7 @@ class TransformerActorCritic(nn.Module):
         logits, value = self._heads(feats)
         return (
             logits.reshape(batch + (t, self.num_actions)),
-            value.reshape(batch + (t,)),
+            value.reshape(self._vshape(batch + (t,))),
             feats.reshape(batch + (t, self.d_model)),
         )
 
@@ -345,7 +351,7 @@ class TransformerActorCritic(nn.Module):
         logits, value = self._heads(feats)
         out = (
             logits.reshape(batch + (self.num_actions,)),
-            value.reshape(batch),
+            value.reshape(self._vshape(batch)),
             feats.reshape(batch + (self.d_model,)),
         )
         shape = lambda a: a.reshape(batch + a.shape[1:])
@@ -414,7 +420,7 @@ class TransformerActorCritic(nn.Module):
         }
         out = (
             logits.reshape(batch + (self.num_actions,)),
-            value.reshape(batch),
+            value.reshape(self._vshape(batch)),
             feats.reshape(batch + (self.d_model,)),
         )
         return out, new_cache

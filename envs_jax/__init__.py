@@ -9,14 +9,17 @@ from envs_jax.core import (
     EnvParams,
     EnvState,
     Environment,
+    OPTIONAL_OUTPUTS,
     EpisodeStats,
     Wrapper,
     make,
+    provides,
     register,
     registered,
 )
 
 __all__ = [
     "Box", "DelayedReward", "DelayedRewardParams", "Discrete", "EnvParams", "EnvState",
-    "Environment", "EpisodeStats", "Wrapper", "adapters", "make", "register", "registered",
+    "Environment", "EpisodeStats", "OPTIONAL_OUTPUTS", "Wrapper", "adapters", "make", "provides", "register",
+    "registered",
 ]

@@ -3,7 +3,11 @@
 ``from_gymnax(env, params)`` accepts gymnax 1.0 environments (``step`` returns
 six values with ``terminated`` and ``truncated``) and older ones (five values
 ``obs, state, reward, done, info``; a ``done`` raised at the time limit counts
-as ``truncated``). Observations are cast to float32 and flattened.
+as ``truncated``). Observations are cast to float32 and flattened. The adapter
+steps the inner ``step_env`` and resets itself, so ``info["final_obs"]`` is
+always the observation the step reached (the old ``step`` only returns the
+reset one). The inner ``info`` is dropped: adapted envs report none of the
+optional outputs (``optional_outputs = ()``).
 """
 from __future__ import annotations
 
@@ -29,8 +33,12 @@ class GymnaxParams:
 
 
 class GymnaxAdapter(Environment):
-    """Wraps ``env`` (a gymnax ``Environment`` object). Episode time limits stay
-    the inner environment's; they are reported as ``truncated``."""
+    """Wraps ``env`` (a gymnax ``Environment`` object: ``reset_env``,
+    ``step_env``, ``step``, ``action_space``, and ``is_truncated`` for the 1.0
+    API). Episode time limits stay the inner environment's; they are reported
+    as ``truncated``."""
+
+    optional_outputs = ()
 
     def __init__(self, env: Any, params: Any = None):
         self._env = env
@@ -69,24 +77,32 @@ class GymnaxAdapter(Environment):
         return self.reset_env(key, params)
 
     def step(self, key, state, action, params=None):
+        """One transition with auto-reset, done here rather than by the inner
+        ``step``: the inner ``step_env`` (no reset), the flags, then the inner
+        ``reset_env`` selected where the episode ended, so ``info["final_obs"]``
+        is the true pre-reset observation for both ``step`` signatures (the old
+        five-value ``step`` hands back only the reset one)."""
         params = self.default_params if params is None else params
-        out = self._env.step(key, state.inner, action, params.inner)
+        key_step, key_reset = jax.random.split(key)  # as gymnax's own step
+        obs_st, inner_st, reward, done, _ = self._env.step_env(key_step, state.inner, action, params.inner)
+        term, trunc = self._flags(jnp.asarray(done, jnp.bool_), inner_st, state.time + 1, params)
+        ended = jnp.logical_or(term, trunc)
+        obs_re, inner_re = self._env.reset_env(key_reset, params.inner)
+        select = lambda re, st: jax.tree.map(lambda r, s: jnp.where(ended, r, s), re, st)
+        new = GymnaxState(select(inner_re, inner_st), jnp.where(ended, 0, state.time + 1).astype(jnp.int32))
+        obs = self._obs(select(obs_re, obs_st))
+        return obs, new, jnp.asarray(reward, jnp.float32), term, trunc, {"final_obs": self._obs(obs_st)}
+
+    def _flags(self, done, inner_st, time, params):
+        """``(terminated, truncated)`` from ``step_env``'s ``done`` flag. gymnax
+        1.0's ``done`` is the natural termination and ``is_truncated`` the time
+        limit; before 1.0 ``done`` included the time limit, so a ``done`` at
+        ``max_steps`` (``time``: steps taken, counted here) counts as truncated."""
         if self._six:
-            obs, inner, reward, term, trunc, info = out
-            final = info.get("final_observation", obs)
-            term = jnp.asarray(term, jnp.bool_)
-            trunc = jnp.logical_and(jnp.asarray(trunc, jnp.bool_), jnp.logical_not(term))
-        else:
-            obs, inner, reward, done, info = out
-            final = obs  # old API: no final observation; the reset one is all there is
-            timeout = state.time + 1 >= self._max_steps
-            done = jnp.asarray(done, jnp.bool_)
-            trunc = jnp.logical_and(done, timeout)
-            term = jnp.logical_and(done, jnp.logical_not(timeout))
-        done = jnp.logical_or(term, trunc)
-        info = {"final_obs": self._obs(final)}
-        time = jnp.where(done, 0, state.time + 1)
-        return self._obs(obs), GymnaxState(inner, time), jnp.asarray(reward, jnp.float32), term, trunc, info
+            trunc = jnp.asarray(self._env.is_truncated(inner_st, params.inner), jnp.bool_)
+            return done, jnp.logical_and(trunc, jnp.logical_not(done))
+        timeout = time >= params.max_steps
+        return jnp.logical_and(done, jnp.logical_not(timeout)), jnp.logical_and(done, timeout)
 
     def render(self, state, params=None) -> str:
         return f"{self.name} state: {jax.tree.map(lambda x: jnp.round(x, 3), state.inner)}"

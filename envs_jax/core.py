@@ -10,6 +10,15 @@ observation the step produced before the reset (for a step that does not end an
 episode it equals ``obs``). Time limits set ``truncated``; failing or finishing
 the task sets ``terminated``; the two are never both true.
 
+Beyond ``final_obs``, an environment may report the optional ``info`` keys of
+:data:`OPTIONAL_OUTPUTS`; it declares those it reports in its class attribute
+``optional_outputs``, which wrappers forward, and :func:`provides` reads:
+
+* ``"dense_reward"``: float32 ``()``, the reward plus a hand-designed shaping;
+* ``"success"``: bool ``()``, the task was solved on this step;
+* ``"legal_mask"``: bool ``(num_actions,)``, the legal actions for the returned
+  observation; the env then also has ``legal_mask(state, params)``.
+
 ``envs_jax`` depends on nothing in ``coevo_jax``.
 """
 from __future__ import annotations
@@ -21,6 +30,9 @@ import jax.numpy as jnp
 from flax import struct
 
 Array = jax.Array
+
+#: The optional ``info`` keys an environment may report (and must then declare).
+OPTIONAL_OUTPUTS = ("dense_reward", "success", "legal_mask")
 
 
 # ----------------------------------------------------------------------------- spaces
@@ -90,9 +102,13 @@ class Environment:
     ``step_env(key, state, action, params) -> (obs, state, reward, terminated, info)``
     must increment ``state.time``; truncation at ``params.max_steps`` and the
     auto-reset are added here. ``info`` must hold the same keys on every step.
+
+    ``optional_outputs`` names exactly the keys of :data:`OPTIONAL_OUTPUTS`
+    that ``info`` holds; test with :func:`provides`.
     """
 
     name: str = "Environment"
+    optional_outputs: tuple[str, ...] = ()
 
     # -- to implement
     @property
@@ -146,6 +162,14 @@ class Environment:
         return obs, state, jnp.asarray(reward, jnp.float32), terminated, truncated, info
 
 
+def provides(env: Environment, name: str) -> bool:
+    """True if ``env`` (wrapped or not) reports the optional ``info[name]``,
+    ``name`` one of :data:`OPTIONAL_OUTPUTS`."""
+    if name not in OPTIONAL_OUTPUTS:
+        raise ValueError(f"unknown optional output {name!r}; expected one of {OPTIONAL_OUTPUTS}")
+    return name in env.optional_outputs
+
+
 # ----------------------------------------------------------------------------- wrappers
 class Wrapper(Environment):
     """Delegates everything to ``env``; subclasses override what they change."""
@@ -160,6 +184,11 @@ class Wrapper(Environment):
     @property
     def unwrapped(self) -> Environment:
         return self._env.unwrapped if isinstance(self._env, Wrapper) else self._env
+
+    @property
+    def optional_outputs(self) -> tuple[str, ...]:
+        """The wrapped env's (a class attribute on the base would hide ``__getattr__``)."""
+        return self._env.optional_outputs
 
     @property
     def default_params(self):

@@ -7,9 +7,13 @@ co-evolved internal rewards (regression / ranking / novelty), the
 self-induced outcome potential (SIOP) and the meta-gradient reward (LIRPG,
 Zheng, Oh and Singh 2018) -- run with the same seeds and budget in one sweep
 (:mod:`coevo_jax.sweep`). Reported per (env, method): final-return IQM with a
-95% bootstrap CI, mean, success rate, and the median env steps to reach the
+95% bootstrap CI, mean, success rate, the probability of improvement over PPO
+(paired seeds, with its CI), and the median env steps to reach the
 threshold return (Agarwal et al. 2021, "Deep RL at the Edge of the Statistical
-Precipice").
+Precipice"). Every env also gets a ``random`` row: the uniform-random policy
+measured with the same rollout shape, seeds and "final" definition
+(:mod:`coevo_jax.controls`); an arm whose final success is below it is flagged
+in the ``below_random`` column.
 
     python sweeps/compare_methods.py --envs KeyDoor-5x5,FourRooms --num-seeds 8
 
@@ -124,6 +128,36 @@ def build_configs(args, notices):
     return configs
 
 
+def random_row(env_name: str, total_steps: int, num_seeds: int, seed: int) -> dict:
+    """The uniform-random control for ``env_name``: final success / return
+    (last 10% of iterations, as every arm), IQM with its 95% bootstrap CI."""
+    import jax
+
+    import envs_jax
+    from coevo_jax import stats
+    from coevo_jax.controls import uniform_random_curves
+
+    env, params = envs_jax.make(env_name)
+    static = static_for("ppo", total_steps)
+    keys = jax.random.split(jax.random.PRNGKey(seed), num_seeds)
+    curves = jax.jit(jax.vmap(lambda k: uniform_random_curves(static, env, params, k)))(keys)
+    final = stats.tail_fraction_mean(np.asarray(curves["episode_return"]), 0.1)
+    s = stats.summarize(final, seed=seed)
+    return {"env": env_name, "method": "random", "n_seeds": num_seeds, "n_diverged": 0,
+            "final_return_iqm": s["iqm"], "final_return_ci_low": s["ci_low"], "final_return_ci_high": s["ci_high"],
+            "final_return_mean": s["mean"],
+            "final_success_mean": float(np.mean(stats.tail_fraction_mean(np.asarray(curves["success_rate"]), 0.1))),
+            "steps_to_threshold_median": float("nan"), "threshold": float("nan")}
+
+
+def flag_below_random(rows: list) -> list:
+    """Add ``below_random`` (``"yes"`` / ``""``) to every row: final success below
+    the same env's random row's."""
+    floor = {r["env"]: r["final_success_mean"] for r in rows if r["method"] == "random"}
+    return [{**r, "below_random": "yes" if r["method"] != "random" and r["final_success_mean"] < floor.get(
+        r["env"], -np.inf) else ""} for r in rows]
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from coevo_jax import plots, stats
@@ -163,6 +197,13 @@ def main(argv=None) -> int:
             rows.append({k: r[k] for k in ("env", "method", "n_seeds", "n_diverged", "final_return_iqm",
                                              "final_return_ci_low", "final_return_ci_high", "final_return_mean",
                                              "final_success_mean", "steps_to_threshold_median", "threshold")})
+        rows.append(random_row(res.config.env, args.total_steps, args.num_seeds, args.seed))
+        base = intervals[res.config.env].get("ppo")
+        for r in rows:
+            if r["env"] == res.config.env and r["method"] in intervals[res.config.env] and base is not None:
+                poi = stats.probability_of_improvement(intervals[res.config.env][r["method"]], base)
+                r.update(poi_over_ppo=poi["p"], poi_ci_low=poi["ci_low"], poi_ci_high=poi["ci_high"])
+    rows = flag_below_random(rows)
     os.makedirs(args.out, exist_ok=True)
     atomic_write_text(os.path.join(args.out, "comparison.csv"), rows_to_csv(rows))
     plots.plot_learning_curves(panels, os.path.join(args.out, "sample_efficiency.png"),

@@ -1,12 +1,12 @@
-"""The environment contract, for every registered environment and the gymnax adapter."""
-import gymnax
+"""The environment contract, for every registered environment (the gymnax
+adapter's own tests are in ``test_adapters.py``)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import envs_jax
-from envs_jax.adapters import from_gymnax
+from envs_jax import OPTIONAL_OUTPUTS, provides
 
 STEPS = 64
 
@@ -51,67 +51,34 @@ def test_contract(name):
     same = np.all(np.asarray(final == nxt).reshape(done.shape + (-1,)), axis=-1)
     assert same[~done].all()
     assert np.isfinite(np.asarray(rew)).all()
+    # the optional info keys are exactly the declared ones
+    assert set(env.optional_outputs) <= set(OPTIONAL_OUTPUTS)
+    assert set(info) & set(OPTIONAL_OUTPUTS) == set(env.optional_outputs)
+    assert env.optional_outputs == envs_jax.EpisodeStats(env).optional_outputs  # wrappers forward them
+    _, state = env.reset(key, params)
+    if provides(env, "legal_mask"):
+        assert info["legal_mask"].shape[1:] == (act_space.n,) and info["legal_mask"].dtype == jnp.bool_
+        assert env.legal_mask(state, params).shape == (act_space.n,)
+    if provides(env, "dense_reward"):
+        assert info["dense_reward"].dtype == jnp.float32
+    if provides(env, "success"):
+        assert info["success"].dtype == jnp.bool_
     if not name.startswith(("CartPole", "Acrobot", "Mountain")):
         # the project's own envs: info keys for the baselines, and a text drawing
-        assert {"success", "dense_reward"} <= set(info)
-        _, state = env.reset(key, params)
+        assert {"success", "dense_reward"} <= set(env.optional_outputs)
         text = env.render(state, params)
         assert isinstance(text, str) and len(text) > 0
 
 
-def test_truncation_at_time_limit_not_termination():
-    env, params = envs_jax.make("CartPole-v1")
-    # an episode of CartPole that never falls is cut at 500: use a tiny limit to see it quickly
-    genv, gparams = gymnax.make("CartPole-v1")
-    gparams = gparams.replace(max_steps_in_episode=5)
-    env = from_gymnax(genv, gparams)
-    params = env.default_params
-    key = jax.random.PRNGKey(0)
-    obs, state = env.reset(key, params)
-    flags = []
-    for t in range(5):
-        obs, state, r, term, trunc, info = env.step(jax.random.PRNGKey(t), state, jnp.int32(t % 2), params)
-        flags.append((bool(term), bool(trunc)))
-    assert flags[-1] == (False, True) and all(f == (False, False) for f in flags[:-1])
-    # after the reset the observation is fresh, while final_obs holds the pre-reset one
-    assert not np.allclose(obs, info["final_obs"])
-
-
-class _OldStyle:
-    """A gymnax environment seen through the pre-1.0 five-value ``step``."""
-
-    def __init__(self, env):
-        self.env = env
-        self.default_params = env.default_params
-
-    def reset(self, key, params):
-        return self.env.reset(key, params)
-
-    def reset_env(self, key, params):
-        return self.env.reset_env(key, params)
-
-    def step(self, key, state, action, params):
-        obs, state, reward, term, trunc, info = self.env.step(key, state, action, params)
-        return obs, state, reward, jnp.logical_or(term, trunc), {}
-
-    def action_space(self, params):
-        return self.env.action_space(params)
-
-
-def test_adapter_accepts_old_five_value_step():
-    genv, gparams = gymnax.make("CartPole-v1")
-    new, old = from_gymnax(genv, gparams), from_gymnax(_OldStyle(genv), gparams)
-    assert new._six and not old._six
-    key = jax.random.PRNGKey(2)
-    o1, s1 = new.reset(key)
-    o2, s2 = old.reset(key)
-    for t in range(30):
-        k = jax.random.PRNGKey(100 + t)
-        o1, s1, r1, te1, tr1, _ = new.step(k, s1, jnp.int32(1), new.default_params)
-        o2, s2, r2, te2, tr2, _ = old.step(k, s2, jnp.int32(1), old.default_params)
-        np.testing.assert_allclose(o1, o2)
-        assert (bool(te1), bool(tr1), float(r1)) == (bool(te2), bool(tr2), float(r2))
-    assert any([True])
+def test_provides_and_wrappers_forward_declarations():
+    env, _ = envs_jax.make("TextMaze")
+    assert all(provides(env, k) for k in OPTIONAL_OUTPUTS)
+    delayed, _ = envs_jax.make("KeyDoor-5x5", reward_freq=3)
+    stacked = envs_jax.EpisodeStats(delayed)
+    assert stacked.optional_outputs == delayed.optional_outputs == ("dense_reward", "success")
+    assert provides(stacked, "success") and not provides(stacked, "legal_mask")
+    with pytest.raises(ValueError, match="unknown optional output 'reward'"):
+        provides(env, "reward")
 
 
 def test_delayed_reward_pays_same_total_every_d_steps():

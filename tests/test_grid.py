@@ -13,7 +13,7 @@ import envs_jax
 from envs_jax.grid import (
     FourRooms, FourRoomsState, KeyDoor, optimal_advantage, optimal_distances, optimal_steps_to_goal,
 )
-from envs_jax.grid.keydoor import KeyDoorState, config_of, transition
+from envs_jax.grid.keydoor import KeyDoorState, config_of, subgoal_distance, transition
 
 SIZES = (5, 6, 8)
 INFO_KEYS = {"success", "dense_reward", "phase", "final_obs"}
@@ -252,7 +252,8 @@ def test_reset_layouts_valid(size):
 @pytest.mark.parametrize("size", SIZES)
 def test_scripted_shortest_path_policy(size):
     """BFS-optimal actions, stepped through ``env.step``, reach the goal on 20 layouts
-    at exactly the predicted step with reward ``1 - 0.9 t / T``."""
+    at exactly the predicted step with reward ``1 - 0.9 t / T``, and the dense
+    reward's shaping pays every one of them."""
     name = f"KeyDoor-{size}x{size}"
     env, params, fns = _env(name)
     T = int(params.max_steps)
@@ -279,8 +280,10 @@ def test_scripted_shortest_path_policy(size):
             out = fns["step"](_keys(1000 * size + 10 * group + t), states, jnp.asarray(actions), params)
             _, states, reward, term, trunc, info = out
             reward, term, trunc = np.asarray(reward), np.asarray(term), np.asarray(trunc)
+            shaping = np.asarray(info["dense_reward"]) - reward
             for i in np.nonzero(~done)[0]:
                 assert not trunc[i]
+                assert shaping[i] > 0  # the oracle pays every optimal step (the goal step: -Phi(s))
                 if t == d0[i]:
                     assert term[i] and bool(info["success"][i]) and int(info["phase"][i]) == 2
                     assert reward[i] == pytest.approx(1 - 0.9 * t / T, rel=1e-6)
@@ -291,80 +294,85 @@ def test_scripted_shortest_path_policy(size):
 
 
 # ----------------------------------------------------------------------------- shaping
-def _run_episodes(name, params, policy, seed, max_len):
-    """One episode in each of ``B`` envs (reset states ``B*seed ..``) through
-    ``env.step``; returns per env (sum dense, sum reward, Phi(s0), Phi(final
-    pre-reset state), terminated)."""
-    env, _, fns = _env(name)
-    states = _slice(_resets(name)[1], B * seed, B * (seed + 1))
-    phi0 = np.asarray(fns["potential"](states, params))
-    dense, rew = np.zeros(B), np.zeros(B)
-    phi_end, terminated = np.full(B, np.nan), np.zeros(B, bool)
-    ended = np.zeros(B, bool)
-    rng = np.random.default_rng(seed)
-    for t in range(max_len):
-        keys = _keys(seed * 1000 + t)
-        actions = jnp.asarray(policy(states, rng), jnp.int32)
-        out = fns["step"](keys, states, actions, params)
-        _, new_states, r, term, trunc, info = out
-        done = np.asarray(term) | np.asarray(trunc)
-        live = ~ended
-        dense[live] += np.asarray(info["dense_reward"])[live]
-        rew[live] += np.asarray(r)[live]
-        if np.any(done & live):
-            step_keys = jax.vmap(lambda k: jax.random.split(k)[0])(keys)
-            obs_pre, pre, *_ = fns["step_env"](step_keys, states, actions, params)  # pre-reset states
-            np.testing.assert_array_equal(np.asarray(obs_pre), np.asarray(info["final_obs"]))
-            phi_pre = np.asarray(fns["potential"](pre, params))
-            first = done & live
-            phi_end[first] = phi_pre[first]
-            terminated[first] = np.asarray(term)[first]
-            ended |= first
-        if ended.all():
-            return dense, rew, phi0, phi_end, terminated
-        states = new_states
-    raise AssertionError("episodes did not end")
+def _shaping_rollout(name, params, num_envs=32, steps=400, seed=0):
+    """Random-policy rollouts through ``env.step`` in one compiled program.
+
+    Returns float64 / bool numpy arrays ``[num_envs, steps]``: the shaping
+    ``dense_reward - reward``, ``Phi(s_t)``, ``Phi`` of the state the step
+    reached (before any auto-reset, replayed with ``step_env`` on the step's
+    own key), ``terminated`` and ``truncated``.
+    """
+    env = _env(name)[0]
+    space = env.action_space(params)
+
+    def episode(key):
+        k0, key = jax.random.split(key)
+        _, state = env.reset(k0, params)
+
+        def step(state, k):
+            ka, ks = jax.random.split(k)
+            action = space.sample(ka)
+            _, nxt, r, term, trunc, info = env.step(ks, state, action, params)
+            reached = env.step_env(jax.random.split(ks)[0], state, action, params)[1]
+            phis = (env.potential(state, params), env.potential(reached, params))
+            return nxt, (info["dense_reward"] - r, *phis, term, trunc)
+
+        return jax.lax.scan(step, state, jax.random.split(key, steps))[1]
+
+    out = jax.jit(jax.vmap(episode))(jax.random.split(jax.random.key(seed), num_envs))
+    shaping, phi, phi_reached, term, trunc = (np.asarray(x) for x in out)
+    return shaping.astype(np.float64), phi.astype(np.float64), phi_reached.astype(np.float64), term, trunc
 
 
-def test_dense_reward_telescopes_keydoor():
-    name = "KeyDoor-6x6"
-    env, params, fns = _env(name)
-    tables = {}
-
-    def eps_greedy(states, rng):
-        nxt = _configs(fns["try_all"](states))  # (B, 6) configurations after each action
-        actions = rng.integers(6, size=B)
-        for i in range(B):
-            h = _unbatch(states, i)
-            layout = (tuple(h.door_pos), tuple(h.key_pos))
-            if layout not in tables:
-                tables[layout] = optimal_distances(h)
-            if rng.random() > 0.3:
-                actions[i] = int(np.argmin([tables[layout][tuple(c[i, a] for c in nxt)] for a in range(6)]))
-        return actions
-
-    dense, rew, phi0, phi_end, terminated = _run_episodes(name, params, eps_greedy, seed=3, max_len=120)
-    assert terminated.all() and np.all(rew > 0)
-    np.testing.assert_allclose(phi_end, 0.2, rtol=1e-6)  # phase 2, distance 0
-    np.testing.assert_allclose(dense - rew, phi_end - phi0, atol=1e-5)
-    assert np.all(np.abs(dense - rew) > 0.05)  # the shaping is not trivial
-
-    short = params.replace(max_steps=15)
-    random_policy = lambda states, rng: rng.integers(6, size=B)
-    dense, rew, phi0, phi_end, terminated = _run_episodes(name, short, random_policy, seed=4, max_len=15)
-    assert not terminated.any()
-    np.testing.assert_allclose(dense - rew, phi_end - phi0, atol=1e-5)
+@pytest.mark.parametrize("name,max_steps,gamma", [("KeyDoor-5x5", 50, 0.99), ("FourRooms", 60, 0.9)])
+def test_dense_reward_is_discounted_potential_shaping(name, max_steps, gamma):
+    """``dense - reward = gamma Phi(s') - Phi(s)`` with ``Phi(terminal) = 0``:
+    over every complete episode of random play (some reach the goal, some time
+    out) the discounted shaping sums to ``gamma**T Phi(s_T) [not terminated] -
+    Phi(s_0)``, a goal-reaching step pays exactly ``-Phi(s)``, a time-out keeps
+    ``Phi(s_T)``, and ``Phi`` lies in ``[-shaping_scale, 0]``."""
+    env, params, _ = _env(name)
+    params = params.replace(max_steps=max_steps, shaping_gamma=gamma)
+    shaping, phi, phi_reached, term, trunc = _shaping_rollout(name, params)
+    assert term.sum() >= 3 and trunc.sum() >= 3  # both kinds of episode end occur
+    scale = float(params.shaping_scale)
+    assert np.all(phi >= -scale - 1e-6) and np.all(phi <= 0.0) and np.all(phi_reached[term] == 0.0)
+    np.testing.assert_allclose(shaping[term], -phi[term], atol=1e-6)  # Phi(terminal) = 0
+    np.testing.assert_allclose(shaping[trunc], gamma * phi_reached[trunc] - phi[trunc], atol=1e-6)
+    assert np.all(phi_reached[trunc] < 0)  # time-outs keep a non-zero potential
+    checked = 0
+    for i in range(shaping.shape[0]):
+        start = 0
+        for end in np.flatnonzero(term[i] | trunc[i]):
+            discounts = gamma ** np.arange(end + 1 - start)
+            total = np.sum(discounts * shaping[i, start:end + 1])
+            want = gamma ** (end + 1 - start) * phi_reached[i, end] * (not term[i, end]) - phi[i, start]
+            assert total == pytest.approx(want, abs=2e-5)
+            start, checked = end + 1, checked + 1
+    assert checked == term.sum() + trunc.sum()
 
 
-def test_dense_reward_telescopes_fourrooms():
-    name = "FourRooms"
-    env, params, fns = _env(name)
-    dense, rew, phi0, phi_end, terminated = _run_episodes(
-        name, params.replace(max_steps=25), lambda states, rng: rng.integers(4, size=B), seed=5, max_len=25
-    )
-    assert not terminated.any() and np.all(rew == 0.0)
-    np.testing.assert_allclose(dense - rew, phi_end - phi0, atol=1e-5)
-    assert np.all(phi0 < 0)
+def test_shaping_scale_and_subgoal_distance_bound():
+    """``max_dist`` really bounds the sub-goal distance (so ``Phi >= -scale`` and
+    later phases score higher): the worst case, door open at one end of the
+    wall and the agent in the far corner of the left room, reaches it."""
+    for size in SIZES:
+        env = KeyDoor(size)
+        wall_x = size - 3
+        walls = np.zeros((size, size), bool)
+        walls[[0, -1], :] = walls[:, [0, -1]] = True
+        walls[2:size - 1, wall_x] = True
+        state = KeyDoorState(
+            time=jnp.int32(0), walls=jnp.asarray(walls), agent_pos=jnp.array([1, size - 2], jnp.int32),
+            agent_dir=jnp.int32(0), key_pos=jnp.array([1, 1], jnp.int32), has_key=jnp.bool_(True),
+            door_pos=jnp.array([wall_x, 1], jnp.int32), door_open=jnp.bool_(True),
+            goal_pos=jnp.array([size - 2, size - 2], jnp.int32),
+        )
+        assert int(subgoal_distance(state)) == env.max_dist == optimal_steps_to_goal(state)
+        params = env.default_params
+        assert float(env.potential(state, params)) == pytest.approx(-float(params.shaping_scale) / 3)
+        at_goal = state.replace(agent_pos=state.goal_pos)
+        assert float(env.potential(at_goal, params)) == 0.0
 
 
 # ----------------------------------------------------------------------------- FourRooms
@@ -404,15 +412,19 @@ def test_fourrooms_layout_distances_and_optimal_play():
             for i in range(B):
                 actions[i] = int(np.argmin([D[idx(*(a[i] + dirs[k])), idx(*g[i])] for k in range(4)]))
             _, states, r, term, trunc, info = fns["step"](_keys(50 * group + t), states, jnp.asarray(actions), params)
+            gamma = float(params.shaping_gamma)
             for i in np.nonzero(~done)[0]:
+                d = d0[i] - (t - 1)  # distance before this step
+                shaping = float(info["dense_reward"][i]) - float(r[i])
                 if t == d0[i]:
                     assert bool(term[i]) and bool(info["success"][i])
                     assert float(r[i]) == pytest.approx(1 - 0.9 * t / 200, rel=1e-6)
+                    assert shaping == pytest.approx(1 / 20, abs=1e-6)  # -Phi(s), as Phi(goal) = 0
                     done[i] = True
                 else:
                     assert not bool(term[i]) and float(r[i]) == 0.0
-                    # an optimal step shortens the true distance by one: shaping +0.1 / 20
-                    assert float(info["dense_reward"][i]) == pytest.approx(0.1 / 20, abs=1e-6)
+                    # Phi = -d / 20 and an optimal step shortens d by one
+                    assert shaping == pytest.approx((d - gamma * (d - 1)) / 20, abs=1e-6)
         assert done.all()
 
 

@@ -1,9 +1,13 @@
-"""Tests of the co-evolving internal reward (coevo_jax/signals/learned.py) and
-of the co-evolution diagnostics (coevo_jax/diagnostics.py)."""
+"""Tests of the co-evolving internal reward (coevo_jax/signals/learned.py), of
+the shared reward network (coevo_jax/reward_net.py) and of the co-evolution
+diagnostics (coevo_jax/diagnostics.py)."""
+import collections
 import math
 import types
+from functools import partial
 
 import jax
+import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -11,7 +15,13 @@ import pytest
 import coevo_jax as cj
 import envs_jax
 from coevo_jax import diagnostics
+from coevo_jax import reward_net as RN
+from coevo_jax.signals import PolicyView, init_return_scale
+from coevo_jax.signals.base import flat_obs
 from coevo_jax.signals import learned as L
+
+#: what ``update`` reads of the policy: its annealing factor (here 1: no annealing)
+POLICY = PolicyView(None, None, None, jnp.float32(0.0), jnp.float32(1.0))
 
 
 def softplus(x):
@@ -46,21 +56,39 @@ def test_ranking_loss_by_hand():
     assert float(tie) == 0.0
 
 
-def test_novelty_pieces_by_hand():
+def test_rnd_error_and_streams_by_hand():
+    """Item 4: R_phi (a decomposition of the return) stays raw in the episodic
+    stream; the RND bonus goes to the non-episodic intrinsic stream, divided by
+    the std of its (non-episodic) discounted returns when normalize_int, never shifted."""
     pred = jnp.array([[1.0, 2.0], [0.0, 0.0]])
     target = jnp.array([[0.0, 0.0], [1.0, 1.0]])
-    err = L.rnd_error(pred, target)  # (1 + 4) / 2, (1 + 1) / 2
+    err = RN.rnd_error(pred, target)  # (1 + 4) / 2, (1 + 1) / 2
     np.testing.assert_allclose(np.asarray(err), [2.5, 1.0])
-    r_int = L.internal_reward(jnp.array([0.1, -0.2]), err, 0.5)
-    np.testing.assert_allclose(np.asarray(r_int), [0.1 + 1.25, -0.2 + 0.5], rtol=1e-6)
+    # [T=2, N=1]
+    r_ext, r_phi, bonus = jnp.array([[0.0], [1.0]]), jnp.array([[0.1], [-0.2]]), jnp.array([[2.0], [1.0]])
+    hp = cj.default_hparams("coevo-novelty", beta_ext=2.0, beta_int=0.5, novelty_coef=3.0, gamma=0.5,
+                            normalize_int=1.0)
+    scale0 = init_return_scale(1)
+    _, raw = L.coevo_streams(r_ext, r_phi, None, scale0, hp)  # regression / ranking: one stream, never normalised
+    np.testing.assert_allclose(np.asarray(raw.episodic), [[0.05], [1.9]], rtol=1e-6)
+    assert raw.intrinsic is None
+    scale, st = L.coevo_streams(r_ext, r_phi, bonus, scale0, hp)
+    np.testing.assert_allclose(np.asarray(st.episodic), np.asarray(raw.episodic))
+    np.testing.assert_allclose(np.asarray(scale.ret), [2.0])  # the running return: 2, then 0.5 * 2 + 1
+    scale2, st2 = L.coevo_streams(r_ext, r_phi, bonus, scale, hp)
+    # running returns over both batches: 2, 2, 3, 2.5 (gamma 0.5, never reset) -> population std of all four
+    std = np.std([2.0, 2.0, 3.0, 2.5])
+    np.testing.assert_allclose(np.asarray(st2.intrinsic), 3.0 * np.asarray(bonus) / std, rtol=1e-5)
+    _, off = L.coevo_streams(r_ext, r_phi, bonus, scale, hp.replace(normalize_int=0.0))
+    np.testing.assert_allclose(np.asarray(off.intrinsic), 3.0 * np.asarray(bonus), rtol=1e-6)
 
 
 def test_anti_collusion_terms_and_total_by_hand():
     r_old = R - np.array([[0.1, 0.2, 5.0], [0.0, 0.0, 0.3], [0.0, 0.0, 0.0], [9.0, 9.0, 9.0]], np.float32)
     mask = MASK * VALID[:, None]  # as buffer_mask: the invalid episode's row is zero
-    # drift: masked squared changes 0.01, 0.04 | 0, 0, 0.09 | 0, 0, 0 over 8 steps
+    # drift: per episode n_e * sum of masked squared changes: 2 * (0.01 + 0.04) | 3 * 0.09 | 0, over 3 episodes
     drift = L.drift_loss(jnp.asarray(R), jnp.asarray(r_old), jnp.asarray(mask))
-    assert float(drift) == pytest.approx((0.01 + 0.04 + 0.09) / 8, rel=1e-5)
+    assert float(drift) == pytest.approx((0.1 + 0.27) / 3, rel=1e-5)
     pre = np.array([[1.0, -2.0, 9.0], [0.5, 0.0, 0.0], [3.0, 0.0, 0.0], [9.0, 9.0, 9.0]], np.float32)
     extreme = L.extreme_loss(jnp.asarray(pre), jnp.asarray(mask))
     assert float(extreme) == pytest.approx((1 + 4 + 0.25 + 9) / 8, rel=1e-6)
@@ -68,12 +96,12 @@ def test_anti_collusion_terms_and_total_by_hand():
     args = (jnp.asarray(R), jnp.asarray(pre), jnp.asarray(r_old), jnp.asarray(mask), jnp.asarray(RET),
             jnp.asarray(VALID), hp)
     total, m = L.reward_objective(*args, "regression")
-    assert float(total) == pytest.approx(2.0 * 1.16 / 3 + 0.5 * 0.14 / 8 + 0.1 * 14.25 / 8, rel=1e-5)
+    assert float(total) == pytest.approx(2.0 * 1.16 / 3 + 0.5 * 0.37 / 3 + 0.1 * 14.25 / 8, rel=1e-5)
     assert float(m["fit_loss"]) == pytest.approx(1.16 / 3, rel=1e-6)
     total_rank, m_rank = L.reward_objective(*args, "ranking")
     bt = (softplus(-0.6) + softplus(-2.0) + softplus(-2.6)) / 3
     assert float(m_rank["fit_loss"]) == pytest.approx(bt, rel=1e-5)
-    assert float(total_rank) == pytest.approx(2.0 * bt + 0.5 * 0.14 / 8 + 0.1 * 14.25 / 8, rel=1e-5)
+    assert float(total_rank) == pytest.approx(2.0 * bt + 0.5 * 0.37 / 3 + 0.1 * 14.25 / 8, rel=1e-5)
 
 
 def test_pearson_by_hand():
@@ -86,7 +114,7 @@ def test_pearson_by_hand():
 
 
 def test_reward_net_output_in_unit_interval():
-    net = L.RewardNet(num_actions=3, hidden=(16, 16), action_embed_dim=4)
+    net = RN.RewardNet(num_actions=3, hidden=(16, 16), action_embed_dim=4)
     feats = jax.random.normal(jax.random.PRNGKey(0), (64, 8))
     acts = jnp.arange(64) % 3
 
@@ -121,60 +149,42 @@ def _rollout_arrays(rollout: int, done_steps, rewards):
         jnp.asarray(ep_ret)
 
 
-def test_episode_buffer_across_rollout_boundaries():
-    """L = 4, 8 train slots, 2 validation slots. Env 0: A = r1 t0-2 (ends), B = r1 t3-4 + r2 t0-1,
-    C = r2 t2-4 (in progress). Env 1: D = r1 t0-4 + r2 t0-1 (7 steps: last 4 kept), E = r2 t2-3,
+def test_observe_fills_the_episode_replay():
+    """``observe`` stores complete episodes in the replay of coevo_jax.episodes: per
+    step R_phi's input x, the action and the external reward, per episode the whole
+    return; every 4th committed episode is held out. L = 4, 8 train slots, 2
+    validation slots. Env 0: A = r1 t0-2 (ends), B = r1 t3-4 + r2 t0-1, C = r2 t2-4
+    (in progress). Env 1: D = r1 t0-4 + r2 t0-1 (7 steps: last 4 kept), E = r2 t2-3,
     F = r2 t4 (in progress). Commit order A, B, D, E: E is the 4th -> validation."""
-    buf, val, seg = L.empty_buffer(8, 4, 1), L.empty_buffer(2, 4, 1), L.empty_segments(2, 4, 1)
-    obs = jax.jit(L.observe_episodes)
-    r1 = _rollout_arrays(1, [(2, 0)], {(2, 0): (1.0, 1.0), (1, 1): (0.5, None)})
-    buf, val, seg, committed = obs(buf, val, seg, jnp.int32(0), *r1)
-    assert int(committed) == 1 and int(buf.count) == 1 and int(val.count) == 0
-    np.testing.assert_array_equal(np.asarray(buf.features[0, :3, 0]), [10, 11, 12])
-    np.testing.assert_array_equal(np.asarray(seg.length), [2, 5])
-    np.testing.assert_array_equal(np.asarray(seg.features[0, :2, 0]), [13, 14])
-    # env 1 has 5 steps so far: positions 1..4 kept at rows 1, 2, 3, 0
-    np.testing.assert_array_equal(np.asarray(seg.features[1, :, 0]), [114, 111, 112, 113])
+    env, p = envs_jax.make("CartPole-v1")
+    static = cj.StaticConfig(method="coevo-regression", reward_hidden=(4,), action_embed_dim=2, buffer_episodes=8,
+                             max_episode_len=4)
+    signal = L.make_learned(static, None, env, p)
+    hp = cj.default_hparams("coevo-regression")
 
-    r2 = _rollout_arrays(2, [(1, 0), (1, 1), (3, 1)],
-                         {(0, 0): (0.25, None), (1, 0): (0.0, 0.25), (1, 1): (1.0, 1.5), (3, 1): (2.0, 2.0)})
-    buf, val, seg, committed = obs(buf, val, seg, committed, *r2)
-    assert int(committed) == 4 and int(buf.count) == 3 and int(val.count) == 1
-    np.testing.assert_array_equal(np.asarray(buf.valid), [1, 1, 1, 0, 0, 0, 0, 0])
-    np.testing.assert_array_equal(np.asarray(buf.length[:3]), [3, 4, 7])
-    np.testing.assert_array_equal(np.asarray(buf.features[1, :, 0]), [13, 14, 20, 21])  # B across the boundary
-    np.testing.assert_array_equal(np.asarray(buf.features[2, :, 0]), [114, 120, 121, 113])  # D: positions 3..6
-    np.testing.assert_array_equal(np.asarray(buf.actions[2]), np.array([114, 120, 121, 113]) % 3)
-    np.testing.assert_allclose(np.asarray(buf.ret[:3]), [1.0, 0.25, 1.0])  # D's 0.5 at position 1 is cut
-    np.testing.assert_allclose(np.asarray(buf.full_return[:3]), [1.0, 0.25, 1.5])
-    mask = np.asarray(L.buffer_mask(buf))
-    np.testing.assert_array_equal(mask[:3], [[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 1, 1]])
-    assert mask[3:].sum() == 0
-    # validation: E only
-    np.testing.assert_array_equal(np.asarray(val.valid), [1, 0])
-    np.testing.assert_array_equal(np.asarray(val.features[0, :2, 0]), [122, 123])
-    assert int(val.length[0]) == 2 and float(val.ret[0]) == 2.0
-    # in progress: C (3 steps) and F (1 step)
-    np.testing.assert_array_equal(np.asarray(seg.length), [3, 1])
-    np.testing.assert_array_equal(np.asarray(seg.features[0, :3, 0]), [22, 23, 24])
-    assert float(seg.features[1, 0, 0]) == 124
+    def traj(arrays):  # a pytree with the fields observe reads
+        return collections.namedtuple("Rollout", "features action reward episode_done episode_return")(*arrays)
 
-
-def test_episode_buffer_keeps_most_recent_when_overfull():
-    """Ten one-step episodes per env in one rollout of T=10, N=1 into 4 train slots: the last three
-    train episodes survive (episode c goes to validation when c % 4 == 3)."""
-    T = 10
-    f = jnp.arange(T, dtype=jnp.float32)[:, None, None]
-    done = jnp.ones((T, 1), bool)
-    rew = jnp.arange(T, dtype=jnp.float32)[:, None]
-    buf, val, seg, c = L.observe_episodes(L.empty_buffer(4, 3, 1), L.empty_buffer(2, 3, 1),
-                                          L.empty_segments(1, 3, 1), jnp.int32(0), f,
-                                          jnp.zeros((T, 1), jnp.int32), rew, done, rew)
-    # train episodes: 0,1,2,4,5,6,8,9 (8 of them) -> the last 4 are 5,6,8,9 at slots (4..7) % 4
-    assert int(c) == 10 and int(buf.count) == 8 and int(val.count) == 2
-    np.testing.assert_array_equal(np.sort(np.asarray(buf.features[:, 0, 0])), [5, 6, 8, 9])
-    np.testing.assert_array_equal(np.sort(np.asarray(buf.ret)), [5, 6, 8, 9])
-    np.testing.assert_array_equal(np.sort(np.asarray(val.features[:, 0, 0])), [3, 7])
+    r1 = traj(_rollout_arrays(1, [(2, 0)], {(2, 0): (1.0, 1.0), (1, 1): (0.5, None)}))
+    r2 = traj(_rollout_arrays(2, [(1, 0), (1, 1), (3, 1)],
+                              {(0, 0): (0.25, None), (1, 0): (0.0, 0.25), (1, 1): (1.0, 1.5), (3, 1): (2.0, 2.0)}))
+    observe = jax.jit(signal.observe)
+    state = signal.init(jax.random.PRNGKey(0), r1, hp)
+    state = observe(observe(state, r1, hp, jax.random.PRNGKey(1))[0], r2, hp, jax.random.PRNGKey(2))[0]
+    train, val = state.replay.train, state.replay.val
+    assert int(state.replay.committed) == 4 and int(train.count) == 3 and int(val.count) == 1
+    np.testing.assert_array_equal(np.asarray(train.valid), [1, 1, 1, 0, 0, 0, 0, 0])
+    np.testing.assert_array_equal(np.asarray(train.length[:3]), [3, 4, 7])
+    np.testing.assert_array_equal(np.asarray(train.steps["x"][1, :, 0]), [13, 14, 20, 21])  # B across the boundary
+    np.testing.assert_array_equal(np.asarray(train.steps["x"][2, :, 0]), [114, 120, 121, 113])  # D: positions 3..6
+    np.testing.assert_array_equal(np.asarray(train.steps["action"][2]), np.array([114, 120, 121, 113]) % 3)
+    # the fit's target: the reward within the kept steps (D's 0.5 at position 1 is cut); the whole return is kept
+    np.testing.assert_allclose(np.asarray(L.episode_sum(train.steps["reward"], train)[:3]), [1.0, 0.25, 1.0])
+    np.testing.assert_allclose(np.asarray(train.ends["full_return"][:3]), [1.0, 0.25, 1.5])
+    np.testing.assert_array_equal(np.asarray(val.valid), [1, 0])  # validation: E only
+    np.testing.assert_array_equal(np.asarray(val.steps["x"][0, :2, 0]), [122, 123])
+    assert int(val.length[0]) == 2 and float(L.episode_sum(val.steps["reward"], val)[0]) == 2.0
+    np.testing.assert_array_equal(np.asarray(state.replay.segments.length), [3, 1])  # C and F in progress
 
 
 # ----------------------------------------------------------------------------- fitting
@@ -193,29 +203,38 @@ def _fitting_setup(method, steps, lr, seed=0, episodes=16, max_len=8, feat_dim=4
         length = jax.random.randint(k3, (episodes,), 3, max_len + 1)
         example = types.SimpleNamespace(features=feats[:2].transpose(1, 0, 2), action=acts[:2].T)
         state = signal.init(k4, example, hp)
-        buf = L.empty_buffer(episodes, max_len, feat_dim).replace(
-            features=feats, actions=acts.astype(jnp.int32), length=length, valid=jnp.ones(episodes, bool))
-        return state, buf
+        mask = (jnp.arange(max_len)[None, :] < length[:, None]).astype(jnp.float32)
+        return state, dict(features=feats, actions=acts.astype(jnp.int32), length=length,
+                           valid=jnp.ones(episodes, bool), mask=mask)
 
     state, buf = setup(jax.random.PRNGKey(seed))
-    return signal, state, buf, hp
+    return signal, state, types.SimpleNamespace(**buf), hp
+
+
+def _with_returns(state, buf, ret):
+    """``state`` whose training buffer holds ``buf``'s episodes with external
+    returns ``ret [E]`` (all paid on each episode's first step)."""
+    reward = jnp.zeros(buf.actions.shape).at[:, 0].set(ret)
+    train = state.replay.train.replace(steps={"x": buf.features, "action": buf.actions, "reward": reward},
+                                       length=buf.length, valid=buf.valid)
+    return state.replace(replay=state.replay.replace(train=train))
 
 
 def test_regression_fit_drives_sums_to_returns():
     signal, state, buf, hp = _fitting_setup("coevo-regression", steps=300, lr=3e-3)
     # a decomposable target: per-step reward 0.5 tanh(x0) + 0.3 [a == 1]
     per_step = 0.5 * jnp.tanh(buf.features[..., 0]) + 0.3 * (buf.actions == 1)
-    mask = L.buffer_mask(buf)
-    buf = buf.replace(ret=L.episode_sums(per_step, mask))
-    state = state.replace(buffer=buf)
+    mask = buf.mask
+    ret = L.episode_sums(per_step, mask)
+    state = _with_returns(state, buf, ret)
 
     @jax.jit
     def fit(state):
         def mse(params):
-            r, _ = L.RewardNet(2, (32, 32), 4).apply(params, buf.features, buf.actions)
-            return L.regression_loss(r, mask, buf.ret, buf.valid)
+            r, _ = RN.RewardNet(2, (32, 32), 4).apply(params, buf.features, buf.actions)
+            return L.regression_loss(r, mask, ret, buf.valid)
 
-        new, metrics = signal.update(state, None, None, hp, jax.random.PRNGKey(0))
+        new, metrics = signal.update(state, None, POLICY, hp, jax.random.PRNGKey(0))
         return mse(state.params), mse(new.params), new, metrics
 
     before, after, new, metrics = fit(state)
@@ -223,24 +242,25 @@ def test_regression_fit_drives_sums_to_returns():
     assert before > 0.5
     assert after < before / 20, (before, after)  # the stated factor: 20x
     assert float(metrics["buffer_corr"]) > 0.98
-    # the copy of phi before the refit is kept for the drift penalty
-    assert jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.all(a == b)), new.prev_params, state.params))
+    # the drift anchor moved toward the refit's result: anchor = drift_ema * old anchor + (1 - drift_ema) * phi
+    for a, p0, p1 in zip(*map(jax.tree.leaves, (new.anchor_params, state.anchor_params, new.params))):
+        np.testing.assert_allclose(np.asarray(a), 0.9 * np.asarray(p0) + 0.1 * np.asarray(p1), rtol=1e-5, atol=1e-7)
 
 
 def test_ranking_fit_recovers_episode_order():
     signal, state, buf, hp = _fitting_setup("coevo-ranking", steps=300, lr=3e-3, episodes=6)
     # return = sum over the episode of tanh(x0): distinct returns, learnable from the features
-    ret = L.episode_sums(jnp.tanh(buf.features[..., 0]), L.buffer_mask(buf))
+    ret = L.episode_sums(jnp.tanh(buf.features[..., 0]), buf.mask)
     assert len(np.unique(np.asarray(ret))) == 6
-    state = state.replace(buffer=buf.replace(ret=ret))
+    state = _with_returns(state, buf, ret)
 
     @jax.jit
     def fit(state):
         def sums(params):
-            r, _ = L.RewardNet(2, (32, 32), 4).apply(params, buf.features, buf.actions)
-            return L.episode_sums(r, L.buffer_mask(buf))
+            r, _ = RN.RewardNet(2, (32, 32), 4).apply(params, buf.features, buf.actions)
+            return L.episode_sums(r, buf.mask)
 
-        new, _ = signal.update(state, None, None, hp, jax.random.PRNGKey(0))
+        new, _ = signal.update(state, None, POLICY, hp, jax.random.PRNGKey(0))
         return sums(state.params), sums(new.params)
 
     before, after = fit(state)
@@ -249,27 +269,98 @@ def test_ranking_fit_recovers_episode_order():
     assert not np.array_equal(np.argsort(np.asarray(before)), order)  # the order was not right before the fit
 
 
-def test_novelty_update_trains_the_rnd_predictor_only_on_visited_features():
-    signal, state, buf, hp = _fitting_setup("coevo-novelty", steps=100, lr=3e-3)
-    state = state.replace(buffer=buf.replace(ret=jnp.zeros(buf.ret.shape)))
-    seen = types.SimpleNamespace(features=buf.features[:8].transpose(1, 0, 2), action=buf.actions[:8].T)
-    unseen = 3.0 + buf.features[8:].transpose(1, 0, 2)  # far from anything visited
+def _novelty_traj(features, actions):
+    """A ``[T, N]`` rollout with no finished episode (what ``observe`` reads)."""
+    z = jnp.zeros(actions.shape)
+    return types.SimpleNamespace(features=features, action=actions, reward=z, episode_done=z.astype(bool),
+                                 episode_return=z)
+
+
+def test_rnd_predictor_trains_every_iteration_in_observe():
+    """Item 4: the RND predictor trains on every rollout in ``observe`` at its own
+    ``rnd_lr`` (not in the K-gated refit): it learns the visited features, novel
+    ones keep a larger error, the target stays fixed, and ``rnd_lr = 0`` freezes it."""
+    env, env_params = envs_jax.make("CartPole-v1")
+    static = cj.StaticConfig(method="coevo-novelty", reward_hidden=(32, 32), action_embed_dim=4,
+                             buffer_episodes=8, max_episode_len=8, num_minibatches=4)
+    signal = L.make_learned(static, None, env, env_params)
+    feats = jax.random.normal(jax.random.PRNGKey(1), (8, 8, 4))
+    seen = _novelty_traj(feats, (jnp.arange(64).reshape(8, 8) % 2).astype(jnp.int32))
+    unseen = 3.0 + jax.random.normal(jax.random.PRNGKey(2), (64, 4))  # far from anything visited
+    rnd = RN.RNDNet((32, 32), 32)
 
     @jax.jit
-    def run(state):
-        def error(s, feats):
-            rnd = L.RNDNet((32, 32), 32)
-            return L.rnd_error(rnd.apply(s.rnd_params, feats), rnd.apply(s.rnd_target, feats)).mean()
+    def run(hp):
+        state = signal.init(jax.random.PRNGKey(0), seen, hp)
 
-        new, metrics = signal.update(state, seen, None, hp, jax.random.PRNGKey(0))
-        return (error(state, seen.features), error(new, seen.features), error(new, unseen), metrics["rnd_loss"],
-                jax.tree.map(lambda a, b: jnp.all(a == b), new.rnd_target, state.rnd_target))
+        def error(s, x):
+            return RN.rnd_error(rnd.apply(s.rnd_params, x), rnd.apply(s.rnd_target, x)).mean()
 
-    before, after, other, loss, target_same = run(state)
+        def body(i, s):
+            return signal.observe(s, seen, hp, jax.random.fold_in(jax.random.PRNGKey(3), i))[0]
+
+        once, metrics = signal.observe(state, seen, hp, jax.random.PRNGKey(3))
+        new = jax.lax.fori_loop(0, 100, body, state)
+        refit, _ = signal.update(new, seen, POLICY, hp, jax.random.PRNGKey(4))
+        def same(a, b):
+            return jnp.all(jnp.stack([jnp.all(x == y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))]))
+
+        return (error(state, feats), error(once, feats), error(new, feats), error(new, unseen),
+                metrics["rnd_loss"], same(new.rnd_target, state.rnd_target), same(refit.rnd_params, new.rnd_params),
+                same(once.rnd_params, state.rnd_params))
+
+    hp = cj.default_hparams("coevo-novelty", rnd_lr=3e-3, reward_lr=3e-3)
+    before, once, after, other, loss, target_same, refit_same, _ = run(hp)
+    assert float(once) < float(before)  # one iteration's observe already trains it
+    assert float(loss) == pytest.approx(float(before), rel=0.3)  # the mean minibatch loss of that epoch
     assert float(after) < float(before) / 5  # the predictor learnt the visited features
     assert float(other) > 2 * float(after)  # novel features keep a larger error (a larger bonus)
-    assert float(loss) == pytest.approx(float(after), rel=0.2)
-    assert jax.tree.all(target_same)  # the random target is fixed
+    assert bool(target_same) and bool(refit_same)  # the target is fixed; the refit leaves the predictor alone
+    assert bool(run(hp.replace(rnd_lr=0.0))[-1])  # rnd_lr = 0: the predictor does not move
+
+
+def _streams_traj(key, num_actions=2, t=6, n=3, h=4):
+    k1, k2, k3 = jax.random.split(key, 3)
+    z = jnp.zeros((t, n))
+    return types.SimpleNamespace(
+        features=jax.random.normal(k1, (t, n, h)), action=jax.random.randint(k2, (t, n), 0, num_actions),
+        reward=(jax.random.uniform(k3, (t, n)) < 0.3).astype(jnp.float32), episode_done=z.astype(bool),
+        episode_return=z)
+
+
+@pytest.mark.parametrize("method", ["coevo-regression", "coevo-ranking", "coevo-novelty"])
+def test_signal_rewards_streams_per_method(method):
+    """Item 4, end of the signal: R_phi stays raw in the episodic stream (also with
+    normalize_int = 1); only coevo-novelty has an intrinsic stream, its RND bonus
+    times novelty_coef divided by one positive number."""
+    env, env_params = envs_jax.make("CartPole-v1")
+    static = cj.StaticConfig(method=method, reward_hidden=(16,), action_embed_dim=4, buffer_episodes=4,
+                             max_episode_len=4)
+    signal = L.make_learned(static, None, env, env_params)
+    traj = _streams_traj(jax.random.PRNGKey(0))
+    hp = cj.default_hparams(method, beta_ext=2.0, beta_int=0.5, novelty_coef=3.0, normalize_int=1.0)
+    net, rnd = RN.make_reward_net(static, env, env_params), RN.make_rnd_net(static, env, env_params)
+
+    @jax.jit
+    def run(hp):
+        state = signal.init(jax.random.PRNGKey(1), traj, hp)
+        new, streams, metrics = signal.rewards(state, traj, hp)
+        r_phi = net.apply(state.params, traj.features, traj.action)[0]
+        bonus = RN.rnd_error(rnd.apply(state.rnd_params, traj.features), rnd.apply(state.rnd_target, traj.features)) \
+            if method == "coevo-novelty" else jnp.zeros_like(r_phi)
+        return streams, r_phi, bonus, new.scale.count, metrics
+
+    streams, r_phi, bonus, count, metrics = run(hp)
+    np.testing.assert_allclose(np.asarray(streams.episodic), 2.0 * np.asarray(traj.reward) + 0.5 * np.asarray(r_phi),
+                               rtol=1e-6, atol=1e-8)
+    assert 0 < float(jnp.abs(r_phi).max()) < 0.01  # untrained: near zero, not zero
+    if method != "coevo-novelty":
+        assert streams.intrinsic is None
+        return
+    ratio = np.asarray(streams.intrinsic) / (3.0 * np.asarray(bonus))
+    np.testing.assert_allclose(ratio, ratio.flat[0], rtol=1e-5)  # one factor: scaled, not shifted
+    assert ratio.flat[0] > 0 and int(count) == traj.action.size
+    np.testing.assert_allclose(ratio.flat[0], 1.0 / float(metrics["int_return_std"]), rtol=1e-5)
 
 
 def test_make_learned_rejects_other_methods():
@@ -388,3 +479,163 @@ def test_batch_aware_gate_equals_separate_runs_and_keeps_a_real_branch(loop):
     n_plain = str(jax.make_jaxpr(jax.vmap(plain))(keys, stacked)).count(" cond[")
     n_gated = str(jax.make_jaxpr(jax.vmap(gated, axis_name="runs"))(keys, stacked)).count(" cond[")
     assert n_gated == n_plain + 1
+
+
+# ----------------------------------------------------------------------------- the shared reward net (item 5)
+def _realistic_obs(name, num=32, steps=4):
+    """Observations of ``num`` envs after 0..steps-1 uniformly random steps: ``[steps * num, ...]``."""
+    env, params = envs_jax.make(name)
+    n_act = int(env.action_space(params).n)
+
+    @jax.jit
+    def collect(key):
+        k0, k1 = jax.random.split(key)
+        obs, state = jax.vmap(env.reset, (0, None))(jax.random.split(k0, num), params)
+
+        def step(carry, k):
+            obs, state = carry
+            ka, ks = jax.random.split(k)
+            act = jax.random.randint(ka, (num,), 0, n_act)
+            obs2, state, *_ = jax.vmap(env.step, (0, 0, 0, None))(jax.random.split(ks, num), state, act, params)
+            return (obs2, state), (obs, act)
+
+        return jax.lax.scan(step, (obs, state), jax.random.split(k1, steps))[1]
+
+    obs, act = collect(jax.random.PRNGKey(0))
+    return env, params, obs.reshape((-1,) + obs.shape[2:]), act.reshape(-1)
+
+
+@pytest.mark.parametrize("name,reward_input", [("KeyDoor-5x5", "features"), ("KeyDoor-5x5", "obs"),
+                                               ("TextMaze", "features"), ("TextMaze", "obs")])
+def test_reward_net_starts_near_zero_on_realistic_inputs(name, reward_input):
+    """Item 5: the one R_phi (used by coevo and meta) starts with |mean| < 0.01 and
+    std < 0.01 over the inputs for each of 64 seeds: on a policy's features (MLP
+    for the grid, transformer for text) and on raw observations (one-hot tokens
+    for text). It is small, not constant zero (a frozen R_phi is still a function)."""
+    env, params, obs, act = _realistic_obs(name)
+    static = cj.StaticConfig(reward_input=reward_input)
+    net = RN.make_reward_net(static, env, params)
+    assert net.vocab == (int(env.observation_space(params).high) + 1 if reward_input == "obs" and name == "TextMaze"
+                         else 0)
+    if reward_input == "features":
+        policy = cj.make_policy_network(static, env, params)
+        x = policy.apply(policy.init(jax.random.PRNGKey(1), obs[:1]), obs)[2]
+    else:
+        x = flat_obs(obs, len(env.observation_space(params).shape))
+
+    @jax.jit
+    def outputs(keys):
+        return jax.vmap(lambda k: net.apply(net.init(k, x[:1], act[:1]), x, act)[0])(keys)
+
+    r = np.asarray(outputs(jax.random.split(jax.random.PRNGKey(2), 64)))  # [64 seeds, B]
+    assert r.shape == (64, x.shape[0])
+    assert np.abs(r.mean(1)).max() < 0.01, np.abs(r.mean(1)).max()
+    assert r.std(1).max() < 0.01, r.std(1).max()
+    assert r.std(1).min() > 0.0
+
+
+def test_both_methods_use_the_one_reward_net():
+    """Item 5: coevo and meta build R_phi with coevo_jax.reward_net (no RewardNet of their own)."""
+    from coevo_jax.signals import meta
+    for module in (L, meta):
+        assert getattr(module, "RewardNet", RN.RewardNet) is RN.RewardNet
+    env, p = envs_jax.make("CartPole-v1")
+    for method in ("coevo-regression", "meta"):
+        static = cj.StaticConfig(method=method, reward_input="obs")
+        assert RN.make_reward_net(static, env, p) == RN.RewardNet(2, (64, 64), 16, "obs", 1, 0)
+
+
+# ----------------------------------------------------------------------------- anti-collusion terms (item 6)
+@pytest.fixture(scope="module")
+def jumped():
+    """R_phi fit to returns A (30 refits, no drift), anchor set to it; then the returns jump by +1."""
+    signal, state, buf, hp = _fitting_setup("coevo-regression", steps=20, lr=3e-3)
+    mask = buf.mask
+    ret_a = L.episode_sums(0.5 * jnp.tanh(buf.features[..., 0]) + 0.3 * (buf.actions == 1), mask)
+    net = RN.RewardNet(2, (32, 32), 4)
+
+    @partial(jax.jit, static_argnums=2)
+    def refits(state, hp, n):
+        return jax.lax.fori_loop(0, n, lambda i, s: signal.update(s, None, POLICY, hp, jax.random.PRNGKey(i))[0],
+                                 state)
+
+    fitted = refits(_with_returns(state, buf, ret_a), hp, 30)
+    sums = jax.jit(lambda s: L.episode_sums(net.apply(s.params, buf.features, buf.actions)[0], mask))
+    assert float(jnp.abs(sums(fitted) - ret_a).max()) < 0.05
+    fitted = _with_returns(fitted.replace(anchor_params=fitted.params), buf, ret_a + 1.0)
+    return types.SimpleNamespace(refits=refits, sums=sums, start=fitted, hp=hp)
+
+
+def test_drift_penalty_binds_when_returns_jump(jumped):
+    """Item 6: with the anchor an EMA over refits, the drift penalty holds R_phi back
+    after the external returns jump (+1 per episode): over 10 refits the predicted
+    returns move a third less with drift_weight = 1 than without. Measured against
+    the start of each refit (drift_ema = 0, the old anchor) it would not bind."""
+    j = jumped
+
+    def moved(**kw):
+        s = j.refits(j.start, j.hp.replace(**kw), 10)
+        return float((j.sums(s) - j.sums(j.start)).mean())
+
+    free = moved(drift_weight=0.0)
+    held = moved(drift_weight=1.0, drift_ema=0.9)
+    assert free > 0.95  # without drift the fit follows the jump
+    assert held < 0.8 * free, (held, free)
+    assert moved(drift_weight=1.0, drift_ema=0.0) > 0.99 * free  # the lagging anchor is what binds
+
+
+def test_reward_step_is_annealed_with_the_policy_lr():
+    """Item 6: the refit's Adam step is reward_lr * lr_frac, so reward_lr / lr stays
+    constant: from one state, the step at lr_frac = 0.25 is a quarter of that at 1."""
+    signal, state, buf, hp = _fitting_setup("coevo-regression", steps=1, lr=1e-3)
+    state = _with_returns(state, buf, jnp.ones(buf.length.shape))
+
+    @jax.jit
+    def step(frac):
+        policy = PolicyView(None, None, None, jnp.float32(0.0), frac)
+        new, metrics = signal.update(state, None, policy, hp, jax.random.PRNGKey(0))
+        delta = jax.tree.map(lambda a, b: a - b, new.params, state.params)
+        return jnp.concatenate([x.ravel() for x in jax.tree.leaves(delta)]), metrics["reward_step_size"]
+
+    (d1, s1), (d4, s4) = step(jnp.float32(1.0)), step(jnp.float32(0.25))
+    assert float(s1) == pytest.approx(1e-3) and float(s4) == pytest.approx(0.25e-3)
+    assert float(jnp.abs(d1).max()) > 1e-4
+    np.testing.assert_allclose(np.asarray(d4), 0.25 * np.asarray(d1), rtol=1e-4, atol=1e-10)
+
+
+# ----------------------------------------------------------------------------- what a frozen R_phi reads (item 8d)
+def test_reward_input_is_validated():
+    with pytest.raises(cj.ConfigError, match=r"StaticConfig.reward_input='pixels' must be 'features' or 'obs'"):
+        cj.validate_static(cj.StaticConfig(reward_input="pixels"))
+
+
+def test_frozen_reward_of_a_fixed_observation_stays_fixed_with_obs_input():
+    """Item 8d: with reward_lr = 0 (the frozen control) and reward_input = "obs",
+    R_phi of a fixed (observation, action) is the same before and after the policy
+    trains; with "features" it is not (it reads the policy's drifting features)."""
+    env, p = envs_jax.make("CartPole-v1")
+    obs = jax.random.normal(jax.random.PRNGKey(5), (16, 4)) * 0.1
+    act = jnp.arange(16) % 2
+    hp = cj.default_hparams("coevo-regression", reward_lr=0.0, k=1, lr=1e-2)
+    out = {}
+    for reward_input in ("obs", "features"):
+        trainer = cj.Trainer(cj.StaticConfig(method="coevo-regression", reward_input=reward_input, **SMALL), env, p)
+        net = RN.make_reward_net(trainer.static, env, p)
+
+        def reward_of_fixed(state):
+            x = obs if reward_input == "obs" else trainer.network.apply(state.params, obs)[2]
+            return net.apply(state.signal_state.params, x, act)[0]
+
+        @jax.jit
+        def run(key):
+            s0 = trainer.init(key, hp)
+            s1, m = trainer.run_chunk(s0, hp, 4)
+            moved = jnp.abs(jax.flatten_util.ravel_pytree(s1.params)[0] - jax.flatten_util.ravel_pytree(s0.params)[0])
+            return reward_of_fixed(s0), reward_of_fixed(s1), m["signal/updated"].sum(), moved.max()
+
+        out[reward_input] = run(jax.random.PRNGKey(0))
+    r0, r1, updates, policy_moved = out["obs"]
+    assert float(updates) == 4 and float(policy_moved) > 1e-3  # refits ran (at lr 0) while the policy trained
+    np.testing.assert_array_equal(np.asarray(r0), np.asarray(r1))
+    f0, f1, _, _ = out["features"]
+    assert not np.allclose(np.asarray(f0), np.asarray(f1), rtol=1e-2, atol=0)

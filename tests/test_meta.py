@@ -2,8 +2,12 @@
 against central finite differences (float64 under the ``jax.enable_x64``
 context, N = 1 and 2), exact zero when the internal reward is switched off, the
 unrolled step equals the ordinary PPO step, truncation equals a restart from the
-stopped iterate, the zero-gradient guard, and a vmapped batch of seeds equals
-solo runs end to end."""
+stopped iterate, the zero-gradient guard, the legal-action masks in the outer
+ratio, the reward streams (R_phi in the non-episodic intrinsic stream), the
+meta step annealed with the policy's learning rate, and a vmapped batch of
+seeds equals solo runs end to end."""
+import types
+
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
@@ -18,8 +22,9 @@ import coevo_jax as cj
 import envs_jax
 from coevo_jax.networks import ActorCritic
 from coevo_jax.ppo import make_optimizer, ppo_update
+from coevo_jax.reward_net import RewardNet
 from coevo_jax.rollout import Trajectory
-from coevo_jax.signals import meta
+from coevo_jax.signals import PolicyView, meta
 
 T, N, D, A = 6, 3, 4, 3
 
@@ -29,8 +34,8 @@ def _to(dtype, tree):
 
 
 def _modules():
-    """Tiny policy (hidden 8), R_phi and V_ext."""
-    return ActorCritic(A, (8,), "tanh"), meta.RewardNet(A, (8,), 4), meta.ValueNet((8,))
+    """Tiny policy (hidden 8, two value heads: meta has an intrinsic stream), R_phi and V_ext."""
+    return ActorCritic(A, (8,), "tanh", 2), RewardNet(A, (8,), 4), meta.ValueNet((8,))
 
 
 # Tests compile many small second-order programs; XLA's cheapest settings halve the compile time.
@@ -50,10 +55,12 @@ def _random_params(module, rng, dtype, *example):
                                           dtype) for x in shapes])
 
 
-def _data(hp, lr, seed=0, dtype=jnp.float64, warm_steps=3, dead_unit=False):
+def _data(hp, lr, seed=0, dtype=jnp.float64, warm_steps=3, dead_unit=False, masked=False):
     """A synthetic [T, N] trajectory collected by the tiny policy, an Adam state
     after ``warm_steps`` steps on random gradients, phi and psi, all in ``dtype``
-    (built with NumPy: nothing to compile but the policy's forward pass)."""
+    (built with NumPy: nothing to compile but the policy's forward pass).
+    ``masked``: about a third of the actions are illegal at each step
+    (``traj.legal_mask``); the behaviour policy samples among the legal ones."""
     network, reward_net, v_net = _modules()
     rng = np.random.default_rng(seed)
     obs = rng.normal(size=(T + 1, N, D))
@@ -64,6 +71,11 @@ def _data(hp, lr, seed=0, dtype=jnp.float64, warm_steps=3, dead_unit=False):
     logits, value, features = _apply(theta, obs)
     next_value = _apply(theta, next_obs)[1]
     logits = np.asarray(logits, np.float64)
+    legal = None
+    if masked:
+        legal = rng.random((T, N, A)) > 0.35
+        legal[..., 0] |= ~legal.any(-1)  # at least one legal action
+        logits = np.where(legal, logits, -1e9)
     probs = np.exp(logits - logits.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
     action = (rng.random((T, N, 1)) > probs.cumsum(-1)).sum(-1).clip(0, A - 1)
@@ -74,7 +86,8 @@ def _data(hp, lr, seed=0, dtype=jnp.float64, warm_steps=3, dead_unit=False):
     z = jnp.zeros((T, N), dtype)
     traj = Trajectory(obs, jnp.asarray(action, jnp.int32), jnp.asarray(logp, dtype), value, features,
                       jnp.asarray(reward, dtype), jnp.asarray(reward, dtype), jnp.asarray(terminated),
-                      jnp.asarray(truncated), next_obs, next_value, z.astype(bool), z, z, z)
+                      jnp.asarray(truncated), next_obs, next_value, z.astype(bool), z, z, z,
+                      None if legal is None else jnp.asarray(legal))
     # Adam's state after warm_steps steps on N(0, 1) gradients
     leaves, treedef = jax.tree.flatten(theta)
     mu, nu = [np.zeros(x.shape) for x in leaves], [np.zeros(x.shape) for x in leaves]
@@ -146,7 +159,7 @@ def _unrolled_vs_ppo_update(d):
     # the ordinary update: one epoch, one minibatch (a shuffle of the whole batch)
     theta_ref, opt_ref, _ = ppo_update(d["theta"], d["opt_state"], network, batch, jax.random.PRNGKey(1), d["hp"],
                                        d["lr"], num_epochs=1, num_minibatches=1)
-    r_int = meta.intrinsic_reward(reward_net, d["phi"], d["traj"].features, d["traj"].action)
+    r_int = meta.intrinsic_reward(reward_net, d["phi"], d["traj"])
     return theta1, opt1, theta_ref, opt_ref, batch, r_int
 
 
@@ -157,10 +170,15 @@ def test_unrolled_step_equals_ordinary_ppo_update():
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=1e-7)
     moved = max(float(jnp.abs(a - b).max()) for a, b in zip(jax.tree.leaves(theta1), jax.tree.leaves(d["theta"])))
     assert moved > 1e-4
-    # the batch's advantages: GAE of r_ext_coef * r_ext + r_int_coef * R_phi (both 1 here) with the policy critic
+    # the batch's advantages: episodic GAE of r_ext_coef * r_ext with the first critic head plus
+    # non-episodic GAE (no episode ends) of r_int_coef * R_phi (coefficients 1, raw) with the second
     tr = d["traj"]
-    adv, _ = cj.gae(tr.reward + r_int, tr.value, tr.next_value, tr.terminated, tr.truncated, 0.99, 0.95)
-    np.testing.assert_allclose(batch.advantage, adv.reshape(-1), rtol=1e-5, atol=1e-6)
+    adv_e, tgt_e = cj.gae(tr.reward, tr.value[..., 0], tr.next_value[..., 0], tr.terminated, tr.truncated, 0.99, 0.95)
+    never = jnp.zeros_like(tr.terminated)
+    adv_i, tgt_i = cj.gae(r_int, tr.value[..., 1], tr.next_value[..., 1], never, never, 0.99, 0.95)
+    np.testing.assert_allclose(batch.advantage, (adv_e + adv_i).reshape(-1), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(batch.target, jnp.stack([tgt_e, tgt_i], -1).reshape(-1, 2), rtol=1e-5, atol=1e-6)
+    assert float(jnp.abs(adv_i).max()) > 1e-3  # R_phi does reach the advantages
 
 
 @_jit
@@ -222,5 +240,97 @@ def test_vmapped_seeds_equal_solo_runs_end_to_end():
     phi = ravel_pytree(state_b.signal_state.phi)[0].reshape(3, -1)
     assert float(jnp.abs(phi[1] - phi[2]).max()) > 1e-3
     assert not np.allclose(phi[0], phi[1])  # different seeds, different R_phi
-    # with r_ext_coef = 0 the policy's reward is R_phi alone, in [-1, 1]
-    assert float(jnp.abs(metrics_1["r_used_mean"]).max()) <= 1.0
+    # with r_ext_coef = 0 the episodic stream is empty and R_phi (raw, in [-1, 1]) is the intrinsic stream
+    assert float(jnp.abs(metrics_1["r_used_mean"]).max()) == 0.0
+    assert 0.0 < float(jnp.abs(metrics_1["r_intrinsic_mean"]).max()) <= 1.0
+
+
+@_jit
+def _outer_at_zero_lr(d):
+    network, reward_net, _ = _modules()
+    adv = _adv_ext(d)
+    obj, theta_new = meta.outer_objective(d["phi"], d["theta"], d["opt_state"], d["traj"], adv, network, reward_net,
+                                          d["hp"], 0.0 * d["lr"], normalize_advantages=False)
+    tr = d["traj"]
+    logp = meta.policy_log_prob(theta_new, network, tr.obs.reshape(T * N, D), tr.action.reshape(-1),
+                                tr.legal_mask.reshape(T * N, A))
+    return obj, adv.mean(), logp, theta_new
+
+
+def test_outer_ratio_is_one_at_theta_with_legal_masks():
+    """Item 8a: with legal-action masks the outer surrogate's ratio pi_theta' / pi_old
+    is 1 at theta' = theta (a zero inner step), as in the inner PPO step and the
+    stored log-probabilities, so the surrogate equals the mean external advantage."""
+    d = _data(cj.default_hparams("meta"), 3e-3, dtype=jnp.float32, masked=True)
+    assert not bool(d["traj"].legal_mask.all())  # some actions are illegal
+    obj, adv_mean, logp, theta_new = _outer_at_zero_lr(d)
+    for a, b in zip(jax.tree.leaves(theta_new), jax.tree.leaves(d["theta"])):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    np.testing.assert_allclose(np.asarray(logp), np.asarray(d["traj"].logp).reshape(-1), rtol=1e-5, atol=1e-5)
+    assert abs(float(adv_mean)) > 1e-3
+    assert float(obj) == pytest.approx(float(adv_mean), rel=1e-4, abs=1e-6)
+
+
+def _fake_env(num_actions=A, obs_dim=D):
+    return types.SimpleNamespace(
+        action_space=lambda p: types.SimpleNamespace(n=num_actions),
+        observation_space=lambda p: types.SimpleNamespace(shape=(obs_dim,), dtype=jnp.float32, high=1.0))
+
+
+def test_meta_rewards_r_phi_is_the_intrinsic_stream_scaled_not_shifted():
+    """Item 4: the episodic stream is r_ext_coef * r_ext; R_phi goes to the
+    non-episodic intrinsic stream as r_int_coef * R_phi, raw by default and, with
+    normalize_int, divided by one positive number (never shifted)."""
+    static = cj.StaticConfig(method="meta", reward_hidden=(8,), action_embed_dim=4)
+    signal = meta.make_meta(static, None, _fake_env(), None)
+    hp0 = cj.default_hparams("meta", r_ext_coef=0.5, r_int_coef=2.0)
+    assert float(hp0.normalize_int) == 0.0  # the meta default: raw R_phi
+    d = _data(hp0, 1e-3, dtype=jnp.float32)
+
+    @jax.jit
+    def run(hp):
+        state = signal.init(jax.random.PRNGKey(0), d["traj"], hp)
+        state = state._replace(phi=d["phi"])  # a trained-looking (non-tiny) R_phi
+        r_phi = meta.intrinsic_reward(_modules()[1], d["phi"], d["traj"])
+        new, streams, metrics = signal.rewards(state, d["traj"], hp)
+        return r_phi, streams, new.scale.count, metrics
+
+    for on in (0.0, 1.0):
+        r_phi, streams, count, metrics = run(hp0.replace(normalize_int=on))
+        np.testing.assert_allclose(np.asarray(streams.episodic), 0.5 * np.asarray(d["traj"].reward), rtol=1e-6)
+        ratio = np.asarray(streams.intrinsic) / (2.0 * np.asarray(r_phi))
+        assert int(count) == T * N
+        if on:  # one positive factor, the inverse of the running std of the non-episodic intrinsic return
+            returns = np.zeros((T, N))
+            ret = np.zeros(N)
+            for t in range(T):
+                ret = 0.99 * ret + np.asarray(r_phi)[t]
+                returns[t] = ret
+            np.testing.assert_allclose(ratio, 1.0 / returns.std(), rtol=1e-4)
+            assert abs(returns.std() - 1.0) > 0.1  # the normalisation did something
+        else:
+            np.testing.assert_allclose(ratio, 1.0, rtol=1e-6)
+        assert set(metrics) == {"r_int_mean", "r_int_std", "int_return_std"}
+
+
+@_jit
+def _meta_updates(d, fracs):
+    network, reward_net, v_net = _modules()
+    state = meta.MetaState(d["phi"], meta.init_optimizer(d["phi"]), d["psi"], meta.init_optimizer(d["psi"]),
+                           meta.init_return_scale(N))
+    deltas = []
+    for frac in fracs:
+        policy = PolicyView(network, d["theta"], d["opt_state"], d["lr"], jnp.float32(frac))
+        new, _ = meta.meta_update(state, d["traj"], policy, d["hp"], jax.random.PRNGKey(0), reward_net, v_net)
+        deltas.append(ravel_pytree(new.phi)[0] - ravel_pytree(state.phi)[0])
+    return deltas
+
+
+def test_meta_step_is_annealed_with_the_policy_lr():
+    """Item 6: phi's step size is meta_lr * lr_frac, so meta_lr / lr is constant
+    over a run: from the same state the step at lr_frac = 0.25 is a quarter of
+    the step at lr_frac = 1 (Adam's first step is proportional to its step size)."""
+    d = _data(cj.default_hparams("meta", meta_lr=1e-2), 3e-3, dtype=jnp.float32)
+    full, quarter = _meta_updates(d, (1.0, 0.25))
+    assert float(jnp.abs(full).max()) > 1e-3
+    np.testing.assert_allclose(np.asarray(quarter), 0.25 * np.asarray(full), rtol=1e-4, atol=1e-9)

@@ -366,3 +366,11 @@ def test_stats_helpers_against_hand_values():
     point, lo, hi = stats.bootstrap_curve_ci(x[:, [0, 2]], "iqm", n_boot=200)
     assert np.all(lo <= point + 1e-12) and np.all(point <= hi + 1e-12)
     assert stats.median_steps([1.0, np.inf, np.inf]) == np.inf
+
+
+def test_probability_of_improvement_reference_values():
+    # P(X > Y) over all pairs, ties count half: (1>0) (1<3) (2>0) (2<3) -> 2/4; with a tie 1 == 1 -> (1 + 0.5) / 2
+    assert stats.probability_of_improvement([1.0, 2.0], [0.0, 3.0], n_boot=50)["p"] == pytest.approx(0.5)
+    assert stats.probability_of_improvement([1.0], [0.0, 1.0], n_boot=50)["p"] == pytest.approx(0.75)
+    out = stats.probability_of_improvement(np.arange(16.0) + 8, np.arange(16.0), n_boot=300)
+    assert out["ci_low"] <= out["p"] <= out["ci_high"] and out["p"] > 0.7

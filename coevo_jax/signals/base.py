@@ -1,20 +1,44 @@
 """The reward-source interface shared by every method.
 
 A reward source is a :class:`Signal`, a NamedTuple of four pure functions (in
-the spirit of optax's ``GradientTransformation``). The training loop calls, each
-iteration, after collecting a ``[T, N]`` :class:`~coevo_jax.rollout.Trajectory`:
+the spirit of optax's ``GradientTransformation``). The training loop calls,
+each iteration, after collecting a ``[T, N]`` :class:`~coevo_jax.rollout.Trajectory`:
 
-1. ``observe(state, traj, hp) -> state`` — cheap bookkeeping every iteration
-   (e.g. add finished episodes to a buffer);
-2. ``update(state, traj, policy, hp, key) -> (state, metrics)`` — the refit,
+1. ``observe(state, traj, hp, key) -> (state, metrics)``: every iteration;
+   bookkeeping (episode buffers) and the models that train on every rollout
+   (ICM, the RND predictor);
+2. ``update(state, traj, policy, hp, key) -> (state, metrics)``: the refit,
    run only when ``iteration % hp.k == 0`` (the loop gates it);
-3. ``rewards(state, traj, hp) -> (r_used [T, N], metrics)`` — the reward PPO
-   optimises, computed with the freshly updated state.
+3. ``rewards(state, traj, hp) -> (state, RewardStreams, metrics)``: the
+   rewards PPO optimises, computed with the freshly updated state (the state
+   comes back because the running reward scale lives in it).
 
 ``init(key, traj, hp) -> state`` builds the state from an example trajectory.
 ``policy`` is a :class:`PolicyView` (the policy's network, params and
 optimiser state) for sources that look through the policy (meta-gradient).
 Metrics are flat dicts of scalars with the same keys on every call.
+
+**Two reward streams** (Burda, Edwards, Storkey and Klimov 2018, "Exploration
+by Random Network Distillation"). :class:`RewardStreams` separates
+
+* ``episodic`` ``[T, N]``: the external reward and any reward that must respect
+  episode ends (potential-based shaping, a learned decomposition of the
+  return). Its return stops at termination and bootstraps at time-outs; it is
+  the critic's first head;
+* ``intrinsic`` ``[T, N]`` or ``None``: per-step bonuses (curiosity, novelty,
+  a meta-learned reward). Their return is *non-episodic* (it runs through
+  episode ends) and has its own critic head, so a bonus paid every step is
+  worth the same whether the episode ends or not: "never finish the task" does
+  not collect it forever, and a constant bonus has zero advantage.
+
+The loop adds the two streams' GAE advantages (:func:`coevo_jax.train.advantages`);
+each signal puts its coefficients into the rewards it returns.
+
+**Normalisation never shifts.** :func:`scale_normalise` divides a stream by a
+running (across iterations) estimate of the standard deviation of its
+discounted return, as in RND; it never subtracts a mean (a shifted reward is a
+living bonus or a step penalty) and it keeps potential-based shaping
+potential-based (the scale is one number per batch).
 """
 from __future__ import annotations
 
@@ -23,6 +47,7 @@ from typing import Any, Callable, NamedTuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from flax import struct
 
 
 class PolicyView(NamedTuple):
@@ -30,6 +55,14 @@ class PolicyView(NamedTuple):
     params: Any
     opt_state: Any
     lr: jax.Array  # the policy's learning rate this iteration
+    lr_frac: jax.Array = jnp.float32(1.0)  # lr / hp.lr: the annealing factor (1 -> 0), for learners that follow it
+
+
+class RewardStreams(NamedTuple):
+    """The rewards of one ``[T, N]`` trajectory, by return (see the module docstring)."""
+
+    episodic: jax.Array  # [T, N]
+    intrinsic: jax.Array | None = None  # [T, N] non-episodic bonus stream, or None (one critic)
 
 
 class Signal(NamedTuple):
@@ -39,9 +72,9 @@ class Signal(NamedTuple):
     rewards: Callable
 
 
-def no_observe(state, traj, hp):
+def no_observe(state, traj, hp, key):
     """``observe`` for sources that keep no per-iteration bookkeeping."""
-    return state
+    return state, {}
 
 
 def no_update(state, traj, policy, hp, key):
@@ -49,18 +82,69 @@ def no_update(state, traj, policy, hp, key):
     return state, {}
 
 
-def standardise(x: jax.Array, eps: float = 1e-8) -> jax.Array:
-    """Per-batch standardisation to mean 0, std 1 (all elements of ``x``)."""
-    return (x - x.mean()) / (x.std() + eps)
+# ----------------------------------------------------------------------------- scale-only normalisation
+@struct.dataclass
+class ReturnScale:
+    """Running statistics of a reward stream's discounted return.
+
+    ``ret [N]``: each env's running discounted return ``ret <- gamma * ret + r``
+    (reset after episode ends for episodic streams); ``count, mean, var ()``:
+    the running moments of every ``ret`` value seen (Chan et al.'s parallel
+    update), over the whole run.
+    """
+
+    ret: jax.Array
+    count: jax.Array
+    mean: jax.Array
+    var: jax.Array
 
 
-def mix_rewards(r_ext: jax.Array, r_int: jax.Array, hp) -> jax.Array:
-    """``beta_ext * r_ext + beta_int * n(r_int)`` where ``n`` standardises when
-    ``hp.normalize_int == 1`` and is the identity when it is 0. ``[T, N]``."""
-    n = hp.normalize_int * standardise(r_int) + (1.0 - hp.normalize_int) * r_int
-    return hp.beta_ext * r_ext + hp.beta_int * n
+def init_return_scale(num_envs: int) -> ReturnScale:
+    """No return seen yet (:func:`return_std` is then 1)."""
+    z = jnp.float32(0.0)
+    return ReturnScale(jnp.zeros((num_envs,), jnp.float32), z, z, z)
 
 
+def update_return_scale(scale: ReturnScale, r: jax.Array, gamma, done: jax.Array | None = None) -> ReturnScale:
+    """Add the discounted returns of ``r [T, N]`` to the running moments.
+
+    ``done [T, N]`` (episode ended at t) resets the running return after step
+    t; ``None`` (a non-episodic stream) never resets it.
+    """
+    r = r.astype(jnp.float32)
+    gamma = jnp.asarray(gamma, jnp.float32)
+    keep = jnp.ones_like(r) if done is None else 1.0 - done.astype(jnp.float32)
+
+    def step(ret, x):
+        r_t, keep_t = x
+        ret = gamma * ret + r_t
+        return ret * keep_t, ret
+
+    ret, rets = jax.lax.scan(step, scale.ret, (r, keep))
+    n = jnp.float32(rets.size)
+    m, v = rets.mean(), rets.var()
+    total = scale.count + n
+    delta = m - scale.mean
+    mean = scale.mean + delta * n / total
+    var = (scale.var * scale.count + v * n + delta**2 * scale.count * n / total) / total
+    return ReturnScale(ret, total, mean, var)
+
+
+def return_std(scale: ReturnScale, eps: float = 1e-8) -> jax.Array:
+    """The running standard deviation of the return (1 before any data; at least ``eps``)."""
+    return jnp.where(scale.count > 0, jnp.sqrt(jnp.maximum(scale.var, 0.0)) + eps, 1.0)
+
+
+def scale_normalise(scale: ReturnScale, r: jax.Array, gamma, on, done: jax.Array | None = None):
+    """``(scale, r / std)`` when ``on`` (a traced 0/1 flag, ``hp.normalize_int``),
+    ``(scale, r)`` when it is 0. The statistics are updated with ``r [T, N]``
+    first either way; the output is ``r`` times one positive number, never shifted."""
+    scale = update_return_scale(scale, r, gamma, done)
+    factor = on / return_std(scale) + (1.0 - on)
+    return scale, r * factor
+
+
+# ----------------------------------------------------------------------------- the K gate
 def gated_update(signal: Signal, do_update: jax.Array, state, traj, policy: PolicyView, hp, key,
                  axis_name: str | None = None):
     """Run ``signal.update`` when ``do_update`` else keep ``state``.
@@ -110,3 +194,18 @@ class _MLP(nn.Module):
             x = self.activation(nn.Dense(w)(x))
         kw = {} if self.out_init is None else {"kernel_init": self.out_init}
         return nn.Dense(self.out, **kw)(x)
+
+
+def flat_obs(obs: jax.Array, obs_ndim: int) -> jax.Array:
+    """``[..., *obs_shape] -> [..., D]`` float32, flattening the last ``obs_ndim`` axes."""
+    lead = obs.shape[: obs.ndim - obs_ndim]
+    return obs.reshape(lead + (-1,)).astype(jnp.float32)
+
+
+def minibatch_indices(key: jax.Array, size: int, num_minibatches: int, steps: int) -> jax.Array:
+    """``[steps, size // num_minibatches]`` sample indices: consecutive shuffled
+    epochs over ``size`` samples, cut into ``num_minibatches`` minibatches each."""
+    mb = size // num_minibatches
+    epochs = -(-steps // num_minibatches)
+    perms = jax.vmap(lambda k: jax.random.permutation(k, size))(jax.random.split(key, epochs))
+    return perms[:, : mb * num_minibatches].reshape(epochs * num_minibatches, mb)[:steps]

@@ -1,18 +1,18 @@
 """Reward sources that read a trajectory field directly: sparse PPO (the
-external reward alone, method ``ppo``) and the upper-bound baseline (the
+external reward alone, method ``ppo``) and the oracle baseline (the
 environment's hand-designed dense reward ``info["dense_reward"]``, method
-``dense``)."""
-from coevo_jax.signals.base import Signal, no_observe, no_update
+``dense``). Both are one episodic stream, unnormalised."""
+from coevo_jax.signals.base import RewardStreams, Signal, no_observe, no_update
 
 
 def field_signal(field: str) -> Signal:
-    """A :class:`Signal` whose ``rewards`` are ``getattr(traj, field)`` ``[T, N]``."""
+    """A :class:`Signal` whose episodic reward is ``getattr(traj, field)`` ``[T, N]``."""
 
     def init(key, traj, hp):
         return ()
 
     def rewards(state, traj, hp):
-        return getattr(traj, field), {}
+        return state, RewardStreams(getattr(traj, field)), {}
 
     return Signal(init, no_observe, no_update, rewards)
 

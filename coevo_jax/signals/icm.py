@@ -8,14 +8,25 @@ loss only: in the forward loss both feature vectors are ``stop_gradient``-ed, so
 the features keep only what the agent's actions can influence. Loss
 ``(1 - beta) * L_inverse + beta * L_forward`` with ``beta = hp.icm_forward_weight``;
 the intrinsic reward is ``hp.icm_eta * 0.5 * ||f(phi(s_t), a_t) - phi(s_t+1)||^2``
-and PPO receives ``r_ext + r_int``.
+and the policy's rewards are two streams (:class:`~coevo_jax.signals.base.RewardStreams`):
+
+* episodic: ``beta_ext * r_ext``;
+* intrinsic (non-episodic, its own critic head): ``beta_int * n(r_int)``, ``n``
+  the division by a running std of the intrinsic return when
+  ``hp.normalize_int`` (never a mean shift; Burda et al. 2018).
+
+A bonus in the episodic stream would be a living reward: with time-outs
+bootstrapped, "never reach the goal" collects it forever. In its own
+non-episodic return a bonus paid on every step is worth the same whether the
+episode ends or not.
 
 ``s_t+1`` is ``traj.next_obs`` (the pre-reset final observation on steps that
-end an episode). Each ``update`` (gated by ``hp.k`` in the loop) runs one
-shuffled epoch over the current trajectory in ``static.num_minibatches``
-minibatches (PPO's minibatch size), Adam at ``hp.icm_lr`` with global-norm
-clipping at ``hp.max_grad_norm`` (the policy's; the ICM has no clip field of its
-own): the paper trains the ICM alongside the policy, one pass over each batch.
+end an episode). The ICM trains on every rollout, in ``observe`` (the paper
+trains it alongside the policy), not only at the K-gated refits: one shuffled
+epoch over the trajectory in ``static.num_minibatches`` minibatches (PPO's
+minibatch size), Adam at ``hp.icm_lr`` with global-norm clipping at
+``hp.max_grad_norm`` (the policy's; the ICM has no clip field of its own).
+``update`` has nothing to do.
 """
 from __future__ import annotations
 
@@ -27,8 +38,9 @@ import jax.numpy as jnp
 import optax
 
 from coevo_jax.ppo import init_optimizer, make_optimizer
-from coevo_jax.signals.base import Signal, mlp
-from coevo_jax.signals.potential import flat_obs, minibatch_indices
+from coevo_jax.signals.base import (
+    ReturnScale, RewardStreams, Signal, flat_obs, init_return_scale, minibatch_indices, mlp, no_update, scale_normalise,
+)
 
 
 class ICMNetwork(nn.Module):
@@ -90,6 +102,30 @@ def intrinsic_reward(phi_pred: jax.Array, phi_tp1: jax.Array, eta) -> jax.Array:
 class ICMState(NamedTuple):
     params: Any
     opt_state: Any
+    scale: ReturnScale  # running std of the intrinsic return
+
+
+def icm_train(icm: ICMNetwork, params, opt_state, data, hp, key, num_minibatches: int):
+    """One shuffled epoch of ICM steps over flat ``data = (obs [B, D], next_obs
+    [B, D], action [B])``. Returns ``(params, opt_state, mean metrics)``."""
+    tx = make_optimizer(hp.max_grad_norm, hp.icm_lr)
+    idx = minibatch_indices(key, data[2].shape[0], num_minibatches, num_minibatches)
+
+    def loss_fn(p, mb):
+        obs, next_obs, action = mb
+        _, phi_tp1, logits, phi_pred = icm.apply(p, obs, next_obs, action)
+        inv, fwd = inverse_loss(logits, action), forward_loss(phi_pred, phi_tp1)
+        return icm_loss(inv, fwd, hp.icm_forward_weight), (inv, fwd)
+
+    def step(carry, i):
+        p, o = carry
+        mb = jax.tree.map(lambda x: x[i], data)
+        (loss, (inv, fwd)), grads = jax.value_and_grad(loss_fn, has_aux=True)(p, mb)
+        updates, o = tx.update(grads, o, p)
+        return (optax.apply_updates(p, updates), o), {"icm_loss": loss, "icm_inverse": inv, "icm_forward": fwd}
+
+    (params, opt_state), m = jax.lax.scan(step, (params, opt_state), idx)
+    return params, opt_state, jax.tree.map(jnp.mean, m)
 
 
 def make_icm(static, network, env, env_params) -> Signal:
@@ -98,42 +134,27 @@ def make_icm(static, network, env, env_params) -> Signal:
     icm = ICMNetwork(num_actions, int(static.icm_feature_dim), (int(static.hidden_sizes[0]),))
     obs_ndim = len(env.observation_space(env_params).shape)
 
-    def apply(params, traj):
-        return icm.apply(params, flat_obs(traj.obs, obs_ndim), flat_obs(traj.next_obs, obs_ndim), traj.action)
+    def transitions(traj):
+        return flat_obs(traj.obs, obs_ndim), flat_obs(traj.next_obs, obs_ndim), traj.action
 
     def init(key, traj, hp):
         o = flat_obs(traj.obs[0, :1], obs_ndim)
         params = icm.init(key, o, o, traj.action[0, :1])
-        return ICMState(params, init_optimizer(params))
+        return ICMState(params, init_optimizer(params), init_return_scale(traj.action.shape[1]))
 
-    def observe(state, traj, hp):
-        return state
-
-    def update(state, traj, policy, hp, key):
-        tx = make_optimizer(hp.max_grad_norm, hp.icm_lr)
-        flat = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]),
-                            (flat_obs(traj.obs, obs_ndim), flat_obs(traj.next_obs, obs_ndim), traj.action))
-        idx = minibatch_indices(key, flat[2].shape[0], static.num_minibatches, static.num_minibatches)
-
-        def loss_fn(p, mb):
-            obs, next_obs, action = mb
-            _, phi_tp1, logits, phi_pred = icm.apply(p, obs, next_obs, action)
-            inv, fwd = inverse_loss(logits, action), forward_loss(phi_pred, phi_tp1)
-            return icm_loss(inv, fwd, hp.icm_forward_weight), (inv, fwd)
-
-        def step(carry, i):
-            p, o = carry
-            mb = jax.tree.map(lambda x: x[i], flat)
-            (loss, (inv, fwd)), grads = jax.value_and_grad(loss_fn, has_aux=True)(p, mb)
-            updates, o = tx.update(grads, o, p)
-            return (optax.apply_updates(p, updates), o), {"icm_loss": loss, "icm_inverse": inv, "icm_forward": fwd}
-
-        (params, opt_state), m = jax.lax.scan(step, (state.params, state.opt_state), idx)
-        return ICMState(params, opt_state), jax.tree.map(jnp.mean, m)
+    def observe(state, traj, hp, key):
+        data = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), transitions(traj))
+        params, opt_state, metrics = icm_train(icm, state.params, state.opt_state, data, hp, key,
+                                               static.num_minibatches)
+        return state._replace(params=params, opt_state=opt_state), metrics
 
     def rewards(state, traj, hp):
-        _, phi_tp1, _, phi_pred = apply(state.params, traj)
+        _, phi_tp1, _, phi_pred = icm.apply(state.params, *transitions(traj))
         r_int = intrinsic_reward(phi_pred, phi_tp1, hp.icm_eta)
-        return traj.reward + r_int, {"icm_reward_mean": r_int.mean(), "icm_reward_max": r_int.max()}
+        scale, r_norm = scale_normalise(state.scale, r_int, hp.gamma, hp.normalize_int)
+        streams = RewardStreams(hp.beta_ext * traj.reward, hp.beta_int * r_norm)
+        metrics = {"icm_reward_mean": r_int.mean(), "icm_reward_max": r_int.max(),
+                   "int_return_std": jnp.sqrt(scale.var)}
+        return state._replace(scale=scale), streams, metrics
 
-    return Signal(init, observe, update, rewards)
+    return Signal(init, observe, no_update, rewards)

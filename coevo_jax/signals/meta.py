@@ -2,38 +2,53 @@
 Singh (2018), "On Learning Intrinsic Rewards for Policy Gradient Methods"
 (NeurIPS; reference code github.com/Hwhitetooth/lirpg, ``ppo2.py``).
 
-An internal reward ``R_phi(features, action)`` (an MLP over the policy's
-penultimate features and an action embedding, tanh output) is trained so that a
-policy update on the *mixed* reward ``r_ext_coef * r_ext + r_int_coef * R_phi``
-raises the *external* objective of the updated policy:
+An internal reward ``R_phi(x_t, a_t)`` (:class:`coevo_jax.reward_net.RewardNet`;
+``x_t`` the policy's features or the observation, ``StaticConfig.reward_input``)
+is trained so that a policy update on the rewards it makes raises the
+*external* objective of the updated policy. The policy's rewards are two
+streams (:class:`~coevo_jax.signals.base.RewardStreams`):
+
+* episodic: ``r_ext_coef * r_ext``;
+* intrinsic (non-episodic return, the critic's second head):
+  ``r_int_coef * n(R_phi)``, ``n(r) = r / std(intrinsic return)`` (a running
+  std, :func:`~coevo_jax.signals.base.scale_normalise`, never a mean shift)
+  when ``hp.normalize_int``, else ``n(r) = r``.
+
+R_phi pays on every step: in the episodic stream a positive R_phi would be a
+living reward (a time-out bootstraps it forever, "never finish" collects it);
+in its own non-episodic return it is worth the same whether episodes end or
+not. The default is ``normalize_int = 0``: the untrained R_phi is ~0
+(``|r| < 0.01``) and dividing it by its own tiny return std would turn it into
+unit-scale noise.
 
 1. inner update: from ``theta`` (the policy's params) take
    ``static.meta_inner_steps`` steps of the policy's real optimiser (global-norm
    clip + Adam, :func:`coevo_jax.ppo.make_optimizer`, with its real state) on
-   the PPO loss of the whole batch, with advantages from the mixed reward and
-   the policy's own (mixed) critic. This gives ``theta'(phi)``;
+   the PPO loss of the whole batch, with the advantages and value targets the
+   real update uses (:func:`coevo_jax.ppo.stream_advantages` of the two
+   streams, the policy's two critic heads). This gives ``theta'(phi)``;
 2. outer objective: the PPO clipped surrogate of ``theta'`` on the same batch,
-   ratio ``pi_theta' / pi_theta_old``, with advantages from the external reward
-   alone and an external critic ``V_ext`` (GAE);
+   ratio ``pi_theta' / pi_theta_old`` (legal-action masks applied, as in the
+   stored log-probabilities: the ratio is 1 at ``theta' = theta``), with
+   advantages from the external reward alone and an external critic ``V_ext``;
 3. ``jax.grad`` of the outer objective w.r.t. ``phi`` differentiates through
    the unrolled inner steps (second order); phi takes one clipped Adam ascent
-   step (``hp.meta_lr``, ``hp.meta_max_grad_norm``) on that gradient divided
-   by the policy's learning rate. ``V_ext`` is refit on the external GAE targets.
-
-The loop then calls :func:`make_meta`'s ``rewards`` with the updated phi and
-the policy takes its ordinary PPO update on the mixed reward.
+   step (``hp.meta_lr * policy.lr_frac``: annealed with the policy's learning
+   rate, so their ratio is constant over a run) on that gradient divided by the
+   policy's learning rate. ``V_ext`` is refit on the external GAE targets.
 
 Choices that differ from the reference code (which takes one look-ahead step
 per PPO minibatch with Adam's second moment under ``stop_gradient``): here the
 look-ahead uses the full batch and the exact derivative of the real optimiser
-step (second moment included); one meta step per signal update, on the
+step (second moment included), except that the running std of ``n`` is held
+constant in the derivative; one meta step per signal update, on the
 meta-gradient divided by the policy's learning rate (the raw one is ~1e-8 per
-coordinate, below Adam's eps, so Adam would hardly move phi); ``V_ext``
-(a separate MLP on observations) has its own optimiser mirroring the policy's
+coordinate, below Adam's eps, so Adam would hardly move phi); ``V_ext`` (a
+separate MLP on observations) has its own optimiser mirroring the policy's
 critic (``hp.max_grad_norm``, the policy's learning rate, ``update_epochs x
-num_minibatches`` shuffled steps) instead of sharing phi's optimiser.
-``static.meta_truncate = m`` stops gradients through the first ``m`` inner
-steps (the look-ahead still takes them), so memory grows with ``N - m``.
+num_minibatches`` shuffled steps). ``static.meta_truncate = m`` stops gradients
+through the first ``m`` inner steps (the look-ahead still takes them), so
+memory grows with ``N - m``.
 """
 from __future__ import annotations
 
@@ -44,74 +59,70 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from coevo_jax.ppo import PPOBatch, gae, init_optimizer, make_optimizer, ppo_loss
-from coevo_jax.signals.base import Signal, mlp, no_observe
-
-
-# ----------------------------------------------------------------------------- networks
-class RewardNet(nn.Module):
-    """``R_phi``: ``(features [..., H], action [...] int) -> reward [...]`` in ``[-1, 1]``.
-
-    An MLP (tanh hidden layers) over the concatenation of the policy features
-    and a learned action embedding, tanh on the scalar output.
-    """
-
-    num_actions: int
-    hidden: tuple = (64, 64)
-    action_embed_dim: int = 16
-
-    @nn.compact
-    def __call__(self, features, action):
-        emb = nn.Embed(self.num_actions, self.action_embed_dim, name="action_embed")(action)
-        x = jnp.concatenate([features, emb.astype(features.dtype)], axis=-1)
-        return jnp.tanh(mlp(self.hidden, 1, activation=nn.tanh, name="mlp")(x)[..., 0])
+from coevo_jax.ppo import PPOBatch, gae, init_optimizer, make_optimizer, ppo_loss, stream_advantages
+from coevo_jax.reward_net import RewardNet, apply_reward, make_reward_net, reward_inputs
+from coevo_jax.rollout import mask_logits
+from coevo_jax.signals.base import (
+    ReturnScale, RewardStreams, Signal, flat_obs, init_return_scale, mlp, no_observe, return_std,
+    update_return_scale,
+)
 
 
 class ValueNet(nn.Module):
-    """``V_ext``: ``obs [..., D] -> value [...]`` (tanh MLP; the observation is
-    flattened over its trailing dims ``obs_ndim`` and cast to float)."""
+    """``V_ext``: ``obs [..., *obs_shape] -> value [...]`` (tanh MLP on the
+    observation flattened over its trailing ``obs_ndim`` dims, as float)."""
 
     hidden: tuple = (64, 64)
     obs_ndim: int = 1
 
     @nn.compact
     def __call__(self, obs):
-        lead = obs.shape[: obs.ndim - self.obs_ndim]
-        x = obs.reshape(lead + (-1,)).astype(jnp.result_type(float))
-        return mlp(self.hidden, 1, activation=nn.tanh, name="mlp")(x)[..., 0]
+        return mlp(self.hidden, 1, activation=nn.tanh, name="mlp")(flat_obs(obs, self.obs_ndim))[..., 0]
 
 
 class MetaState(NamedTuple):
-    """Signal state: reward net ``phi`` and its optimiser, external critic ``psi`` and its optimiser."""
+    """Signal state: reward net ``phi`` and its optimiser, external critic
+    ``psi`` and its optimiser, the running scale of the intrinsic return."""
 
     phi: Any
     phi_opt: Any
     psi: Any
     psi_opt: Any
+    scale: ReturnScale
 
 
 # ----------------------------------------------------------------------------- pure pieces
-def intrinsic_reward(reward_net: nn.Module, phi, features: jax.Array, action: jax.Array) -> jax.Array:
-    """``R_phi(features [T, N, H], action [T, N]) -> [T, N]``."""
-    return reward_net.apply(phi, features, action)
+def intrinsic_reward(reward_net: RewardNet, phi, traj) -> jax.Array:
+    """``R_phi`` on a ``[T, N]`` trajectory's inputs and actions: ``[T, N]`` in ``[-1, 1]``."""
+    return apply_reward(reward_net, phi, traj)[0]
 
 
-def mixed_reward(r_ext: jax.Array, r_int: jax.Array, hp) -> jax.Array:
-    """``hp.r_ext_coef * r_ext + hp.r_int_coef * r_int`` (``[T, N]``; no normalisation)."""
-    return hp.r_ext_coef * r_ext + hp.r_int_coef * r_int
+def meta_streams(r_int: jax.Array, traj, scale: ReturnScale, hp):
+    """The policy's rewards from ``r_int = R_phi [T, N]``: ``(scale, RewardStreams(
+    r_ext_coef * r_ext, r_int_coef * n(r_int)))`` (see the module docstring).
+
+    ``scale`` is updated with ``r_int``'s non-episodic returns; the divisor is
+    held constant in derivatives w.r.t. ``r_int``.
+    """
+    f32 = jnp.float32  # the running statistics are float32 (also under jax_enable_x64)
+    scale = update_return_scale(scale, jax.lax.stop_gradient(r_int).astype(f32), hp.gamma.astype(f32), None)
+    factor = jax.lax.stop_gradient(hp.normalize_int / return_std(scale) + (1.0 - hp.normalize_int))
+    return scale, RewardStreams(hp.r_ext_coef * traj.reward, hp.r_int_coef * r_int * factor)
 
 
 def _flat(x: jax.Array) -> jax.Array:
     return x.reshape((-1,) + x.shape[2:])
 
 
-def mixed_batch(phi, traj, reward_net: nn.Module, hp) -> PPOBatch:
-    """Flat ``[T * N]`` PPO batch whose advantages/targets come from GAE of the
-    mixed reward with the policy's own critic (``traj.value``, ``traj.next_value``).
+def mixed_batch(phi, traj, reward_net: RewardNet, hp, scale: ReturnScale | None = None) -> PPOBatch:
+    """Flat ``[T * N]`` PPO batch with the advantages and value targets the
+    loop's PPO update would use for these rewards (:func:`meta_streams` then
+    :func:`coevo_jax.ppo.stream_advantages`; ``traj.value`` ``[T, N, 2]``).
+    ``scale`` (default: no return seen yet) is the running intrinsic scale.
     Differentiable w.r.t. ``phi``."""
-    r_int = intrinsic_reward(reward_net, phi, traj.features, traj.action)
-    r_mix = mixed_reward(traj.reward, r_int, hp)
-    adv, targets = gae(r_mix, traj.value, traj.next_value, traj.terminated, traj.truncated, hp.gamma, hp.gae_lambda)
+    scale = init_return_scale(traj.action.shape[1]) if scale is None else scale
+    _, streams = meta_streams(intrinsic_reward(reward_net, phi, traj), traj, scale, hp)
+    adv, targets = stream_advantages(streams, traj, hp)
     return PPOBatch(_flat(traj.obs), _flat(traj.action), _flat(traj.logp), _flat(traj.value), _flat(adv),
                     _flat(targets), jax.tree.map(_flat, traj.legal_mask))
 
@@ -154,18 +165,18 @@ def inner_step(theta, opt_state, batch: PPOBatch, network: nn.Module, hp, lr, no
     return optax.apply_updates(theta, updates), opt_state
 
 
-def inner_update(theta, opt_state, phi, traj, network: nn.Module, reward_net: nn.Module, hp, lr,
-                 num_steps: int = 1, truncate: int = 0, normalize_advantages: bool = True):
-    """``theta'(phi)``: ``num_steps`` :func:`inner_step` s on the mixed-reward batch.
+def inner_update(theta, opt_state, phi, traj, network: nn.Module, reward_net: RewardNet, hp, lr,
+                 num_steps: int = 1, truncate: int = 0, normalize_advantages: bool = True,
+                 scale: ReturnScale | None = None):
+    """``theta'(phi)``: ``num_steps`` :func:`inner_step` s on :func:`mixed_batch`.
 
-    ``traj`` is a ``[T, N]`` trajectory (fields ``obs, action, logp, value,
-    features, reward, terminated, truncated, next_value``). Gradients w.r.t.
-    ``phi`` (and ``theta``) are stopped through the first ``truncate`` steps.
-    Returns ``(theta', opt_state')``.
+    ``traj`` is a ``[T, N]`` trajectory (``value``/``next_value`` ``[T, N, 2]``).
+    Gradients w.r.t. ``phi`` (and ``theta``) are stopped through the first
+    ``truncate`` steps. Returns ``(theta', opt_state')``.
     """
     if not 0 <= truncate < num_steps:
         raise ValueError(f"truncate={truncate} must be in [0, num_steps={num_steps})")
-    batch = mixed_batch(phi, traj, reward_net, hp)
+    batch = mixed_batch(phi, traj, reward_net, hp, scale)
 
     def steps(carry, n):
         if n <= 4:  # unrolled (a differentiated scan compiles slower); longer runs use a scan
@@ -193,41 +204,52 @@ def external_advantages(v_net: nn.Module, psi, traj, hp):
     return jax.lax.stop_gradient(adv), jax.lax.stop_gradient(targets)
 
 
-def clipped_surrogate(params, network: nn.Module, obs, action, logp_old, advantage, clip_eps,
-                      normalize_advantages: bool = True) -> jax.Array:
-    """PPO clipped surrogate ``E[min(rho A, clip(rho, 1 +- eps) A)]`` (to maximise),
-    ``rho = pi_params(a|s) / exp(logp_old)``. All inputs ``[B, ...]``; returns ``()``."""
-    logits = network.apply(params, obs)[0]
+def policy_log_prob(params, network: nn.Module, obs, action, legal_mask=None) -> jax.Array:
+    """``log pi_params(a | s)`` ``[B]`` for ``obs [B, ...]``, ``action [B]``, with
+    the illegal actions of ``legal_mask [B, A]`` (or ``None``) masked out, as at collection."""
+    logits = mask_logits(network.apply(params, obs)[0], legal_mask)
     logp = jax.nn.log_softmax(logits)
-    logp = jnp.take_along_axis(logp, action[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    return jnp.take_along_axis(logp, action[..., None].astype(jnp.int32), axis=-1)[..., 0]
+
+
+def clipped_surrogate(params, network: nn.Module, obs, action, logp_old, advantage, clip_eps,
+                      normalize_advantages: bool = True, legal_mask=None) -> jax.Array:
+    """PPO clipped surrogate ``E[min(rho A, clip(rho, 1 +- eps) A)]`` (to maximise),
+    ``rho = pi_params(a|s) / exp(logp_old)`` (:func:`policy_log_prob`, masked
+    like ``logp_old``). All inputs ``[B, ...]``; returns ``()``."""
+    logp = policy_log_prob(params, network, obs, action, legal_mask)
     if normalize_advantages:
         advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8)
     ratio = jnp.exp(logp - logp_old)
     return jnp.minimum(ratio * advantage, jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantage).mean()
 
 
-def outer_objective(phi, theta, opt_state, traj, adv_ext, network: nn.Module, reward_net: nn.Module, hp, lr,
-                    num_steps: int = 1, truncate: int = 0, normalize_advantages: bool = True):
+def outer_objective(phi, theta, opt_state, traj, adv_ext, network: nn.Module, reward_net: RewardNet, hp, lr,
+                    num_steps: int = 1, truncate: int = 0, normalize_advantages: bool = True,
+                    scale: ReturnScale | None = None):
     """The LIRPG outer objective ``J_ext(theta'(phi))`` (a scalar to maximise).
 
     ``theta'`` from :func:`inner_update`; the surrogate is taken on the same
-    batch with ratio ``pi_theta' / pi_theta_old`` (``traj.logp``) and the
-    external advantages ``adv_ext [T, N]``. Returns ``(objective, theta')``.
+    batch with ratio ``pi_theta' / pi_theta_old`` (``traj.logp``, the masks of
+    ``traj.legal_mask``) and the external advantages ``adv_ext [T, N]``.
+    Returns ``(objective, theta')``.
     """
     theta_new, _ = inner_update(theta, opt_state, phi, traj, network, reward_net, hp, lr, num_steps, truncate,
-                                normalize_advantages)
+                                normalize_advantages, scale)
     obj = clipped_surrogate(theta_new, network, _flat(traj.obs), _flat(traj.action), _flat(traj.logp),
-                            _flat(adv_ext), hp.clip_eps, normalize_advantages)
+                            _flat(adv_ext), hp.clip_eps, normalize_advantages,
+                            jax.tree.map(_flat, traj.legal_mask))
     return obj, theta_new
 
 
-def meta_gradient(phi, theta, opt_state, traj, adv_ext, network: nn.Module, reward_net: nn.Module, hp, lr,
-                  num_steps: int = 1, truncate: int = 0, normalize_advantages: bool = True):
+def meta_gradient(phi, theta, opt_state, traj, adv_ext, network: nn.Module, reward_net: RewardNet, hp, lr,
+                  num_steps: int = 1, truncate: int = 0, normalize_advantages: bool = True,
+                  scale: ReturnScale | None = None):
     """``(objective, d objective / d phi)``: second-order gradient through the
     unrolled inner steps (:func:`outer_objective`). The gradient has phi's structure."""
     (obj, _), grad = jax.value_and_grad(outer_objective, has_aux=True)(
         phi, theta, opt_state, traj, adv_ext, network, reward_net, hp, lr, num_steps, truncate,
-        normalize_advantages)
+        normalize_advantages, scale)
     return obj, grad
 
 
@@ -259,23 +281,27 @@ def fit_value(v_net: nn.Module, psi, psi_opt, obs: jax.Array, targets: jax.Array
     return psi, psi_opt, loss0
 
 
-def meta_update(state: MetaState, traj, policy, hp, key, reward_net: nn.Module, v_net: nn.Module,
+def meta_step_size(hp, policy) -> jax.Array:
+    """phi's Adam step: ``hp.meta_lr * policy.lr_frac`` (annealed with the policy's learning rate)."""
+    return hp.meta_lr * policy.lr_frac
+
+
+def meta_update(state: MetaState, traj, policy, hp, key, reward_net: RewardNet, v_net: nn.Module,
                 num_steps: int = 1, truncate: int = 0, normalize_advantages: bool = True,
                 value_epochs: int = 1, value_minibatches: int = 1):
     """One LIRPG update of phi (meta-gradient ascent) and of ``V_ext``.
 
     ``policy`` is a :class:`~coevo_jax.signals.PolicyView`. phi's optimiser
-    (clip by ``hp.meta_max_grad_norm``, Adam, step ``hp.meta_lr``) ascends the
-    meta-gradient divided by the policy's learning rate ``policy.lr`` (see the
-    comment in the body). Returns ``(state, metrics)``: the outer objective
-    before the step, the meta-gradient's global norm (raw, before the division
-    and clipping) and the ``V_ext`` loss before its fit (the r_int statistics
-    come from ``rewards``, computed with the updated phi).
+    (clip by ``hp.meta_max_grad_norm``, Adam, step :func:`meta_step_size`)
+    ascends the meta-gradient divided by the policy's learning rate
+    ``policy.lr`` (see the comment in the body). Returns ``(state, metrics)``:
+    the outer objective before the step, the meta-gradient's global norm (raw,
+    before the division and clipping) and the ``V_ext`` loss before its fit.
     """
     adv_ext, targets_ext = external_advantages(v_net, state.psi, traj, hp)
     obj, grad = meta_gradient(state.phi, policy.params, policy.opt_state, traj, adv_ext, policy.network,
-                              reward_net, hp, policy.lr, num_steps, truncate, normalize_advantages)
-    tx = make_optimizer(hp.meta_max_grad_norm, hp.meta_lr)
+                              reward_net, hp, policy.lr, num_steps, truncate, normalize_advantages, state.scale)
+    tx = make_optimizer(hp.meta_max_grad_norm, meta_step_size(hp, policy))
     # theta' - theta is proportional to the policy's step size, and so is the
     # meta-gradient (per coordinate ~1e-8 at lr 2.5e-4, far below Adam's eps
     # 1e-5, where Adam would barely move phi). Divide by the step size: the
@@ -288,26 +314,25 @@ def meta_update(state: MetaState, traj, policy, hp, key, reward_net: nn.Module, 
     psi, psi_opt, v_loss = fit_value(v_net, state.psi, state.psi_opt, _flat(traj.obs), _flat(targets_ext), key, hp,
                                      policy.lr, value_epochs, value_minibatches)
     metrics = {"outer_objective": obj, "meta_grad_norm": optax.tree.norm(grad), "v_ext_loss": v_loss}
-    return MetaState(phi, phi_opt, psi, psi_opt), {k: v.astype(jnp.float32) for k, v in metrics.items()}
+    return state._replace(phi=phi, phi_opt=phi_opt, psi=psi, psi_opt=psi_opt), \
+        {k: v.astype(jnp.float32) for k, v in metrics.items()}
 
 
 # ----------------------------------------------------------------------------- the Signal
 def make_meta(static, network, env, env_params) -> Signal:
-    """LIRPG meta-gradient reward source (method ``meta``).
-
-    ``rewards = hp.r_ext_coef * r_ext + hp.r_int_coef * R_phi(features, action)``
-    with phi refit by :func:`meta_update` whenever the loop runs ``update``.
-    """
-    num_actions = env.action_space(env_params).n
+    """LIRPG meta-gradient reward source (method ``meta``): the streams of
+    :func:`meta_streams`, phi refit by :func:`meta_update` whenever the loop
+    runs ``update``."""
     obs_ndim = len(env.observation_space(env_params).shape)
-    reward_net = RewardNet(num_actions, tuple(static.reward_hidden), static.action_embed_dim)
+    reward_net = make_reward_net(static, env, env_params)
     v_net = ValueNet(tuple(static.reward_hidden), obs_ndim)
 
     def init(key, traj, hp):
         k_r, k_v = jax.random.split(key)
-        phi = reward_net.init(k_r, traj.features[0], traj.action[0])
+        x = reward_inputs(traj, reward_net.reward_input, reward_net.obs_ndim)
+        phi = reward_net.init(k_r, x[0], traj.action[0])
         psi = v_net.init(k_v, traj.obs[0])
-        return MetaState(phi, init_optimizer(phi), psi, init_optimizer(psi))
+        return MetaState(phi, init_optimizer(phi), psi, init_optimizer(psi), init_return_scale(traj.action.shape[1]))
 
     def update(state, traj, policy, hp, key):
         return meta_update(state, traj, policy, hp, key, reward_net, v_net, static.meta_inner_steps,
@@ -315,8 +340,9 @@ def make_meta(static, network, env, env_params) -> Signal:
                            static.num_minibatches)
 
     def rewards(state, traj, hp):
-        r_int = intrinsic_reward(reward_net, state.phi, traj.features, traj.action)
-        r = mixed_reward(traj.reward, r_int, hp)
-        return r, {"r_int_mean": r_int.mean().astype(jnp.float32), "r_int_std": r_int.std().astype(jnp.float32)}
+        r_int = intrinsic_reward(reward_net, state.phi, traj)
+        scale, streams = meta_streams(r_int, traj, state.scale, hp)
+        metrics = {"r_int_mean": r_int.mean(), "r_int_std": r_int.std(), "int_return_std": return_std(scale)}
+        return state._replace(scale=scale), streams, {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
 
     return Signal(init, no_observe, update, rewards)

@@ -1,64 +1,89 @@
-"""Self-Induced Outcome Potential (SIOP): turn-level credit from a learned
-outcome potential.
+"""Self-Induced Outcome Potential (SIOP): turn-level credit as potential-based
+shaping with a learned outcome potential.
 
-A potential network ``V(s)`` predicts the final outcome of the episode under the
-current policy. It is fitted with three losses (the "SIOP" design; see the
-project's seed document and, for the shaping view, Ng, Harada and Russell 1999,
-"Policy invariance under reward transformations"):
+**One formulation, one fixed point.** ``Phi(s)`` is the expected discounted
+external outcome-to-go of state ``s`` under the current policy,
 
-* **fit**: on the transition that ends an episode, the potential of the outcome
-  state matches the episode's final return (weight ``hp.w_fit``, ramped linearly
-  from 0 over ``hp.fit_ramp_iters`` iterations because early outcomes say little),
-  plus optionally every state weakly toward its episode's final return
-  (``hp.w_fit_all``);
-* **consistency**: ``V(s_t) ~ sg(V(s_t+1))`` where no external reward arrives and
-  ``V(s_t) ~ sg(V(s_t+1)) + r_t`` where one does (full weight from the start);
-* **L2**: ``hp.w_reg * mean(V^2)``.
+    Phi(s_t) = E[ sum_{k >= 0} gamma^k r_{t+k} ],   Phi(terminal) = 0,
 
-The credit of a step is ``r_int_t = V(s_t+1) - V(s_t)`` (``gamma V(s_t+1) -
-V(s_t)`` with ``hp.credit_gamma = 1``), optionally smoothed over
-``static.credit_nstep`` steps and clipped to ``+-hp.credit_clip``; it is mixed
-into the PPO reward by :func:`~coevo_jax.signals.base.mix_rewards`. The loop
-calls ``rewards`` after the gated ``update``, so credit is always recomputed
-with the freshly updated ``V``.
+the value function of the external reward. A time-out is not an outcome: the
+episode would have gone on, so a truncated episode bootstraps with
+``Phi(final_obs)`` (never 0, never a failure). Three losses on replayed
+transitions share this fixed point:
 
-**Terminal potential** (HParams leaf ``terminal_potential``, added for SIOP):
+* **fit** (``hp.w_fit``): ``Phi(s_t) ~ G_t``, the Monte-Carlo discounted return
+  to go of a complete episode, ``G_t = sum_{q=t}^{T-1} gamma^(q-t) r_q`` plus
+  ``gamma^(T-t) sg(Phi(final_obs))`` if it timed out;
+* **consistency** (``hp.w_cons``): ``Phi(s_t) ~ r_t + gamma sg(Phi(s_t+1))``,
+  the bootstrap term 0 on a terminated step and ``Phi(final_obs)`` on a
+  truncated one;
+* **L2** (``hp.w_reg``): ``mean(Phi^2)``, a prior that shrinks ``Phi`` by a
+  fraction ``~ w_reg / (w_fit + w_cons)``.
 
-* ``1`` (fitted, the default): the outcome state ``s_T`` (the pre-reset final
-  observation ``next_obs``) keeps its fitted value ``V(s_T) ~ G``. The
-  consistency target of the step that ends the episode is ``sg(V(s_T))`` alone:
-  the fitted final return already contains that step's reward. ``V`` then reads
-  as "expected final outcome", and the credit of an episode sums to
-  ``V(s_T) - V(s_0) ~ G - V(s_0)``: each step's share of the outcome's surprise.
-* ``0`` (zero): ``Phi(s_T) = 0`` as in potential-based shaping, whose optimal
-  policies equal the unshaped ones. The last step's consistency target is then
-  ``r_t`` and the fit term is applied to ``V(s_{T-1})`` (the last state before the
-  end, as in the seed's pseudo-code), so ``V`` still predicts the final outcome
-  of reward-at-the-end tasks; credit sums to ``-V(s_0)`` and carries information
-  only together with the external reward (``beta_ext > 0``).
+With ``w_reg = 0`` the value function of the data's policy minimises both the
+fit and the consistency loss (the fit is its unbiased estimate, the
+consistency its Bellman equation), so the weights trade variance against bias
+but move no target. The seed's versions (fit ``V(s_T)`` to the whole
+undiscounted return, ``V(s_t) ~ V(s_t+1)`` without discount, a terminal
+potential fitted to the outcome) had no common fixed point.
 
-Episodes that end by time-out (``truncated``) are treated as ended in both the
-fit and the terminal potential: their final return is what the policy achieved.
+**Credit** is potential-based shaping (Ng, Harada and Russell 1999, "Policy
+invariance under reward transformations"):
 
-**V reads the environment observation** (``traj.obs`` / ``traj.next_obs``, flattened
-to float), not the policy's penultimate features: those drift as the policy
-trains, and ``V`` must be a stable function of the *state* so that ``V(s_t+1) -
-V(s_t)`` measures the step, not the change of the feature map.
+    F_t = gamma * Phi(s_t+1) - Phi(s_t),   Phi(s_t+1) = 0 if terminated_t,
+                                           Phi(final_obs_t) if truncated_t.
 
-**Training data**: each ``update`` runs ``static.potential_steps`` Adam steps
-(lr ``hp.potential_lr``, clipping ``hp.potential_max_grad_norm``) on shuffled
-minibatches of the current trajectory only, PPO's minibatch size
-(``T * N / static.num_minibatches``; ``potential_steps = num_minibatches`` is one
-epoch). No replay buffer: ``V`` must track the *current* policy's outcomes. Every
-transition is self-contained for the losses (``obs``, ``next_obs``, reward, end
-flag, its episode's final return computed on the whole ``[T, N]`` trajectory
-first), so minibatches need not keep time order. Minibatches keep the refit at
-a fraction of PPO's cost; full-batch steps cost about one PPO update each.
+For *any* ``Phi`` with ``Phi(terminal) = 0`` the optimal policies under
+``r_ext + F`` are those under ``r_ext``: a wrong potential costs speed, never
+the task. Over an episode ``sum_t gamma^t F_t = gamma^T Phi(s_T) - Phi(s_0)``
+(``Phi(s_T) = 0`` if it terminated): credit alone carries no outcome, so the
+outcome comes from ``r_ext``. The episodic stream is ``beta_ext * r_ext +
+beta_int * F`` (defaults 1 and 1); its discounted sum over a terminated episode
+is ``G - Phi(s_0)``: the outcome is paid once, minus a baseline that depends on
+the start state only. (The seed's "progress" form ``V(s_T) - V(s_0)`` with a
+fitted terminal value pays the outcome a second time and is not
+potential-based under discounting; it is gone, with the ``terminal_potential``,
+``credit_gamma`` and ``w_fit_all`` options.)
 
-**Ensembles**: ``static.ensemble_size`` members with independent initialisations
-(stacked parameters, ``vmap``), each trained on its own loss with its own
-optimiser state, gradient clipping and minibatch order; their values are combined per state by
-``static.ensemble_combine`` (``"mean"`` or ``"min"``) before the credit.
+**Scale** (``hp.normalize_int``, 0 by default for ``siop``): 1 divides ``F`` by
+a running std of its discounted return (:func:`~coevo_jax.signals.base.scale_normalise`,
+``done = terminated | truncated``), one positive number per batch, so ``F``
+stays potential-based (with ``Phi / std``) and is never shifted. Off by
+default because ``Phi`` is already in units of the external return, and a
+near-constant early ``Phi`` would have its noise blown up to unit scale.
+``hp.credit_clip`` caps ``|F|`` after scaling; a clipped step no longer
+cancels against its neighbours (it breaks telescoping), so the default
+(``1e6``) never binds.
+
+**n-step smoothing** (``static.credit_nstep = n > 1``): each one-step credit
+``F_j`` is spread uniformly, in discounted terms, over its receivers, the up
+to ``n`` steps ``t in [j - n + 1, j]`` of the same episode inside the rollout:
+``F'_t = sum_{k<n} alive(t..t+k) gamma^k F_{t+k} / c_{t+k}``, ``c_j`` the number
+of receivers of ``F_j``. Then ``sum_t gamma^t F'_t = sum_t gamma^t F_t`` over
+every episode exactly; but ``F'`` is not potential-based, so policy invariance
+is exact for ``n = 1`` only.
+
+**Replay.** ``update`` fits ``Phi`` on a ring buffer of the
+``static.potential_buffer_episodes`` most recent complete episodes
+(:mod:`coevo_jax.episodes`, filled by ``observe``; an episode longer than
+``static.potential_episode_len = L`` keeps its last ``L`` steps, whose return to
+go is still exact), not only on the current rollout: ``static.potential_steps``
+Adam steps (lr ``hp.potential_lr``, clipping ``hp.potential_max_grad_norm``),
+each on ``static.minibatch_size`` (PPO's minibatch size) transitions drawn
+uniformly from the stored steps: the on-policy state distribution of the last
+few policies, at a PPO minibatch's cost. The fixed point is then the value of
+that mixture of recent policies. ``rewards`` computes credit on the current
+trajectory with the freshly updated ``Phi``.
+
+**No fit ramp.** The seed ramps the fit in because early outcomes are
+uninformative; with a consistent target they are exactly the early policy's
+values, which is what ``Phi`` should track, so ``fit_ramp_iters`` is gone.
+
+**Phi reads the environment observation** (flattened to float), not the
+policy's features, which drift as the policy trains. **Ensembles**:
+``static.ensemble_size`` members with independent initialisations and
+minibatches, combined per state by ``static.ensemble_combine`` (``"mean"`` or
+``"min"``) before the credit; any combination is again a potential.
 """
 from __future__ import annotations
 
@@ -69,14 +94,18 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from coevo_jax import episodes as ep
 from coevo_jax.ppo import init_optimizer, make_optimizer
-from coevo_jax.signals.base import Signal, mix_rewards
+from coevo_jax.signals.base import (
+    ReturnScale, RewardStreams, Signal, init_return_scale, return_std, scale_normalise,
+)
+
+sg = jax.lax.stop_gradient
+
 
 # ----------------------------------------------------------------------------- network
-
-
 class PotentialNetwork(nn.Module):
-    """MLP ``V: [..., D] -> [...]`` over flattened float observations.
+    """MLP ``Phi: [..., D] -> [...]`` over flattened float observations.
 
     Optional LayerNorm after every hidden Dense. The output layer starts near
     zero (kernel ``N(0, 1e-4)``) with bias 0; :func:`init_potential_params`
@@ -105,10 +134,9 @@ def make_potential_network(static) -> PotentialNetwork:
     return PotentialNetwork(tuple(static.potential_hidden), bool(static.potential_layernorm), static.activation)
 
 
-def flat_obs(obs: jax.Array, obs_ndim: int) -> jax.Array:
-    """``[..., *obs_shape] -> [..., D]`` float32, flattening the last ``obs_ndim`` axes."""
-    lead = obs.shape[: obs.ndim - obs_ndim]
-    return obs.reshape(lead + (-1,)).astype(jnp.float32)
+def flatten_obs(obs: jax.Array, lead: int) -> jax.Array:
+    """``[*lead_axes, *obs_shape] -> [*lead_axes, D]`` float32 (``lead`` leading axes kept)."""
+    return obs.reshape(obs.shape[:lead] + (-1,)).astype(jnp.float32)
 
 
 def init_potential_params(network: PotentialNetwork, key: jax.Array, example_obs: jax.Array, init_value, size: int):
@@ -117,9 +145,8 @@ def init_potential_params(network: PotentialNetwork, key: jax.Array, example_obs
 
     def one(k):
         params = network.init(k, example_obs)
-        bias = params["params"]["out"]["bias"]
-        new_out = {**params["params"]["out"], "bias": jnp.full_like(bias, init_value)}
-        return {"params": {**params["params"], "out": new_out}}
+        out = params["params"]["out"]
+        return {"params": {**params["params"], "out": {**out, "bias": jnp.full_like(out["bias"], init_value)}}}
 
     return jax.vmap(one)(jax.random.split(key, size))
 
@@ -138,286 +165,214 @@ def combine_members(values: jax.Array, how: str) -> jax.Array:
     raise ValueError(f"ensemble_combine={how!r} must be 'mean' or 'min'")
 
 
-# ----------------------------------------------------------------------------- episode bookkeeping
-
-
-def episode_final_returns(done: jax.Array, episode_return: jax.Array):
-    """Each step's episode final return, by a reverse scan over episode boundaries.
-
-    ``done [T, N]`` (an episode ends at step t: ``terminated | truncated``),
-    ``episode_return [T, N]`` (the finished episode's total return, read where
-    ``done``; :class:`~envs_jax.EpisodeStats` records it, so episodes that began
-    before this trajectory get their whole return). Returns ``(G [T, N], complete
-    [T, N] float)``: ``G_t`` is the final return of the episode step ``t`` belongs
-    to and ``complete_t`` is 1 where that episode ends inside the trajectory (0 for
-    the steps of episodes still running at its end, whose ``G`` is 0).
-    """
-    done = done.astype(jnp.bool_)
-
-    def back(carry, x):
-        g_next, c_next = carry
-        d, ret = x
-        g = jnp.where(d, ret, g_next)
-        c = jnp.where(d, 1.0, c_next)
-        return (g, c), (g, c)
-
-    init = (jnp.zeros(done.shape[1:], jnp.float32), jnp.zeros(done.shape[1:], jnp.float32))
-    _, (g, c) = jax.lax.scan(back, init, (done, episode_return.astype(jnp.float32)), reverse=True)
-    return g, c
-
-
-def next_potential(v_next: jax.Array, done: jax.Array, terminal_potential) -> jax.Array:
-    """``Phi(s_t+1)``: ``V(next_obs_t)``, or ``terminal_potential * V(next_obs_t)``
-    where the episode ended at t (1: fitted terminal value, 0: zero). ``[T, N]``."""
-    d = done.astype(jnp.float32)
-    return v_next * (1.0 - d + d * terminal_potential)
-
-
-# ----------------------------------------------------------------------------- losses (pure functions of V values)
-
-
-def fit_loss(v_obs, v_next, done, final_return, complete, terminal_potential):
-    """Mean squared error of the outcome state's potential to the episode's final return.
-
-    On steps that end an episode (``done [T, N]``), the outcome state is
-    ``s_T = next_obs`` when ``terminal_potential = 1`` and the last state
-    ``obs_t`` when it is 0 (its value then predicts the outcome; ``Phi(s_T) = 0``).
-    ``v_obs, v_next, final_return, complete [T, N]``. Mean over ended episodes
-    (0 if none ended)."""
-    mask = done.astype(jnp.float32) * complete
-    v_outcome = terminal_potential * v_next + (1.0 - terminal_potential) * v_obs
-    return (mask * (v_outcome - final_return) ** 2).sum() / jnp.maximum(mask.sum(), 1.0)
-
-
-def fit_all_loss(v_obs, final_return, complete):
-    """Weak fit: every state ``V(s_t)`` toward its episode's final return, over
-    the steps of episodes that end inside the trajectory. ``[T, N]`` in, scalar out."""
-    return (complete * (v_obs - final_return) ** 2).sum() / jnp.maximum(complete.sum(), 1.0)
-
-
-def consistency_target(v_next, reward, done, terminal_potential):
-    """``sg(Phi(s_t+1)) + r_t`` with the terminal rule of the module docstring.
-
-    Non-ending steps: ``sg(V(s_t+1)) + r_t`` (``r_t = 0`` where no external reward
-    arrives, so the target is ``sg(V(s_t+1))``). Ending steps: ``sg(V(s_T))`` when
-    ``terminal_potential = 1`` (the fitted final return contains ``r_t``), ``r_t``
-    when it is 0. ``[T, N]``."""
-    d = done.astype(jnp.float32)
-    phi_next = jax.lax.stop_gradient(next_potential(v_next, done, terminal_potential))
-    return phi_next + reward * (1.0 - d * terminal_potential)
-
-
-def consistency_loss(v_obs, v_next, reward, done, terminal_potential):
-    """``mean((V(s_t) - consistency_target)^2)`` over all ``[T, N]`` steps; no
-    gradient flows into the target side."""
-    target = consistency_target(v_next, reward, done, terminal_potential)
-    return ((v_obs - target) ** 2).mean()
-
-
-def l2_loss(v_obs):
-    """``mean(V(s_t)^2)`` (scaled by ``hp.w_reg`` in :func:`potential_loss`)."""
-    return (v_obs**2).mean()
-
-
-def fit_weight(w_fit, iteration, ramp_iters):
-    """``w_fit * min(1, iteration / ramp_iters)`` (``w_fit`` when ``ramp_iters = 0``)."""
-    it = jnp.asarray(iteration, jnp.float32)
-    ramp = jnp.asarray(ramp_iters, jnp.float32)
-    frac = jnp.where(ramp > 0, jnp.clip(it / jnp.maximum(ramp, 1e-8), 0.0, 1.0), 1.0)
-    return w_fit * frac
-
-
-def potential_loss_terms(v_obs, v_next, reward, done, final_return, complete, terminal_potential):
-    """All loss terms as a dict of scalars: ``fit``, ``fit_all``, ``consistency``, ``l2``."""
-    return {
-        "fit": fit_loss(v_obs, v_next, done, final_return, complete, terminal_potential),
-        "fit_all": fit_all_loss(v_obs, final_return, complete),
-        "consistency": consistency_loss(v_obs, v_next, reward, done, terminal_potential),
-        "l2": l2_loss(v_obs),
-    }
-
-
-def combine_loss(terms: dict, hp, w_fit_now):
-    """``w_fit(it) * fit + w_fit_all * fit_all + w_cons * consistency + w_reg * l2``."""
-    return (w_fit_now * terms["fit"] + hp.w_fit_all * terms["fit_all"] + hp.w_cons * terms["consistency"]
-            + hp.w_reg * terms["l2"])
-
-
 # ----------------------------------------------------------------------------- credit
+def shaping_credit(phi, phi_next, terminated, gamma):
+    """``F = gamma * (1 - terminated) * Phi(s') - Phi(s)`` (any matching shapes):
+    ``Phi(terminal) = 0``; a truncated step passes ``phi_next = Phi(final_obs)``."""
+    return gamma * (1.0 - terminated.astype(jnp.float32)) * phi_next - phi
 
 
-def one_step_credit(v_obs, phi_next, discount):
-    """``discount * Phi(s_t+1) - V(s_t)`` ``[T, N]``."""
-    return discount * phi_next - v_obs
+def nstep_receivers(done, nstep: int):
+    """``c [T, N]``: how many steps ``t in [j - n + 1, j]`` of the same episode
+    (no episode end at ``t..j-1``) and inside the rollout receive ``F_j``."""
+    T = done.shape[0]
+    alive = 1.0 - done.astype(jnp.float32)
+    c = jnp.ones_like(alive)
+    run = jnp.ones_like(alive)  # run[j] = 1 when steps j-m..j-1 exist and none ends the episode
+    for m in range(1, min(nstep, T)):
+        shifted = jnp.concatenate([jnp.zeros((m,) + alive.shape[1:]), alive[: T - m]], axis=0)  # alive[j - m]
+        run = run * shifted
+        c = c + run
+    return c
 
 
-def nstep_smooth(credit, done, discount, nstep: int):
-    """``sum_{k<nstep} discount^k credit_{t+k}``, stopping after the step that ends
-    the episode and at the end of the trajectory. ``credit, done [T, N]``."""
+def nstep_spread(credit, done, gamma, nstep: int):
+    """``F'_t = sum_{k<n} alive(t..t+k) gamma^k F_{t+k} / c_{t+k}``: each credit
+    spread back over its receivers (:func:`nstep_receivers`), so the discounted
+    sum of every episode is unchanged. ``credit, done [T, N]``."""
     if nstep == 1:
         return credit
     T = credit.shape[0]
-    d = done.astype(jnp.float32)
-    out = credit
-    alive = 1.0 - d  # 1 where step t+k-1 did not end the episode (k = 1)
-    scale = jnp.ones_like(credit)
-    for k in range(1, nstep):
-        if k >= T:
-            break
+    share = credit / nstep_receivers(done, nstep)
+    alive = 1.0 - done.astype(jnp.float32)
+    out, run = share, jnp.ones_like(share)
+    for k in range(1, min(nstep, T)):
         pad = jnp.zeros((k,) + credit.shape[1:], credit.dtype)
-        shifted = jnp.concatenate([credit[k:], pad], axis=0)
-        in_range = jnp.concatenate([jnp.ones((T - k,) + credit.shape[1:]), pad], axis=0)
-        scale = scale * discount
-        out = out + scale * alive * in_range * shifted
-        d_k = jnp.concatenate([d[k:], pad], axis=0)
-        alive = alive * (1.0 - d_k)
+        run = run * jnp.concatenate([alive[k - 1:], pad[:k - 1]], axis=0)  # steps t..t+k-1 all alive
+        out = out + run * gamma**k * jnp.concatenate([share[k:], pad], axis=0)
     return out
 
 
-def compute_credit(v_obs, v_next, done, hp, nstep: int):
-    """SIOP credit ``[T, N]`` from combined potentials ``v_obs = V(obs)``, ``v_next =
-    V(next_obs)``: one-step ``gamma' Phi(s_t+1) - V(s_t)`` with ``gamma' = gamma``
-    when ``hp.credit_gamma = 1`` and 1 when it is 0, ``nstep`` smoothing with
-    ``hp.gamma``, then clipping to ``[-hp.credit_clip, hp.credit_clip]``."""
-    discount = hp.credit_gamma * hp.gamma + (1.0 - hp.credit_gamma)
-    phi_next = next_potential(v_next, done, hp.terminal_potential)
-    credit = one_step_credit(v_obs, phi_next, discount)
-    credit = nstep_smooth(credit, done, hp.gamma, nstep)
-    return jnp.clip(credit, -hp.credit_clip, hp.credit_clip)
+def clip_credit(credit, clip):
+    """``credit`` limited to ``[-clip, clip]``."""
+    return jnp.clip(credit, -clip, clip)
 
 
-# ----------------------------------------------------------------------------- state and signal
-
-
-class PotentialState(NamedTuple):
-    params: Any  # stacked [E, ...] potential parameters
-    opt_state: Any  # stacked [E, ...] optimiser states
-    iteration: jax.Array  # int32 (): iterations observed so far
-    max_abs_return: jax.Array  # float32 (): largest |final return| and |reward| seen
-
-
-def potential_step(network, params, opt_state, batch, hp, w_fit_now):
-    """One Adam step of one member on ``batch = (obs, next_obs, reward, done,
-    final_return, complete)`` (leading axes ``[B]`` or ``[T, N]``: every sample is
-    a self-contained transition). Returns ``(params, opt_state, terms)``."""
-    obs, next_obs, reward, done, final_return, complete = batch
-
-    def loss_fn(p):
-        v_obs = network.apply(p, obs)
-        v_next = network.apply(p, next_obs)
-        terms = potential_loss_terms(v_obs, v_next, reward, done, final_return, complete, hp.terminal_potential)
-        return combine_loss(terms, hp, w_fit_now), terms
-
-    (loss, terms), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-    tx = make_optimizer(hp.potential_max_grad_norm, hp.potential_lr)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    params = optax.apply_updates(params, updates)
-    return params, opt_state, {**terms, "loss": loss, "grad_norm": optax.tree.norm(grads)}
-
-
-def minibatch_indices(key: jax.Array, size: int, num_minibatches: int, steps: int) -> jax.Array:
-    """``[steps, size // num_minibatches]`` sample indices: consecutive shuffled
-    epochs over ``size`` samples, cut into ``num_minibatches`` minibatches each."""
-    mb = size // num_minibatches
-    epochs = -(-steps // num_minibatches)
-    perms = jax.vmap(lambda k: jax.random.permutation(k, size))(jax.random.split(key, epochs))
-    return perms[:, : mb * num_minibatches].reshape(epochs * num_minibatches, mb)[:steps]
-
-
-def potential_train(network, params, opt_state, batch, hp, w_fit_now, key, steps: int, num_minibatches: int):
-    """``steps`` Adam steps of one member on shuffled minibatches of a flat ``[B]``
-    ``batch`` (see :func:`potential_step`). Returns ``(params, opt_state, terms
-    of the last step)``."""
-    size = batch[0].shape[0]
-    idx = minibatch_indices(key, size, num_minibatches, steps)
-
-    def body(carry, i):
-        p, o = carry
-        p, o, terms = potential_step(network, p, o, jax.tree.map(lambda x: x[i], batch), hp, w_fit_now)
-        return (p, o), terms
-
-    (params, opt_state), terms = jax.lax.scan(body, (params, opt_state), idx)
-    return params, opt_state, jax.tree.map(lambda x: x[-1], terms)
-
-
-def update_batch(traj, obs_ndim: int):
-    """The flat ``[T * N]`` training batch ``(obs, next_obs, reward, done,
-    final_return, complete)`` of a trajectory (final returns computed on ``[T, N]``)."""
+def trajectory_shaping(phi, phi_next, traj, hp, nstep: int):
+    """Raw (unscaled, unclipped) credit ``[T, N]`` of a trajectory from
+    ``phi = Phi(obs)``, ``phi_next = Phi(next_obs)`` ``[T, N]``."""
     done = jnp.logical_or(traj.terminated, traj.truncated)
-    final_return, complete = episode_final_returns(done, traj.episode_return)
-    batch = (flat_obs(traj.obs, obs_ndim), flat_obs(traj.next_obs, obs_ndim), traj.reward.astype(jnp.float32),
-             done, final_return, complete)
-    return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), batch)
+    return nstep_spread(shaping_credit(phi, phi_next, traj.terminated, hp.gamma), done, hp.gamma, nstep)
 
 
-def potential_diverged(v_obs, max_abs_return):
-    """1. when any potential is non-finite or ``|V| > 100 * (1 + max |return| seen)``."""
-    bad = jnp.logical_or(~jnp.all(jnp.isfinite(v_obs)), jnp.max(jnp.abs(v_obs)) > 100.0 * (1.0 + max_abs_return))
+# ----------------------------------------------------------------------------- targets and losses
+def replay_targets(buf: ep.EpisodeBuffer, gamma):
+    """Per stored step ``[E, L]``: ``(g0, boot)`` with ``g0`` the discounted
+    external return to go within the episode and ``boot = gamma^(T - p)`` on
+    truncated episodes (0 on terminated ones), so the fit target is ``g0 +
+    boot * sg(Phi(final_obs))``."""
+    g0 = ep.discounted_to_go(buf.steps["reward"], buf.length, gamma)
+    pos = ep.row_positions(buf.length, g0.shape[1])
+    steps_left = (buf.length[:, None] - pos).astype(jnp.float32)
+    trunc = 1.0 - buf.ends["terminated"].astype(jnp.float32)
+    return g0, trunc[:, None] * gamma**steps_left
+
+
+def gather_transitions(buf: ep.EpisodeBuffer, g0, boot, episode, row):
+    """The sampled transitions ``(episode [B], row [B])`` of the replay as a
+    dict of ``[B, ...]`` arrays: ``obs``, ``next_obs`` (the next row, or the
+    episode's final observation on its last step), ``reward``, ``terminated``
+    (its last step and the episode terminated), ``g0``, ``boot``, ``episode``."""
+    max_len = ep.max_len_of(buf)
+    obs = buf.steps["obs"]
+    last = row == ep.last_row(buf.length, max_len)[episode]
+    final = buf.ends["final_obs"][episode]
+    nxt = obs[episode, (row + 1) % max_len]
+    pick = last.reshape(last.shape + (1,) * (final.ndim - 1))
+    return {"obs": obs[episode, row], "next_obs": jnp.where(pick, final, nxt),
+            "reward": buf.steps["reward"][episode, row],
+            "terminated": jnp.logical_and(last, buf.ends["terminated"][episode]),
+            "g0": g0[episode, row], "boot": boot[episode, row], "episode": episode}
+
+
+def potential_loss_terms(phi, phi_next, phi_final, batch, weight, gamma):
+    """``{fit, consistency, l2}`` as weighted means over ``[B]`` transitions.
+    ``phi`` carries the gradient; ``phi_next, phi_final`` (``Phi`` of the next
+    and of the episode's final observation) are targets (stop-gradient)."""
+    fit_target = batch["g0"] + batch["boot"] * sg(phi_final)
+    td_target = batch["reward"] + gamma * (1.0 - batch["terminated"].astype(jnp.float32)) * sg(phi_next)
+    n = jnp.maximum(weight.sum(), 1.0)
+    return {"fit": (weight * (phi - fit_target) ** 2).sum() / n,
+            "consistency": (weight * (phi - td_target) ** 2).sum() / n,
+            "l2": (weight * phi**2).sum() / n}
+
+
+def combine_loss(terms: dict, hp):
+    """``w_fit * fit + w_cons * consistency + w_reg * l2``."""
+    return hp.w_fit * terms["fit"] + hp.w_cons * terms["consistency"] + hp.w_reg * terms["l2"]
+
+
+def refit(network, params, opt_state, buf: ep.EpisodeBuffer, hp, key, steps: int, batch_size: int):
+    """``steps`` Adam steps of one member on ``batch_size`` transitions drawn
+    from the replay each. Returns ``(params, opt_state, per-step terms [steps])``."""
+    g0, boot = replay_targets(buf, hp.gamma)
+    tx = make_optimizer(hp.potential_max_grad_norm, hp.potential_lr)
+    value = lambda p, x: network.apply(p, flatten_obs(x, 1))  # noqa: E731
+
+    def loss_fn(p, batch, weight):
+        phi_final = value(p, buf.ends["final_obs"])[batch["episode"]]
+        terms = potential_loss_terms(value(p, batch["obs"]), value(p, batch["next_obs"]), phi_final, batch, weight,
+                                     hp.gamma)
+        return combine_loss(terms, hp), terms
+
+    def body(carry, k):
+        p, o = carry
+        episode, row, weight = ep.sample_steps(k, buf, batch_size)
+        batch = gather_transitions(buf, g0, boot, episode, row)
+        (loss, terms), grads = jax.value_and_grad(loss_fn, has_aux=True)(p, batch, weight)
+        updates, o = tx.update(grads, o, p)
+        return (optax.apply_updates(p, updates), o), {**terms, "loss": loss, "grad_norm": optax.tree.norm(grads)}
+
+    (params, opt_state), terms = jax.lax.scan(body, (params, opt_state), jax.random.split(key, steps))
+    return params, opt_state, terms
+
+
+def potential_diverged(phi, max_abs_return):
+    """1. when any potential is non-finite or ``|Phi| > 100 * (1 + max |return| seen)``."""
+    bad = jnp.logical_or(~jnp.all(jnp.isfinite(phi)), jnp.max(jnp.abs(phi)) > 100.0 * (1.0 + max_abs_return))
     return bad.astype(jnp.float32)
 
 
-def make_potential(static, network, env, env_params) -> Signal:
-    """SIOP reward source (method ``siop``); ``network`` (the policy) is unused:
-    ``V`` reads observations, see the module docstring."""
-    vnet = make_potential_network(static)
-    size = int(static.ensemble_size)
-    how = static.ensemble_combine
-    nstep = int(static.credit_nstep)
-    obs_ndim = len(env.observation_space(env_params).shape)
+# ----------------------------------------------------------------------------- state and signal
+class PotentialState(NamedTuple):
+    params: Any  # stacked [E, ...] potential parameters
+    opt_state: Any  # stacked [E, ...] optimiser states
+    replay: ep.EpisodeReplay  # steps {obs, reward}, ends {final_obs, terminated}
+    scale: ReturnScale  # running std of the credit's discounted return
+    max_abs_return: jax.Array  # float32 (): largest |episode return| and |reward| seen
 
-    def values(params, obs):
-        """Combined ``V`` over ``obs [T, N, ...]``: ``[T, N]``."""
-        return combine_members(member_values(vnet, params, flat_obs(obs, obs_ndim)), how)
+
+def replay_fields(traj):
+    """``(steps, ends, done)`` of a trajectory for the potential's replay."""
+    steps = {"obs": traj.obs, "reward": traj.reward.astype(jnp.float32)}
+    ends = {"final_obs": traj.next_obs, "terminated": traj.terminated}
+    return steps, ends, jnp.logical_or(traj.terminated, traj.truncated)
+
+
+def make_potential(static, network=None, env=None, env_params=None) -> Signal:
+    """SIOP reward source (method ``siop``). The policy ``network`` and the env
+    are unused: ``Phi`` reads the trajectory's observations (module docstring)."""
+    vnet = make_potential_network(static)
+    size, how, nstep = int(static.ensemble_size), static.ensemble_combine, int(static.credit_nstep)
+
+    def values(params, obs, lead: int):
+        """Combined ``Phi`` over ``obs [*lead_axes, *obs_shape]``: ``[*lead_axes]``."""
+        return combine_members(member_values(vnet, params, flatten_obs(obs, lead)), how)
 
     def init(key, traj, hp):
-        example = flat_obs(traj.obs[0, :1], obs_ndim)
-        params = init_potential_params(vnet, key, example, hp.potential_init, size)
-        return PotentialState(params, jax.vmap(init_optimizer)(params), jnp.int32(0), jnp.float32(0.0))
+        params = init_potential_params(vnet, key, flatten_obs(traj.obs[0, :1], 1), hp.potential_init, size)
+        steps, ends, _ = jax.tree.map(lambda x: x[0, 0], replay_fields(traj))
+        replay = ep.init_replay(static.potential_buffer_episodes, static.potential_episode_len, traj.reward.shape[1],
+                                steps, ends)
+        return PotentialState(params, jax.vmap(init_optimizer)(params), replay,
+                              init_return_scale(traj.reward.shape[1]), jnp.float32(0.0))
 
-    def observe(state, traj, hp):
+    def observe(state, traj, hp, key):
+        replay = ep.add_rollout(state.replay, *replay_fields(traj))
         seen = jnp.maximum(jnp.max(jnp.abs(traj.reward)),
                            jnp.max(jnp.where(traj.episode_done, jnp.abs(traj.episode_return), 0.0)))
-        return state._replace(iteration=state.iteration + 1, max_abs_return=jnp.maximum(state.max_abs_return, seen))
+        state = state._replace(replay=replay, max_abs_return=jnp.maximum(state.max_abs_return, seen))
+        return state, {"replay_episodes": replay.train.valid.sum().astype(jnp.float32),
+                       "episodes_committed": replay.committed.astype(jnp.float32)}
 
     def update(state, traj, policy, hp, key):
-        batch = update_batch(traj, obs_ndim)
-        w_fit_now = fit_weight(hp.w_fit, jnp.maximum(state.iteration - 1, 0), hp.fit_ramp_iters)
-        train = lambda p, o, k: potential_train(vnet, p, o, batch, hp, w_fit_now, k, static.potential_steps,
-                                                static.num_minibatches)
-        params, opt_state, terms = jax.vmap(train)(state.params, state.opt_state, jax.random.split(key, size))
-        metrics = {f"potential_{k}": v.mean() for k, v in terms.items()}
-        metrics["potential_w_fit"] = w_fit_now
-        metrics["terminal_episodes"] = (batch[3].astype(jnp.float32) * batch[5]).sum()
+        buf = state.replay.train
+        fit = lambda p, o, k: refit(vnet, p, o, buf, hp, k, static.potential_steps, static.minibatch_size)  # noqa
+        params, opt_state, terms = jax.vmap(fit)(state.params, state.opt_state, jax.random.split(key, size))
+        metrics = {f"potential_{k}": v[:, -1].mean() for k, v in terms.items()}
+        metrics["potential_first_loss"] = terms["loss"][:, 0].mean()
         return state._replace(params=params, opt_state=opt_state), metrics
 
     def rewards(state, traj, hp):
+        phi, phi_next = values(state.params, traj.obs, 2), values(state.params, traj.next_obs, 2)
+        raw = trajectory_shaping(phi, phi_next, traj, hp, nstep)
         done = jnp.logical_or(traj.terminated, traj.truncated)
-        v_obs = values(state.params, traj.obs)
-        v_next = values(state.params, traj.next_obs)
-        credit = compute_credit(v_obs, v_next, done, hp, nstep)
+        scale, scaled = scale_normalise(state.scale, raw, hp.gamma, hp.normalize_int, done)
+        credit = clip_credit(scaled, hp.credit_clip)
+        streams = RewardStreams(hp.beta_ext * traj.reward + hp.beta_int * credit)
         metrics = {
-            "potential_mean": v_obs.mean(),
-            "potential_min": v_obs.min(),
-            "potential_max": v_obs.max(),
-            "credit_mean": credit.mean(),
-            "credit_var": credit.var(),
-            "credit_clip_frac": (jnp.abs(credit) >= hp.credit_clip).mean(),
-            "potential_diverged": potential_diverged(v_obs, state.max_abs_return),
+            "potential_mean": phi.mean(), "potential_min": phi.min(), "potential_max": phi.max(),
+            "credit_mean": credit.mean(), "credit_var": credit.var(),
+            "credit_clip_frac": (jnp.abs(scaled) > hp.credit_clip).mean(),
+            "credit_return_std": return_std(scale),
+            "potential_diverged": potential_diverged(phi, state.max_abs_return),
         }
-        return mix_rewards(traj.reward, credit, hp), metrics
+        return state._replace(scale=scale), streams, metrics
 
     return Signal(init, observe, update, rewards)
 
 
 def potential_values(static, state: PotentialState, obs: jax.Array, obs_ndim: int = 1) -> jax.Array:
-    """Combined ``V`` of a trained :class:`PotentialState` over ``obs [..., *obs_shape]``."""
+    """Combined ``Phi`` of a trained :class:`PotentialState` over ``obs [..., *obs_shape]``."""
     vnet = make_potential_network(static)
-    return combine_members(member_values(vnet, state.params, flat_obs(obs, obs_ndim)), static.ensemble_combine)
+    flat = flatten_obs(obs, obs.ndim - obs_ndim)
+    return combine_members(member_values(vnet, state.params, flat), static.ensemble_combine)
 
 
-def trajectory_credit(static, state: PotentialState, traj, hp, obs_ndim: int = 1):
-    """``(credit [T, N], V(obs) [T, N], V(next_obs) [T, N])`` of a trained potential on ``traj``."""
-    done = jnp.logical_or(traj.terminated, traj.truncated)
-    v_obs = potential_values(static, state, traj.obs, obs_ndim)
-    v_next = potential_values(static, state, traj.next_obs, obs_ndim)
-    return compute_credit(v_obs, v_next, done, hp, int(static.credit_nstep)), v_obs, v_next
+def trajectory_credit(static, state: PotentialState, traj, hp, obs_ndim: int | None = None):
+    """``(raw credit [T, N], Phi(obs) [T, N], Phi(next_obs) [T, N])`` of a trained
+    potential on ``traj`` (credit before scaling and clipping)."""
+    obs_ndim = traj.obs.ndim - 2 if obs_ndim is None else obs_ndim
+    phi = potential_values(static, state, traj.obs, obs_ndim)
+    phi_next = potential_values(static, state, traj.next_obs, obs_ndim)
+    return trajectory_shaping(phi, phi_next, traj, hp, int(static.credit_nstep)), phi, phi_next

@@ -5,7 +5,7 @@ ground truth for credit-assignment studies.
 Registered names: ``KeyDoor-5x5``, ``KeyDoor-6x6``, ``KeyDoor-8x8``, ``FourRooms``.
 """
 from envs_jax.core import register
-from envs_jax.grid._common import optimal_advantage
+from envs_jax.grid._common import ShapedParams, optimal_advantage
 from envs_jax.grid.fourrooms import FourRooms, FourRoomsParams, FourRoomsState
 from envs_jax.grid.keydoor import (
     KeyDoor,
@@ -28,6 +28,6 @@ for _size in (5, 6, 8):
 register("FourRooms", lambda **kwargs: FourRooms(**kwargs))
 
 __all__ = [
-    "FourRooms", "FourRoomsParams", "FourRoomsState", "KeyDoor", "KeyDoorParams", "KeyDoorState",
+    "FourRooms", "FourRoomsParams", "FourRoomsState", "KeyDoor", "KeyDoorParams", "KeyDoorState", "ShapedParams",
     "optimal_advantage", "optimal_distances", "optimal_steps_to_goal",
 ]

@@ -1,5 +1,6 @@
 """Pieces shared by the grid worlds: directions, the MiniGrid reward, the
-shaping potential, the optimal-advantage helper and host-side grid tools.
+shaping params, potential and shaped reward, the optimal-advantage helper and
+host-side grid tools.
 
 Coordinates are ``(x, y)`` with ``x`` the column (growing right) and ``y`` the
 row (growing down); grids are indexed ``[y, x]``. Directions and move actions
@@ -12,6 +13,9 @@ from collections import deque
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import struct
+
+from envs_jax.core import EnvParams
 
 Array = jax.Array
 
@@ -60,14 +64,60 @@ def goal_reward(time: Array, max_steps) -> Array:
     return (1.0 - 0.9 * time.astype(jnp.float32) / jnp.asarray(max_steps, jnp.float32)).astype(jnp.float32)
 
 
-def potential(phase: Array, dist: Array, max_dist: float, scale) -> Array:
-    """Shaping potential ``scale * (phase - dist / max_dist)``, float32 ``()``.
+@struct.dataclass
+class ShapedParams(EnvParams):
+    """Params of an environment with potential-based ``info["dense_reward"]``
+    (all leaves, so they can be swept under ``jax.vmap``).
 
-    With ``0 <= dist <= max_dist`` every state of a later phase has a potential
-    at least as high as any state of an earlier one.
+    ``shaping_scale``: the potential runs from ``-shaping_scale`` (farthest from
+    the goal) to 0 (at the goal), see :func:`potential`. The default 1.0 makes
+    the whole path worth about as much as the goal reward (at most 1), so the
+    shaping is a signal a learner actually notices (on ``KeyDoor-5x5`` one
+    step of progress pays about ``1 / 18``).
+
+    ``shaping_gamma``: the discount ``gamma`` in the shaping term
+    ``gamma * Phi(s') - Phi(s)``. Ng, Harada and Russell's policy invariance
+    holds exactly only when it equals the discount of the learner that
+    maximises the dense return; set it to the learner's gamma.
     """
-    progress = phase.astype(jnp.float32) - dist.astype(jnp.float32) / jnp.float32(max_dist)
-    return (jnp.asarray(scale, jnp.float32) * progress).astype(jnp.float32)
+
+    shaping_scale: float = 1.0
+    shaping_gamma: float = 0.99
+
+
+def potential(phase: Array, dist: Array, max_dist: float, num_phases: int, scale) -> Array:
+    """Shaping potential ``Phi = -scale * to_go``, float32 ``()``.
+
+    ``to_go = (num_phases - 1 - phase + dist / max_dist) / num_phases`` is the
+    normalised distance still to cover when the task is a chain of
+    ``num_phases`` sub-goals: ``dist`` (``0 <= dist <= max_dist``) to the
+    current sub-goal ``phase`` plus a full ``max_dist`` for each later one. So
+    ``Phi`` lies in ``[-scale, 0]``, grows as the agent nears the goal, every
+    state of a later phase scores at least as high as any state of an earlier
+    one, and ``Phi = 0`` exactly at the goal (last phase, ``dist = 0``), which
+    agrees with ``Phi(terminal) = 0`` (see :func:`shaped_reward`).
+    """
+    phases_left = jnp.float32(num_phases - 1) - phase.astype(jnp.float32)
+    to_go = (phases_left + dist.astype(jnp.float32) / jnp.float32(max_dist)) / jnp.float32(num_phases)
+    return (-jnp.asarray(scale, jnp.float32) * to_go).astype(jnp.float32)
+
+
+def shaped_reward(reward: Array, phi: Array, phi_next: Array, terminated: Array, gamma) -> Array:
+    """Potential-based shaped reward ``r + gamma * Phi(s') - Phi(s)`` (Ng, Harada
+    and Russell 1999), float32 ``()``, with ``Phi(s') = 0`` when the step
+    ``terminated`` (a terminal state has no future, so it has no potential).
+
+    A truncated (timed-out) step keeps ``Phi(s')`` of the state it reached, as
+    the episode could have continued. Over an episode ``s_0 .. s_T`` the
+    discounted shaping sums to ``gamma**T * Phi(s_T) * (1 - terminated) -
+    Phi(s_0)``, so with a learner discounting by the same ``gamma`` (and
+    bootstrapping time-outs) the optimal policies are unchanged. With
+    ``Phi <= 0``, a step that leaves ``Phi`` unchanged is paid
+    ``(1 - gamma) * |Phi(s)|`` (at most ``(1 - gamma) * scale``): that is part
+    of the invariance (shaped values are ``Q(s, a) - Phi(s)``), not a loophole.
+    """
+    phi_next = jnp.where(jnp.asarray(terminated, jnp.bool_), 0.0, phi_next)
+    return (reward + jnp.asarray(gamma, jnp.float32) * phi_next - phi).astype(jnp.float32)
 
 
 def optimal_advantage(d_t, d_tp1, terminal, max_steps):

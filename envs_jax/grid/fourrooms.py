@@ -13,9 +13,13 @@ Stepping onto the goal ends the episode (``terminated``) with reward
 0. ``max_steps`` defaults to 200.
 
 ``info`` (same keys every step): ``success`` (bool), ``phase`` (int32, always 0)
-and ``dense_reward`` = reward + ``Phi(s') - Phi(s)`` with
-``Phi = shaping_scale * (0 - d / d_max)``, ``d`` the true shortest-path distance
-to the goal, read from an all-pairs table computed on the host at construction.
+and ``dense_reward`` = reward + ``gamma * Phi(s') - Phi(s)`` (Ng, Harada and
+Russell 1999) with ``gamma = shaping_gamma``, ``Phi(s') = 0`` on the step that
+reaches the goal (on a time-out, ``Phi`` of the state reached) and
+``Phi = -shaping_scale * d / d_max`` in ``[-shaping_scale, 0]``, ``d`` the true
+shortest-path distance to the goal (read from an all-pairs table computed on
+the host at construction) and ``d_max = 20`` the largest one. Over an episode
+the discounted shaping sums to ``gamma**T Phi(s_T) [not terminated] - Phi(s_0)``.
 
 Observation, float32 ``(13 * 13 * 3,) = (507,)``: per cell (row-major
 ``[y, x]``) one-hot channels ``[wall, goal, agent]``.
@@ -27,10 +31,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from envs_jax.core import Box, Discrete, EnvParams, EnvState, Environment
+from envs_jax.core import Box, Discrete, EnvState, Environment
 from envs_jax.grid._common import (
-    DIRS, bfs_distances, cell_mask, goal_reward, nth_true, parse_map, potential,
-    render_rows, same_cell, take_index,
+    DIRS, ShapedParams, bfs_distances, cell_mask, goal_reward, nth_true, parse_map, potential,
+    render_rows, same_cell, shaped_reward, take_index,
 )
 
 Array = jax.Array
@@ -60,12 +64,13 @@ UNREACHABLE = 10**4
 
 
 @struct.dataclass
-class FourRoomsParams(EnvParams):
-    """``max_steps``: time limit ``T`` (also in the reward); ``shaping_scale``:
-    scale of the potential in ``info["dense_reward"]``. Both are leaves."""
+class FourRoomsParams(ShapedParams):
+    """``max_steps``: time limit ``T`` (also in the reward); ``shaping_scale``
+    (default 1.0) and ``shaping_gamma`` (default 0.99, set it to the learner's
+    discount): the shaping in ``info["dense_reward"]``, see
+    :class:`~envs_jax.grid._common.ShapedParams`. All are leaves."""
 
     max_steps: int = 200
-    shaping_scale: float = 0.1
 
 
 @struct.dataclass
@@ -106,6 +111,8 @@ def all_pairs_distances(walls: np.ndarray) -> np.ndarray:
 class FourRooms(Environment):
     """Sutton-Precup-Singh four rooms, random agent and goal in different rooms."""
 
+    optional_outputs = ("dense_reward", "success")
+
     def __init__(self):
         self.name = "FourRooms"
         self.walls_np = parse_map(FOUR_ROOMS_MAP)
@@ -119,7 +126,7 @@ class FourRooms(Environment):
 
     @property
     def default_params(self) -> FourRoomsParams:
-        return FourRoomsParams(max_steps=200, shaping_scale=0.1)
+        return FourRoomsParams(max_steps=200)
 
     def action_space(self, params=None) -> Discrete:
         return Discrete(4)
@@ -134,10 +141,11 @@ class FourRooms(Environment):
         return table[pos[1] * self.size + pos[0], goal[1] * self.size + goal[0]]
 
     def potential(self, state: FourRoomsState, params: FourRoomsParams | None = None) -> Array:
-        """Float32 ``()`` shaping potential ``Phi(state)``."""
+        """Float32 ``()`` shaping potential ``Phi(state)`` in ``[-shaping_scale, 0]``
+        (0 on the goal)."""
         params = self.default_params if params is None else params
         dist = self.distance(state.agent_pos, state.goal_pos)
-        return potential(jnp.int32(0), dist, self.max_dist, params.shaping_scale)
+        return potential(jnp.int32(0), dist, self.max_dist, num_phases=1, scale=params.shaping_scale)
 
     def observe(self, state: FourRoomsState) -> Array:
         n = self.size
@@ -166,12 +174,10 @@ class FourRooms(Environment):
         nxt = state.replace(agent_pos=pos, time=state.time + 1)
         success = same_cell(pos, state.goal_pos)
         reward = jnp.where(success, goal_reward(nxt.time, params.max_steps), 0.0).astype(jnp.float32)
-        shaping = self.potential(nxt, params) - self.potential(state, params)
-        info = {
-            "success": success,
-            "dense_reward": (reward + shaping).astype(jnp.float32),
-            "phase": jnp.int32(0),
-        }
+        dense = shaped_reward(
+            reward, self.potential(state, params), self.potential(nxt, params), success, params.shaping_gamma
+        )
+        info = {"success": success, "dense_reward": dense, "phase": jnp.int32(0)}
         return self.observe(nxt), nxt, reward, success, info
 
     def render(self, state: FourRoomsState, params=None) -> str:

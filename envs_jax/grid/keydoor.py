@@ -25,11 +25,17 @@ formula); every other step pays 0. ``max_steps`` defaults to MiniGrid's
 ``info`` (same keys every step): ``success`` (bool: the goal was reached on this
 step), ``phase`` (int32: 0 fetch key, 1 open door, 2 reach goal, of the state
 after the step) and ``dense_reward`` (float32): the reward plus potential-based
-shaping ``Phi(s') - Phi(s)`` (Ng, Harada and Russell 1999) with
-``Phi = shaping_scale * (phase - dist / max_dist)``, ``dist`` the shortest grid
-distance to the current sub-goal (key, door, goal). ``Phi`` depends on the state
-alone, so over an episode the shaping telescopes to ``Phi(s_T) - Phi(s_0)``
-(``s_T`` the state before any auto-reset) and optimal policies are unchanged.
+shaping ``gamma * Phi(s') - Phi(s)`` (Ng, Harada and Russell 1999), with
+``gamma = shaping_gamma`` and ``Phi(s') = 0`` on the step that reaches the goal
+(on a time-out ``Phi(s')`` is that of the state reached). The potential is
+``Phi = -shaping_scale * (2 - phase + dist / max_dist) / 3``, ``dist`` the
+shortest grid distance to the current sub-goal (key, door, goal through the
+door) and ``max_dist = 3 * (size - 3)`` its largest value: minus the normalised
+distance still to go, in ``[-shaping_scale, 0]``, rising as the agent
+progresses and 0 at the goal. ``Phi`` depends on the state alone, so over an
+episode the discounted shaping sums to ``gamma**T Phi(s_T) [not terminated] -
+Phi(s_0)`` and, for a learner with the same ``gamma``, optimal policies are
+unchanged. (``env.potential(state, params)`` gives ``Phi``.)
 
 Observation, float32 ``(size * size * 6 + 5,)``: per cell (row-major ``[y, x]``)
 one-hot channels ``[wall, key, locked door, open door, goal, agent]``, then the
@@ -48,32 +54,36 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from envs_jax.core import Box, Discrete, EnvParams, EnvState, Environment
+from envs_jax.core import Box, Discrete, EnvState, Environment
 from envs_jax.grid._common import (
     AGENT_GLYPHS,
     DIRS,
     cell_mask,
+    ShapedParams,
     goal_reward,
     manhattan,
     potential,
     render_rows,
     same_cell,
+    shaped_reward,
     take_index,
 )
 
 Array = jax.Array
 
 NUM_CHANNELS = 6  # wall, key, locked door, open door, goal, agent
+NUM_PHASES = 3  # fetch key, open door, reach goal
 UP, RIGHT, DOWN, LEFT, PICKUP, TOGGLE = range(6)
 
 
 @struct.dataclass
-class KeyDoorParams(EnvParams):
-    """``max_steps``: time limit ``T`` (also in the reward); ``shaping_scale``:
-    scale of the potential in ``info["dense_reward"]``. Both are leaves."""
+class KeyDoorParams(ShapedParams):
+    """``max_steps``: time limit ``T`` (also in the reward); ``shaping_scale``
+    (default 1.0) and ``shaping_gamma`` (default 0.99, set it to the learner's
+    discount): the shaping in ``info["dense_reward"]``, see
+    :class:`~envs_jax.grid._common.ShapedParams`. All are leaves."""
 
     max_steps: int = 250
-    shaping_scale: float = 0.1
 
 
 @struct.dataclass
@@ -120,8 +130,10 @@ def subgoal_distance(state: KeyDoorState) -> Array:
 
 
 def max_subgoal_distance(size: int) -> float:
-    """An upper bound on :func:`subgoal_distance` for a ``size`` grid."""
-    return float(2 * (size - 2))
+    """The largest :func:`subgoal_distance` on a ``size`` grid: ``3 * (size - 3)``,
+    reached with the door open, the agent in a far corner of the left room and
+    the door at the far end of the wall from it."""
+    return float(3 * (size - 3))
 
 
 def blocked(state: KeyDoorState, cell: Array) -> Array:
@@ -218,6 +230,8 @@ class KeyDoor(Environment):
     ``size`` fixes array shapes, so it lives here rather than in the params.
     """
 
+    optional_outputs = ("dense_reward", "success")
+
     def __init__(self, size: int = 5):
         if size < 5:
             raise ValueError(f"KeyDoor needs size >= 5 (a 3x3 interior), got {size}")
@@ -227,7 +241,7 @@ class KeyDoor(Environment):
 
     @property
     def default_params(self) -> KeyDoorParams:
-        return KeyDoorParams(max_steps=10 * self.size * self.size, shaping_scale=0.1)
+        return KeyDoorParams(max_steps=10 * self.size * self.size)
 
     def action_space(self, params=None) -> Discrete:
         return Discrete(6)
@@ -236,9 +250,10 @@ class KeyDoor(Environment):
         return Box(0.0, 1.0, (obs_size(self.size),), jnp.float32)
 
     def potential(self, state: KeyDoorState, params: KeyDoorParams | None = None) -> Array:
-        """Float32 ``()`` shaping potential ``Phi(state)`` used in ``info["dense_reward"]``."""
+        """Float32 ``()`` shaping potential ``Phi(state)`` in ``[-shaping_scale, 0]``
+        used in ``info["dense_reward"]`` (the goal state has ``Phi = 0``)."""
         params = self.default_params if params is None else params
-        return potential(phase_of(state), subgoal_distance(state), self.max_dist, params.shaping_scale)
+        return potential(phase_of(state), subgoal_distance(state), self.max_dist, NUM_PHASES, params.shaping_scale)
 
     def reset_env(self, key: Array, params: KeyDoorParams):
         state = sample_layout(key, self.size)
@@ -249,12 +264,10 @@ class KeyDoor(Environment):
         nxt = nxt.replace(time=state.time + 1)
         success = same_cell(nxt.agent_pos, nxt.goal_pos)
         reward = jnp.where(success, goal_reward(nxt.time, params.max_steps), 0.0).astype(jnp.float32)
-        shaping = self.potential(nxt, params) - self.potential(state, params)
-        info = {
-            "success": success,
-            "dense_reward": (reward + shaping).astype(jnp.float32),
-            "phase": phase_of(nxt),
-        }
+        dense = shaped_reward(
+            reward, self.potential(state, params), self.potential(nxt, params), success, params.shaping_gamma
+        )
+        info = {"success": success, "dense_reward": dense, "phase": phase_of(nxt)}
         return observe(nxt), nxt, reward, success, info
 
     def render(self, state: KeyDoorState, params=None) -> str:

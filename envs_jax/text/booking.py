@@ -15,7 +15,11 @@ The user answers ``ask`` with the slot's value, rejects a wrong proposal with
 and reaching ``params.max_turns`` turns without a booking are terminated
 failures with reward -1; all other steps pay 0. ``dense_reward`` adds
 ``params.reveal_bonus`` per newly revealed slot and subtracts
-``params.invalid_penalty`` per malformed turn.
+``params.invalid_penalty`` per malformed turn. This is a hand-designed
+heuristic, not potential-based shaping: the reveal bonus is the undiscounted
+change of ``reveal_bonus * #revealed``, which is not zeroed at termination, and
+the penalty is a plain cost, so the dense return can prefer different policies
+from the external one.
 """
 from __future__ import annotations
 

@@ -20,7 +20,9 @@ A text environment is a dialogue between the agent and a simulated partner (the
   truncated (``state.time`` is set to ``params.max_steps`` and the base class
   reports ``truncated``); failing the task is ``terminated``; never both.
 
-``info`` on every step: ``success`` (bool), ``dense_reward`` (float32),
+``info`` on every step: ``success`` (bool), ``dense_reward`` (float32: the
+reward plus each env's hand-designed turn-level bonus, paid on the step a turn
+ends; see each env for whether the bonus is potential-based),
 ``turn_end`` (bool), ``invalid_turn`` (bool: a turn ended malformed on this
 step), ``turns`` (int32: agent turns completed in the episode so far) and
 ``legal_mask`` (bool ``[vocab_size]``: the legal NEXT tokens for the returned
@@ -239,6 +241,7 @@ class TextEnv(Environment):
     state_cls: type
     reply_words: int
     buffer_len: int
+    optional_outputs = ("dense_reward", "success", "legal_mask")
 
     # -- spaces
     @property

@@ -12,7 +12,10 @@ the blocked neighbours in the order up down left right.) Agent utterances:
 illegal one (into a wall, or a malformed turn; the position stays), 0 on
 reaching the goal (terminated, success). ``params.sparse`` switches to +1 at the
 goal and 0 otherwise. ``dense_reward`` adds the shortest-path progress
-``dist(before) - dist(after)``. Episodes otherwise end by truncation (the
+``dist(before) - dist(after)``: potential-based shaping with ``Phi = -dist``
+(so ``Phi = 0`` at the goal, the only terminal state) but undiscounted
+(``gamma = 1``), so it leaves optimal policies exactly unchanged only for an
+undiscounted learner. Episodes otherwise end by truncation (the
 buffer filling up, or ``params.max_steps`` agent tokens).
 """
 from __future__ import annotations

@@ -11,7 +11,9 @@ A malformed turn is answered ``what`` and uses up a question. After
 the episode (``bye``, terminated failure). Reward: +1 on success, else 0
 (sparse, paid only on the step the episode ends). ``dense_reward`` adds the
 fraction of the remaining candidates the answer eliminated and subtracts
-``params.invalid_penalty`` per malformed turn.
+``params.invalid_penalty`` per malformed turn: a hand-designed heuristic, not
+potential-based shaping (the fractions do not telescope), so the dense return
+can prefer different policies from the external one.
 """
 from __future__ import annotations
 

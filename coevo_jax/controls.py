@@ -1,0 +1,67 @@
+"""Control policies that every results table carries.
+
+:func:`uniform_random_curves` runs the uniform-random policy (uniform over
+the legal actions when the env reports a legal-action mask) through the same
+rollout shape and the same per-iteration episode statistics as a training run
+(:func:`coevo_jax.train.episode_metrics`), so its "final" scores are
+measured exactly like every learning arm's. An arm whose final success is
+below this row's learned something worse than chance.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from coevo_jax.config import StaticConfig
+from coevo_jax.rollout import current_legal_mask
+from coevo_jax.train import episode_metrics, raw_key
+from envs_jax.core import EpisodeStats
+
+
+def uniform_actions(key: jax.Array, num_actions: int, mask: jax.Array | None, num_envs: int) -> jax.Array:
+    """``[N]`` int32 actions drawn uniformly (among the ``True`` entries of ``mask [N, A]`` when given)."""
+    logits = jnp.zeros((num_envs, num_actions)) if mask is None else jnp.where(mask, 0.0, -jnp.inf)
+    return jax.random.categorical(key, logits).astype(jnp.int32)
+
+
+def uniform_random_curves(static: StaticConfig, env, env_params, key: jax.Array) -> dict:
+    """Per-iteration ``episode_return``, ``success_rate``, ``episodes``,
+    ``episode_length`` and ``env_steps`` ``[num_iterations]`` of the uniform-random
+    policy on ``static.num_envs`` envs for ``static.num_iterations`` rollouts of
+    ``static.rollout_len`` steps (the training loop's shape). Pure; vmap it over keys."""
+    env = env if isinstance(env, EpisodeStats) else EpisodeStats(env)
+    n = static.num_envs
+    num_actions = env.action_space(env_params).n
+    k_reset, k_run = jax.random.split(raw_key(key))
+    _, env_state = jax.vmap(env.reset, (0, None))(jax.random.split(k_reset, n), env_params)
+
+    def step(env_state, k):
+        k_act, k_env = jax.random.split(k)
+        action = uniform_actions(k_act, num_actions, current_legal_mask(env, env_params, env_state), n)
+        _, env_state, _, _, _, info = jax.vmap(env.step, (0, 0, 0, None))(
+            jax.random.split(k_env, n), env_state, action, env_params)
+        return env_state, info
+
+    def iteration(carry, k):
+        env_state, last_return, last_success, it = carry
+        env_state, info = jax.lax.scan(step, env_state, jax.random.split(k, static.rollout_len))
+        stats = _Episodes(info["returned_episode"], info["returned_episode_returns"],
+                          info["returned_episode_lengths"].astype(jnp.float32), info["returned_episode_success"])
+        metrics, ret, succ = episode_metrics(stats, last_return, last_success)
+        metrics["env_steps"] = (it + 1).astype(jnp.float32) * static.steps_per_iteration
+        return (env_state, ret, succ, it + 1), metrics
+
+    init = (env_state, jnp.float32(0.0), jnp.float32(0.0), jnp.int32(0))
+    _, curves = jax.lax.scan(iteration, init, jax.random.split(k_run, static.num_iterations))
+    return curves
+
+
+class _Episodes(NamedTuple):
+    """The episode fields :func:`episode_metrics` reads, ``[T, N]`` each."""
+
+    episode_done: jax.Array
+    episode_return: jax.Array
+    episode_length: jax.Array
+    episode_success: jax.Array

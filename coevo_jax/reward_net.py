@@ -1,0 +1,137 @@
+"""The one learned reward network R_phi, shared by the co-evolving reward
+(:mod:`coevo_jax.signals.learned`) and the meta-gradient reward
+(:mod:`coevo_jax.signals.meta`), and the random-network-distillation pair that
+``coevo-novelty`` uses (Burda, Edwards, Storkey and Klimov 2018).
+
+**What R_phi reads** (``StaticConfig.reward_input``):
+
+* ``"features"``: the policy's penultimate hidden state ``features_t [H]`` at
+  collection time, as in the project's source note (the policy's hidden state
+  as the state representation). These features move as the policy trains, so
+  R_phi with frozen phi is *not* a frozen reward function of the state;
+* ``"obs"``: the observation itself, flattened to ``[D]``; integer
+  observations (token buffers) are one-hot encoded per position inside the
+  net (``vocab`` classes), float ones are read as they are. A frozen phi then
+  is a frozen function of ``(s, a)``: the control that ``reward_lr = 0`` /
+  ``meta_lr = 0`` is meant to be.
+
+**Architecture**: ``concat(x, embed(a))`` -> Dense+ReLU per ``hidden`` ->
+Dense(1) -> tanh, ``r in [-1, 1]``; ``pre`` is the pre-tanh activation. The
+action embedding is written as ``one_hot(a) @ table`` (the same function as a
+lookup, but its gradient is a matmul instead of a scatter-add: several times
+faster on CPU and under vmap). Concatenation rather than a weighted sum: a
+Dense layer on ``[x; e]`` is ``W_x x + W_e e``, a learned per-unit weighted
+sum, and the embedding may be narrower than ``x``.
+
+**Initial output near 0.** The head is orthogonal with gain ``HEAD_GAIN =
+1e-3``: on the inputs the policies produce (unit-scale features, one-hot or
+[0, 1] observations) ``|R_phi| < 0.01`` at initialisation for every seed, so
+an untrained reward adds (almost) nothing to the external one and the first
+refit starts from a decomposition near ``0 = sum``. The head is small, not
+zero, so that a frozen R_phi is still a (small) random function of its input
+and the hidden layers get gradient from the first step.
+"""
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from coevo_jax.networks import orthogonal
+from coevo_jax.signals.base import flat_obs
+
+REWARD_INPUTS = ("features", "obs")
+HEAD_GAIN = 1e-3
+
+
+def encode_input(x: jax.Array, vocab: int) -> jax.Array:
+    """``x [..., D] -> [..., D * vocab]`` one-hot per position when ``vocab > 0``
+    (token ids, stored as numbers), else ``x`` as float32 ``[..., D]``."""
+    if vocab > 0:
+        one_hot = jax.nn.one_hot(x.astype(jnp.int32), vocab, dtype=jnp.float32)
+        return one_hot.reshape(x.shape[:-1] + (-1,))
+    return x.astype(jnp.float32)
+
+
+class RewardNet(nn.Module):
+    """R_phi: ``(x [..., D], action [...] int) -> (r [...] in [-1, 1], pre [...])``.
+
+    ``x`` is what :func:`reward_inputs` returns for ``reward_input``
+    (``obs_ndim`` and ``vocab`` describe the observation for ``"obs"``).
+    """
+
+    num_actions: int
+    hidden: tuple = (64, 64)
+    action_embed_dim: int = 16
+    reward_input: str = "features"
+    obs_ndim: int = 1
+    vocab: int = 0  # > 0: x holds token ids, one-hot encoded with this many classes
+
+    @nn.compact
+    def __call__(self, x, action):
+        one_hot = jax.nn.one_hot(action, self.num_actions, dtype=jnp.float32)
+        emb = nn.Dense(self.action_embed_dim, use_bias=False, kernel_init=nn.initializers.normal(1.0),
+                       name="action_embed")(one_hot)
+        h = jnp.concatenate([encode_input(x, self.vocab), emb], axis=-1)
+        for i, width in enumerate(self.hidden):
+            h = nn.relu(nn.Dense(width, name=f"dense_{i}")(h))
+        pre = nn.Dense(1, kernel_init=orthogonal(HEAD_GAIN), name="head")(h)[..., 0]
+        return jnp.tanh(pre), pre
+
+
+class RNDNet(nn.Module):
+    """An MLP embedding ``x [..., D] -> [..., out]`` (the RND target or predictor),
+    reading the same input as R_phi (``vocab`` as in :class:`RewardNet`)."""
+
+    hidden: tuple = (64, 64)
+    out: int = 64
+    vocab: int = 0
+
+    @nn.compact
+    def __call__(self, x):
+        h = encode_input(x, self.vocab)
+        for i, width in enumerate(self.hidden):
+            h = nn.relu(nn.Dense(width, name=f"dense_{i}")(h))
+        return nn.Dense(self.out, name="out")(h)
+
+
+def rnd_error(pred: jax.Array, target: jax.Array) -> jax.Array:
+    """RND prediction error ``mean_k (g_k - f_k)^2``: ``[..., K], [..., K] -> [...]``."""
+    return ((pred - target) ** 2).mean(-1)
+
+
+def reward_inputs(traj, reward_input: str, obs_ndim: int) -> jax.Array:
+    """What R_phi reads from a ``[T, N]`` trajectory: ``traj.features [T, N, H]``
+    (``"features"``) or ``traj.obs`` flattened to float32 ``[T, N, D]`` (``"obs"``)."""
+    if reward_input == "features":
+        return traj.features.astype(jnp.float32)
+    if reward_input == "obs":
+        return flat_obs(traj.obs, obs_ndim)
+    raise ValueError(f"reward_input must be one of {', '.join(REWARD_INPUTS)}, got {reward_input!r}")
+
+
+def apply_reward(net: RewardNet, params, traj):
+    """``(r [T, N], pre [T, N])``: R_phi on a trajectory's inputs and actions."""
+    return net.apply(params, reward_inputs(traj, net.reward_input, net.obs_ndim), traj.action)
+
+
+def obs_vocab(env, env_params) -> int:
+    """Classes of an integer observation (``high + 1``), 0 for float observations."""
+    space = env.observation_space(env_params)
+    if jnp.issubdtype(jnp.dtype(space.dtype), jnp.integer):
+        return int(jnp.max(jnp.asarray(space.high))) + 1
+    return 0
+
+
+def make_reward_net(static, env, env_params) -> RewardNet:
+    """R_phi for ``static`` (``reward_hidden``, ``action_embed_dim``, ``reward_input``) and ``env``."""
+    space = env.observation_space(env_params)
+    vocab = obs_vocab(env, env_params) if static.reward_input == "obs" else 0
+    return RewardNet(int(env.action_space(env_params).n), tuple(static.reward_hidden), static.action_embed_dim,
+                     static.reward_input, len(space.shape), vocab)
+
+
+def make_rnd_net(static, env, env_params) -> RNDNet:
+    """The RND target / predictor on the same input as :func:`make_reward_net`'s."""
+    vocab = obs_vocab(env, env_params) if static.reward_input == "obs" else 0
+    return RNDNet(tuple(static.reward_hidden), int(static.reward_hidden[-1]), vocab)

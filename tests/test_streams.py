@@ -1,0 +1,164 @@
+"""Reward construction shared by every method: scale-only normalisation, the
+non-episodic intrinsic stream with its own critic head, the dense oracle's
+declared capability, and ICM's per-iteration training."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import coevo_jax as cj
+import envs_jax
+from coevo_jax.ppo import stream_advantages
+from coevo_jax.rollout import Trajectory
+from coevo_jax.signals import base
+from coevo_jax.signals import icm as icm_mod
+
+
+def traj_of(reward, terminated, truncated, value, next_value, obs=None, next_obs=None, action=None):
+    """A Trajectory with the given ``[T, N]`` fields (values may be ``[T, N, 2]``); the rest zeros."""
+    T, N = reward.shape
+    z = jnp.zeros((T, N), jnp.float32)
+    obs = jnp.zeros((T, N, 3)) if obs is None else obs
+    return Trajectory(
+        obs=obs, action=jnp.zeros((T, N), jnp.int32) if action is None else action, logp=z, value=value,
+        features=jnp.zeros((T, N, 2)), reward=reward, dense_reward=reward, terminated=terminated, truncated=truncated,
+        next_obs=obs if next_obs is None else next_obs, next_value=next_value,
+        episode_done=terminated | truncated, episode_return=z, episode_length=z, episode_success=z)
+
+
+def random_ends(key, shape, p_term=0.1, p_trunc=0.05):
+    u = jax.random.uniform(key, shape)
+    return u < p_term, (u >= p_term) & (u < p_term + p_trunc)
+
+
+# ----------------------------------------------------------------------------- normalisation never shifts
+@pytest.mark.parametrize("episodic", [True, False])
+def test_scale_normalise_only_scales(episodic):
+    """Adding a constant to every reward of a batch changes the output by a scale
+    only: out(r + c) = s * (r + c) for one positive s, however many batches came before."""
+    key = jax.random.PRNGKey(0)
+    r = jax.random.normal(key, (32, 8)) * 0.3 + 0.1
+    term, trunc = random_ends(jax.random.PRNGKey(1), r.shape)
+    done = (term | trunc) if episodic else None
+    scale = base.init_return_scale(8)
+    for i in range(3):  # some history
+        scale, _ = base.scale_normalise(scale, r * (i + 1), 0.99, 1.0, done)
+    for c in (0.0, 5.0, -2.0):
+        _, out = base.scale_normalise(scale, r + c, 0.99, 1.0, done)
+        ratio = np.asarray(out) / np.asarray(r + c)
+        np.testing.assert_allclose(ratio, ratio.flat[0], rtol=1e-5)
+        assert ratio.flat[0] > 0
+    # off: the identity (statistics still kept)
+    s_off, out = base.scale_normalise(scale, r, 0.99, 0.0, done)
+    np.testing.assert_array_equal(out, r)
+    assert float(s_off.count) > float(scale.count)
+
+
+def test_return_scale_tracks_the_discounted_return_std():
+    """The running std is that of the discounted returns of all batches seen
+    (checked against numpy on the concatenated returns)."""
+    rng = np.random.default_rng(0)
+    gamma, scale, rets = 0.9, base.init_return_scale(4), []
+    run = np.zeros(4)
+    for _ in range(3):
+        r = rng.normal(size=(10, 4)).astype(np.float32)
+        scale = base.update_return_scale(scale, jnp.asarray(r), gamma)
+        for t in range(10):
+            run = gamma * run + r[t]
+            rets.append(run.copy())
+    np.testing.assert_allclose(float(base.return_std(scale)), np.std(np.concatenate(rets)), rtol=1e-4)
+
+
+# ----------------------------------------------------------------------------- the intrinsic stream
+def test_constant_bonus_has_zero_intrinsic_advantage():
+    """External reward 0, a constant bonus c > 0 with the intrinsic critic at its
+    fixed point c / (1 - gamma): the advantage is 0 on every step, episode ends
+    included. Paid into the episodic stream instead, the same bonus makes ending
+    an episode costly (a living reward)."""
+    T, N, c, gamma = 64, 6, 0.3, 0.99
+    term, trunc = random_ends(jax.random.PRNGKey(2), (T, N), 0.1, 0.05)
+    assert bool(term.any()) and bool(trunc.any())
+    hp = cj.default_hparams("icm", gamma=gamma, gae_lambda=0.95)
+    v_int = jnp.full((T, N), c / (1 - gamma))
+    value = jnp.stack([jnp.zeros((T, N)), v_int], -1)
+    traj = traj_of(jnp.zeros((T, N)), term, trunc, value, value)
+    bonus = jnp.full((T, N), c)
+    adv, targets = stream_advantages(base.RewardStreams(jnp.zeros((T, N)), bonus), traj, hp)
+    np.testing.assert_allclose(adv, 0.0, atol=1e-4)
+    assert targets.shape == (T, N, 2)
+    # the same bonus in the episodic stream, with the episodic critic at its own fixed point
+    one = traj_of(jnp.zeros((T, N)), term, trunc, v_int, v_int)
+    adv_ep, _ = stream_advantages(base.RewardStreams(bonus), one, hp)
+    assert float(jnp.abs(adv_ep[term]).min()) > 1.0  # terminating forfeits the bonus's future
+
+
+def test_two_streams_add_and_one_stream_is_plain_gae():
+    T, N = 16, 3
+    key = jax.random.PRNGKey(3)
+    r_e, r_i, v, nv = jax.random.normal(key, (4, T, N, 2))
+    term, trunc = random_ends(jax.random.PRNGKey(4), (T, N))
+    hp = cj.default_hparams("icm")
+    traj = traj_of(r_e[..., 0], term, trunc, v, nv)
+    adv, tgt = stream_advantages(base.RewardStreams(r_e[..., 0], r_i[..., 0]), traj, hp)
+    a_e, t_e = cj.gae(r_e[..., 0], v[..., 0], nv[..., 0], term, trunc, hp.gamma, hp.gae_lambda)
+    never = jnp.zeros_like(term)
+    a_i, t_i = cj.gae(r_i[..., 0], v[..., 1], nv[..., 1], never, never, hp.gamma, hp.gae_lambda)
+    np.testing.assert_allclose(adv, a_e + a_i, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(tgt, np.stack([t_e, t_i], -1), rtol=1e-5, atol=1e-6)
+    one = traj_of(r_e[..., 0], term, trunc, v[..., 0], nv[..., 0])
+    np.testing.assert_array_equal(stream_advantages(base.RewardStreams(r_e[..., 0]), one, hp)[0], a_e)
+    with pytest.raises(ValueError, match="two value heads"):
+        stream_advantages(base.RewardStreams(r_e[..., 0], r_i[..., 0]), one, hp)
+
+
+@pytest.mark.parametrize("method,heads", [("ppo", 1), ("siop", 1), ("icm", 2), ("coevo-novelty", 2), ("meta", 2)])
+def test_policy_has_a_critic_head_per_stream(method, heads):
+    env, p = envs_jax.make("KeyDoor-5x5")
+    static = cj.StaticConfig(method=method, hidden_sizes=(8,))
+    net = cj.make_policy_network(static, env, p)
+    obs = jnp.zeros((5,) + env.observation_space(p).shape)
+    _, value, _ = jax.eval_shape(lambda o: net.apply(net.init(jax.random.PRNGKey(0), o), o), obs)
+    assert value.shape == ((5,) if heads == 1 else (5, heads))
+
+
+# ----------------------------------------------------------------------------- the dense oracle
+def test_dense_on_an_env_without_a_dense_reward_is_a_config_error():
+    env, p = envs_jax.make("CartPole-v1")
+    with pytest.raises(cj.ConfigError, match="CartPole-v1.*no dense reward"):
+        cj.Trainer(cj.StaticConfig(method="dense"), env, p)
+    env, p = envs_jax.make("KeyDoor-5x5")
+    cj.Trainer(cj.StaticConfig(method="dense"), env, p)  # declared: fine
+
+
+# ----------------------------------------------------------------------------- ICM trains every iteration
+def test_icm_trains_in_observe_and_pays_a_separate_stream():
+    env, p = envs_jax.make("KeyDoor-5x5")
+    static = cj.StaticConfig(method="icm", hidden_sizes=(16,), icm_feature_dim=8, num_envs=4, rollout_len=8,
+                             num_minibatches=2)
+    sig = icm_mod.make_icm(static, None, env, p)
+    T, N = 8, 4
+    key = jax.random.PRNGKey(5)
+    obs = jax.random.bernoulli(key, 0.3, (T, N) + env.observation_space(p).shape).astype(jnp.float32)
+    action = jax.random.randint(key, (T, N), 0, 6)
+    term, trunc = random_ends(jax.random.PRNGKey(6), (T, N))
+    z = jnp.zeros((T, N, 2))
+    traj = traj_of(jnp.zeros((T, N)), term, trunc, z, z, obs, jnp.roll(obs, -1, 0), action)
+    hp = cj.default_hparams("icm", icm_lr=3e-3, beta_int=0.5, normalize_int=0.0)
+    state = sig.init(jax.random.PRNGKey(0), traj, hp)
+    observe = jax.jit(sig.observe)
+    s1, m = observe(state, traj, hp, jax.random.PRNGKey(1))
+    assert any(float(jnp.abs(a - b).max()) > 0 for a, b in zip(jax.tree.leaves(s1.params),
+                                                                 jax.tree.leaves(state.params)))
+    for k in jax.random.split(jax.random.PRNGKey(2), 20):
+        s1, m2 = observe(s1, traj, hp, k)
+    assert float(m2["icm_loss"]) < float(m["icm_loss"])
+    # update (the K-gated refit) has nothing left to do
+    s2, _ = sig.update(s1, traj, None, hp, jax.random.PRNGKey(3))
+    jax.tree.map(np.testing.assert_array_equal, s2.params, s1.params)
+    # rewards: the external reward in the episodic stream, beta_int * bonus in the intrinsic one
+    _, streams, _ = sig.rewards(s1, traj, hp)
+    net = icm_mod.ICMNetwork(6, 8, (16,))
+    _, phi_tp1, _, phi_pred = net.apply(s1.params, traj.obs, traj.next_obs, traj.action)
+    np.testing.assert_allclose(streams.intrinsic, 0.5 * icm_mod.intrinsic_reward(phi_pred, phi_tp1, hp.icm_eta),
+                               rtol=1e-5, atol=1e-8)
+    np.testing.assert_array_equal(streams.episodic, traj.reward)
