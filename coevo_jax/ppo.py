@@ -63,8 +63,8 @@ def stream_advantages(streams, traj, hp):
     The episodic stream takes :func:`gae` with the trajectory's end flags and
     the critic's first head; the intrinsic stream (if any) takes :func:`gae`
     with no episode ends (its return runs on through resets, bootstrapping from
-    the second head at ``next_obs``) and the second head. The advantages add:
-    the signal has already weighted each stream. ``traj.value`` /
+    the second head at ``next_obs``) and the second head. The advantages add,
+    the intrinsic one times ``streams.intrinsic_coef``. ``traj.value`` /
     ``traj.next_value`` are ``[T, N]`` for one stream, ``[T, N, 2]`` for two.
     Returns ``(advantages [T, N], targets [T, N] or [T, N, 2])``.
     """
@@ -79,7 +79,7 @@ def stream_advantages(streams, traj, hp):
     never = jnp.zeros_like(traj.terminated)
     adv_i, target_i = gae(streams.intrinsic, traj.value[..., 1], traj.next_value[..., 1], never, never,
                           hp.gamma, hp.gae_lambda)
-    return adv_e + adv_i, jnp.stack([target_e, target_i], axis=-1)
+    return adv_e + streams.intrinsic_coef * adv_i, jnp.stack([target_e, target_i], axis=-1)
 
 
 class PPOBatch(NamedTuple):

@@ -76,11 +76,12 @@ def test_rnd_error_and_streams_by_hand():
     np.testing.assert_allclose(np.asarray(st.episodic), np.asarray(raw.episodic))
     np.testing.assert_allclose(np.asarray(scale.ret), [2.0])  # the running return: 2, then 0.5 * 2 + 1
     scale2, st2 = L.coevo_streams(r_ext, r_phi, bonus, scale, hp)
-    # running returns over both batches: 2, 2, 3, 2.5 (gamma 0.5, never reset) -> population std of all four
-    std = np.std([2.0, 2.0, 3.0, 2.5])
-    np.testing.assert_allclose(np.asarray(st2.intrinsic), 3.0 * np.asarray(bonus) / std, rtol=1e-5)
+    # running returns over both batches: 2, 2, 3, 2.5 (gamma 0.5, never reset) -> the RMS of all four
+    std = np.sqrt(np.mean(np.square([2.0, 2.0, 3.0, 2.5])))
+    np.testing.assert_allclose(np.asarray(st2.intrinsic), np.asarray(bonus) / std, rtol=1e-5)
+    assert float(st2.intrinsic_coef) == 3.0  # novelty_coef weighs the intrinsic advantage
     _, off = L.coevo_streams(r_ext, r_phi, bonus, scale, hp.replace(normalize_int=0.0))
-    np.testing.assert_allclose(np.asarray(off.intrinsic), 3.0 * np.asarray(bonus), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(off.intrinsic), np.asarray(bonus), rtol=1e-6)
 
 
 def test_anti_collusion_terms_and_total_by_hand():
@@ -357,10 +358,11 @@ def test_signal_rewards_streams_per_method(method):
     if method != "coevo-novelty":
         assert streams.intrinsic is None
         return
-    ratio = np.asarray(streams.intrinsic) / (3.0 * np.asarray(bonus))
+    assert float(streams.intrinsic_coef) == 3.0
+    ratio = np.asarray(streams.intrinsic) / np.asarray(bonus)
     np.testing.assert_allclose(ratio, ratio.flat[0], rtol=1e-5)  # one factor: scaled, not shifted
     assert ratio.flat[0] > 0 and int(count) == traj.action.size
-    np.testing.assert_allclose(ratio.flat[0], 1.0 / float(metrics["int_return_std"]), rtol=1e-5)
+    np.testing.assert_allclose(ratio.flat[0], 1.0 / float(metrics["int_return_rms"]), rtol=1e-5)
 
 
 def test_make_learned_rejects_other_methods():

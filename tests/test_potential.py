@@ -188,7 +188,7 @@ def test_credit_telescopes_per_episode(nstep, normalize):
     phi = np.asarray(pot.potential_values(static, state, traj.obs))
     phi_next = np.asarray(pot.potential_values(static, state, traj.next_obs))
     new, streams, metrics = jax.jit(sig.rewards)(state, traj, hp)
-    scale = float(base.return_std(new.scale)) if normalize else 1.0
+    scale = float(base.return_rms(new.scale)) if normalize else 1.0
     assert normalize == 0.0 or abs(scale - 1.0) > 0.01  # the scale is not trivially 1
     credit = np.asarray(streams.episodic)
     done = np.asarray(traj.terminated | traj.truncated)
@@ -383,7 +383,7 @@ def test_update_reduces_loss_and_rewards_mix(kd_traj):
     np.testing.assert_allclose(streams.episodic, kd_traj.reward + 0.5 * jnp.clip(credit, -0.05, 0.05), rtol=1e-5,
                                atol=1e-7)
     assert set(rm) == {"potential_mean", "potential_min", "potential_max", "credit_mean", "credit_var",
-                       "credit_clip_frac", "credit_return_std", "potential_diverged"}
+                       "credit_clip_frac", "credit_return_rms", "potential_diverged"}
     assert float(rm["credit_clip_frac"]) > 0
     assert float(rm["potential_diverged"]) == 0.0
     assert float(state.max_abs_return) == pytest.approx(0.8)

@@ -54,19 +54,21 @@ def test_scale_normalise_only_scales(episodic):
     assert float(s_off.count) > float(scale.count)
 
 
-def test_return_scale_tracks_the_discounted_return_std():
+def test_return_scale_tracks_the_discounted_return_rms():
     """The running std is that of the discounted returns of all batches seen
     (checked against numpy on the concatenated returns)."""
     rng = np.random.default_rng(0)
     gamma, scale, rets = 0.9, base.init_return_scale(4), []
     run = np.zeros(4)
     for _ in range(3):
-        r = rng.normal(size=(10, 4)).astype(np.float32)
+        r = rng.normal(0.5, 1.0, size=(10, 4)).astype(np.float32)
         scale = base.update_return_scale(scale, jnp.asarray(r), gamma)
         for t in range(10):
             run = gamma * run + r[t]
             rets.append(run.copy())
-    np.testing.assert_allclose(float(base.return_std(scale)), np.std(np.concatenate(rets)), rtol=1e-4)
+    rets = np.concatenate(rets)
+    np.testing.assert_allclose(float(base.return_rms(scale)), np.sqrt(np.mean(rets**2)), rtol=1e-4)
+    assert abs(np.sqrt(np.mean(rets**2)) - np.std(rets)) > 0.1  # the mean counts: not the std
 
 
 # ----------------------------------------------------------------------------- the intrinsic stream
@@ -105,6 +107,11 @@ def test_two_streams_add_and_one_stream_is_plain_gae():
     a_i, t_i = cj.gae(r_i[..., 0], v[..., 1], nv[..., 1], never, never, hp.gamma, hp.gae_lambda)
     np.testing.assert_allclose(adv, a_e + a_i, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(tgt, np.stack([t_e, t_i], -1), rtol=1e-5, atol=1e-6)
+    # the coefficient weighs the intrinsic advantage; at 0 the update is exactly the extrinsic one
+    adv3, _ = stream_advantages(base.RewardStreams(r_e[..., 0], r_i[..., 0], 0.3), traj, hp)
+    np.testing.assert_allclose(adv3, a_e + 0.3 * a_i, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(stream_advantages(base.RewardStreams(r_e[..., 0], r_i[..., 0], 0.0), traj, hp)[0],
+                                  a_e)
     one = traj_of(r_e[..., 0], term, trunc, v[..., 0], nv[..., 0])
     np.testing.assert_array_equal(stream_advantages(base.RewardStreams(r_e[..., 0]), one, hp)[0], a_e)
     with pytest.raises(ValueError, match="two value heads"):
@@ -155,10 +162,11 @@ def test_icm_trains_in_observe_and_pays_a_separate_stream():
     # update (the K-gated refit) has nothing left to do
     s2, _ = sig.update(s1, traj, None, hp, jax.random.PRNGKey(3))
     jax.tree.map(np.testing.assert_array_equal, s2.params, s1.params)
-    # rewards: the external reward in the episodic stream, beta_int * bonus in the intrinsic one
+    # rewards: the external reward in the episodic stream, the bonus in the intrinsic one (advantage weight beta_int)
     _, streams, _ = sig.rewards(s1, traj, hp)
+    assert float(streams.intrinsic_coef) == pytest.approx(0.5)
     net = icm_mod.ICMNetwork(6, 8, (16,))
     _, phi_tp1, _, phi_pred = net.apply(s1.params, traj.obs, traj.next_obs, traj.action)
-    np.testing.assert_allclose(streams.intrinsic, 0.5 * icm_mod.intrinsic_reward(phi_pred, phi_tp1, hp.icm_eta),
+    np.testing.assert_allclose(streams.intrinsic, icm_mod.intrinsic_reward(phi_pred, phi_tp1, hp.icm_eta),
                                rtol=1e-5, atol=1e-8)
     np.testing.assert_array_equal(streams.episodic, traj.reward)

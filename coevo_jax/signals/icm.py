@@ -11,9 +11,9 @@ the intrinsic reward is ``hp.icm_eta * 0.5 * ||f(phi(s_t), a_t) - phi(s_t+1)||^2
 and the policy's rewards are two streams (:class:`~coevo_jax.signals.base.RewardStreams`):
 
 * episodic: ``beta_ext * r_ext``;
-* intrinsic (non-episodic, its own critic head): ``beta_int * n(r_int)``, ``n``
-  the division by a running std of the intrinsic return when
-  ``hp.normalize_int`` (never a mean shift; Burda et al. 2018).
+* intrinsic (non-episodic, its own critic head): ``n(r_int)``, ``n`` the
+  division by a running RMS of the intrinsic return when ``hp.normalize_int``
+  (never a mean shift; Burda et al. 2018), its advantage weighted by ``beta_int``.
 
 A bonus in the episodic stream would be a living reward: with time-outs
 bootstrapped, "never reach the goal" collects it forever. In its own
@@ -39,7 +39,8 @@ import optax
 
 from coevo_jax.ppo import init_optimizer, make_optimizer
 from coevo_jax.signals.base import (
-    ReturnScale, RewardStreams, Signal, flat_obs, init_return_scale, minibatch_indices, mlp, no_update, scale_normalise,
+    ReturnScale, RewardStreams, Signal, flat_obs, init_return_scale, minibatch_indices, mlp, no_update, return_rms,
+    scale_normalise,
 )
 
 
@@ -102,7 +103,7 @@ def intrinsic_reward(phi_pred: jax.Array, phi_tp1: jax.Array, eta) -> jax.Array:
 class ICMState(NamedTuple):
     params: Any
     opt_state: Any
-    scale: ReturnScale  # running std of the intrinsic return
+    scale: ReturnScale  # running RMS of the intrinsic return
 
 
 def icm_train(icm: ICMNetwork, params, opt_state, data, hp, key, num_minibatches: int):
@@ -152,9 +153,9 @@ def make_icm(static, network, env, env_params) -> Signal:
         _, phi_tp1, _, phi_pred = icm.apply(state.params, *transitions(traj))
         r_int = intrinsic_reward(phi_pred, phi_tp1, hp.icm_eta)
         scale, r_norm = scale_normalise(state.scale, r_int, hp.gamma, hp.normalize_int)
-        streams = RewardStreams(hp.beta_ext * traj.reward, hp.beta_int * r_norm)
+        streams = RewardStreams(hp.beta_ext * traj.reward, r_norm, hp.beta_int)
         metrics = {"icm_reward_mean": r_int.mean(), "icm_reward_max": r_int.max(),
-                   "int_return_std": jnp.sqrt(scale.var)}
+                   "int_return_rms": return_rms(scale)}
         return state._replace(scale=scale), streams, metrics
 
     return Signal(init, observe, no_update, rewards)

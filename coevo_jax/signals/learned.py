@@ -25,12 +25,13 @@ action. The refit objectives come from the reward-learning literature:
 * episodic: ``beta_ext * r_ext + beta_int * R_phi``, raw. R_phi is fit to be a
   decomposition of the external return (its episode sum is the return, or
   orders episodes like it), so its scale is the return's by construction;
-  dividing it by a running std would break "sum R_phi = return" and change
+  dividing it by a running RMS would break "sum R_phi = return" and change
   what ``beta_int`` means as training goes on;
 * intrinsic (``coevo-novelty`` only; non-episodic, the critic's second head):
-  ``novelty_coef * n(e_t)``, ``n(e) = e / std(intrinsic return)`` (a running
-  std, never a mean shift) when ``hp.normalize_int``. A positive bonus in the
-  episodic stream would be a living reward.
+  ``n(e_t)``, ``n(e) = e / rms(intrinsic return)`` (a running RMS, never a
+  mean shift) when ``hp.normalize_int``, its advantage weighted by
+  ``novelty_coef``. A positive bonus in the episodic stream would be a living
+  reward.
 
 **Anti-collusion terms** (the note's): ``anchor_weight`` scales the fit term;
 ``drift_weight`` penalises the difference of R_phi's outputs on the buffer from
@@ -71,7 +72,7 @@ from coevo_jax.episodes import EpisodeReplay, add_rollout, buffer_mask, episode_
 from coevo_jax.ppo import init_optimizer, make_optimizer
 from coevo_jax.reward_net import make_reward_net, make_rnd_net, reward_inputs, rnd_error
 from coevo_jax.signals.base import (
-    ReturnScale, RewardStreams, Signal, init_return_scale, minibatch_indices, return_std, scale_normalise,
+    ReturnScale, RewardStreams, Signal, init_return_scale, minibatch_indices, return_rms, scale_normalise,
 )
 
 VAL_EVERY = 4  # every 4th committed episode goes to the validation buffer
@@ -167,12 +168,12 @@ def reward_step_size(hp, policy) -> jax.Array:
 def coevo_streams(r_ext, r_phi, bonus, scale: ReturnScale, hp):
     """``(scale, RewardStreams)`` from ``r_ext, r_phi [T, N]`` and the RND error
     ``bonus [T, N]`` (``None``: no intrinsic stream): episodic ``beta_ext * r_ext
-    + beta_int * r_phi`` (raw), intrinsic ``novelty_coef * n(bonus)`` (see the module docstring)."""
+    + beta_int * r_phi`` (raw), intrinsic ``n(bonus)`` with advantage weight ``novelty_coef`` (see the module docstring)."""
     episodic = hp.beta_ext * r_ext + hp.beta_int * r_phi
     if bonus is None:
         return scale, RewardStreams(episodic, None)
     scale, b = scale_normalise(scale, bonus, hp.gamma, hp.normalize_int)
-    return scale, RewardStreams(episodic, hp.novelty_coef * b)
+    return scale, RewardStreams(episodic, b, hp.novelty_coef)
 
 
 def rnd_fit(rnd, params, opt_state, target_params, x: jax.Array, hp, key, num_minibatches: int):
@@ -307,7 +308,7 @@ def make_learned(static, network, env, env_params) -> Signal:
             "r_phi_mean": r_phi.mean(),
             "novelty_bonus_mean": zero if bonus is None else bonus.mean(),  # the raw RND error
             "intrinsic_mean": zero if bonus is None else streams.intrinsic.mean(),
-            "int_return_std": return_std(scale),
+            "int_return_rms": return_rms(scale),
             "val_pred_return": _safe_mean(v_sum, vw),
             "val_ext_return": _safe_mean(v_ret, vw),
             "val_mse": regression_loss(v_r, vmask, v_ret, val.valid),

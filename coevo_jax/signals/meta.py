@@ -10,9 +10,11 @@ streams (:class:`~coevo_jax.signals.base.RewardStreams`):
 
 * episodic: ``r_ext_coef * r_ext``;
 * intrinsic (non-episodic return, the critic's second head):
-  ``r_int_coef * n(R_phi)``, ``n(r) = r / std(intrinsic return)`` (a running
-  std, :func:`~coevo_jax.signals.base.scale_normalise`, never a mean shift)
-  when ``hp.normalize_int``, else ``n(r) = r``.
+  ``n(R_phi)``, ``n(r) = r / rms(intrinsic return)`` (a running RMS,
+  :func:`~coevo_jax.signals.base.scale_normalise`, never a mean shift) when
+  ``hp.normalize_int``, else ``n(r) = r``; its advantage is weighted by
+  ``r_int_coef`` (the same policy gradient as weighting the reward, without
+  the intrinsic critic's error at ``r_int_coef = 0``).
 
 R_phi pays on every step: in the episodic stream a positive R_phi would be a
 living reward (a time-out bootstraps it forever, "never finish" collects it);
@@ -40,7 +42,7 @@ unit-scale noise.
 Choices that differ from the reference code (which takes one look-ahead step
 per PPO minibatch with Adam's second moment under ``stop_gradient``): here the
 look-ahead uses the full batch and the exact derivative of the real optimiser
-step (second moment included), except that the running std of ``n`` is held
+step (second moment included), except that the running RMS of ``n`` is held
 constant in the derivative; one meta step per signal update, on the
 meta-gradient divided by the policy's learning rate (the raw one is ~1e-8 per
 coordinate, below Adam's eps, so Adam would hardly move phi); ``V_ext`` (a
@@ -63,7 +65,7 @@ from coevo_jax.ppo import PPOBatch, gae, init_optimizer, make_optimizer, ppo_los
 from coevo_jax.reward_net import RewardNet, apply_reward, make_reward_net, reward_inputs
 from coevo_jax.rollout import mask_logits
 from coevo_jax.signals.base import (
-    ReturnScale, RewardStreams, Signal, flat_obs, init_return_scale, mlp, no_observe, return_std,
+    ReturnScale, RewardStreams, Signal, flat_obs, init_return_scale, mlp, no_observe, return_rms,
     update_return_scale,
 )
 
@@ -99,15 +101,15 @@ def intrinsic_reward(reward_net: RewardNet, phi, traj) -> jax.Array:
 
 def meta_streams(r_int: jax.Array, traj, scale: ReturnScale, hp):
     """The policy's rewards from ``r_int = R_phi [T, N]``: ``(scale, RewardStreams(
-    r_ext_coef * r_ext, r_int_coef * n(r_int)))`` (see the module docstring).
+    r_ext_coef * r_ext, n(r_int), r_int_coef))`` (see the module docstring).
 
     ``scale`` is updated with ``r_int``'s non-episodic returns; the divisor is
     held constant in derivatives w.r.t. ``r_int``.
     """
     f32 = jnp.float32  # the running statistics are float32 (also under jax_enable_x64)
     scale = update_return_scale(scale, jax.lax.stop_gradient(r_int).astype(f32), hp.gamma.astype(f32), None)
-    factor = jax.lax.stop_gradient(hp.normalize_int / return_std(scale) + (1.0 - hp.normalize_int))
-    return scale, RewardStreams(hp.r_ext_coef * traj.reward, hp.r_int_coef * r_int * factor)
+    factor = jax.lax.stop_gradient(hp.normalize_int / return_rms(scale) + (1.0 - hp.normalize_int))
+    return scale, RewardStreams(hp.r_ext_coef * traj.reward, r_int * factor, hp.r_int_coef)
 
 
 def _flat(x: jax.Array) -> jax.Array:
@@ -342,7 +344,7 @@ def make_meta(static, network, env, env_params) -> Signal:
     def rewards(state, traj, hp):
         r_int = intrinsic_reward(reward_net, state.phi, traj)
         scale, streams = meta_streams(r_int, traj, state.scale, hp)
-        metrics = {"r_int_mean": r_int.mean(), "r_int_std": r_int.std(), "int_return_std": return_std(scale)}
+        metrics = {"r_int_mean": r_int.mean(), "r_int_std": r_int.std(), "int_return_rms": return_rms(scale)}
         return state._replace(scale=scale), streams, {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
 
     return Signal(init, no_observe, update, rewards)

@@ -46,7 +46,7 @@ potential-based under discounting; it is gone, with the ``terminal_potential``,
 ``credit_gamma`` and ``w_fit_all`` options.)
 
 **Scale** (``hp.normalize_int``, 0 by default for ``siop``): 1 divides ``F`` by
-a running std of its discounted return (:func:`~coevo_jax.signals.base.scale_normalise`,
+a running RMS of its discounted return (:func:`~coevo_jax.signals.base.scale_normalise`,
 ``done = terminated | truncated``), one positive number per batch, so ``F``
 stays potential-based (with ``Phi / std``) and is never shifted. Off by
 default because ``Phi`` is already in units of the external return, and a
@@ -97,7 +97,7 @@ import optax
 from coevo_jax import episodes as ep
 from coevo_jax.ppo import init_optimizer, make_optimizer
 from coevo_jax.signals.base import (
-    ReturnScale, RewardStreams, Signal, init_return_scale, return_std, scale_normalise,
+    ReturnScale, RewardStreams, Signal, init_return_scale, return_rms, scale_normalise,
 )
 
 sg = jax.lax.stop_gradient
@@ -298,7 +298,7 @@ class PotentialState(NamedTuple):
     params: Any  # stacked [E, ...] potential parameters
     opt_state: Any  # stacked [E, ...] optimiser states
     replay: ep.EpisodeReplay  # steps {obs, reward}, ends {final_obs, terminated}
-    scale: ReturnScale  # running std of the credit's discounted return
+    scale: ReturnScale  # running RMS of the credit's discounted return
     max_abs_return: jax.Array  # float32 (): largest |episode return| and |reward| seen
 
 
@@ -354,7 +354,7 @@ def make_potential(static, network=None, env=None, env_params=None) -> Signal:
             "potential_mean": phi.mean(), "potential_min": phi.min(), "potential_max": phi.max(),
             "credit_mean": credit.mean(), "credit_var": credit.var(),
             "credit_clip_frac": (jnp.abs(scaled) > hp.credit_clip).mean(),
-            "credit_return_std": return_std(scale),
+            "credit_return_rms": return_rms(scale),
             "potential_diverged": potential_diverged(phi, state.max_abs_return),
         }
         return state._replace(scale=scale), streams, metrics
