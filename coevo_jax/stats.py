@@ -5,9 +5,20 @@ by that paper's library (``rliable``), plus steps-to-threshold. NumPy, host side
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 from rliable import library as rly
 from rliable import metrics
+
+
+def _interval_estimates(scores: dict, func, n_boot: int, alpha: float, seed: int):
+    """rliable's ``get_interval_estimates`` (percentile stratified bootstrap), seeded,
+    without arch's deprecation warning for the ``random_state`` argument rliable passes."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="random_state is deprecated", category=FutureWarning)
+        return rly.get_interval_estimates(scores, func, reps=n_boot, confidence_interval_size=1.0 - alpha,
+                                          random_state=np.random.RandomState(seed))
 
 
 def _finite(x) -> np.ndarray:
@@ -28,9 +39,7 @@ def bootstrap_ci(x: np.ndarray, stat=np.mean, n_boot: int = 2000, alpha: float =
     x = _finite(x)
     if len(x) == 0:
         return float("nan"), float("nan")
-    _, ci = rly.get_interval_estimates({"x": x[:, None]}, lambda s: np.array([stat(s[:, 0])]), reps=n_boot,
-                                       confidence_interval_size=1.0 - alpha,
-                                       random_state=np.random.RandomState(seed))
+    _, ci = _interval_estimates({"x": x[:, None]}, lambda s: np.array([stat(s[:, 0])]), n_boot, alpha, seed)
     return float(ci["x"][0, 0]), float(ci["x"][1, 0])
 
 
@@ -42,9 +51,8 @@ def probability_of_improvement(x: np.ndarray, y: np.ndarray, n_boot: int = 2000,
     x, y = _finite(x), _finite(y)
     if len(x) == 0 or len(y) == 0:
         return {"p": float("nan"), "ci_low": float("nan"), "ci_high": float("nan")}
-    point, ci = rly.get_interval_estimates({"xy": (x[:, None], y[:, None])}, metrics.probability_of_improvement,
-                                           reps=n_boot, confidence_interval_size=1.0 - alpha,
-                                           random_state=np.random.RandomState(seed))
+    point, ci = _interval_estimates({"xy": (x[:, None], y[:, None])}, metrics.probability_of_improvement, n_boot,
+                                    alpha, seed)
     low, high = np.ravel(ci["xy"])
     return {"p": float(np.ravel(point["xy"])[0]), "ci_low": float(low), "ci_high": float(high)}
 

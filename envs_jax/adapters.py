@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from envs_jax.core import Box, Discrete, EnvParams, Environment, register
+from envs_jax.core import Box, Discrete, Environment, register
 
 
 @struct.dataclass

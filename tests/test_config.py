@@ -47,6 +47,8 @@ def test_default_hparams_per_method_and_unknown_names():
         ("reward_lr", float("nan"), r"HParams.reward_lr=nan"),
         ("normalize_int", 2.0, r"HParams.normalize_int=2.0"),
         ("credit_clip", 0.0, r"HParams.credit_clip"),
+        ("rnd_lr", -0.5, r"HParams.rnd_lr=-0.5 is outside the allowed range \[0.0, 1.0\]"),
+        ("drift_ema", 1.0, r"HParams.drift_ema=1.0 is outside the allowed range \[0.0, 1.0\)"),
     ],
 )
 def test_invalid_hparams_name_field_value_and_range(field, value, message):
@@ -82,6 +84,9 @@ def test_every_range_accepts_the_default():
         ({"activation": "gelu"}, r"StaticConfig.activation='gelu'"),
         ({"ensemble_combine": "max"}, r"StaticConfig.ensemble_combine='max'"),
         ({"meta_truncate": 1}, r"StaticConfig.meta_truncate=1 must be < meta_inner_steps=1"),
+        ({"reward_input": "pixels"}, r"StaticConfig.reward_input='pixels' must be 'features' or 'obs'"),
+        ({"potential_buffer_episodes": 0}, r"StaticConfig.potential_buffer_episodes=0 must be an integer in \[1, "),
+        ({"potential_episode_len": 0}, r"StaticConfig.potential_episode_len=0 must be an integer in \[1, "),
     ],
 )
 def test_invalid_static_config(change, message):

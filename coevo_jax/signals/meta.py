@@ -20,7 +20,7 @@ R_phi pays on every step: in the episodic stream a positive R_phi would be a
 living reward (a time-out bootstraps it forever, "never finish" collects it);
 in its own non-episodic return it is worth the same whether episodes end or
 not. The default is ``normalize_int = 0``: the untrained R_phi is ~0
-(``|r| < 0.01``) and dividing it by its own tiny return std would turn it into
+(``|r| < 0.01``) and dividing it by its own tiny return scale would turn it into
 unit-scale noise.
 
 1. inner update: from ``theta`` (the policy's params) take
