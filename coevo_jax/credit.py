@@ -254,7 +254,7 @@ def plot_episode_credit(credit, path: str, reward=None, optimal_adv=None, title:
     credit = np.asarray(credit, np.float64)
     steps = np.arange(len(credit))
     fig, ax = plt.subplots(figsize=(max(6.0, 0.12 * len(credit)), 3.5))
-    ax.bar(steps, credit, color="tab:blue", label="SIOP credit V(s_t+1) - V(s_t)")
+    ax.bar(steps, credit, color="tab:blue", label="SIOP credit gamma V(s_t+1) - V(s_t)")
     handles = []
     if reward is not None:  # on its own axis: a sparse reward of ~1 would flatten the credit bars
         r = np.asarray(reward, np.float64)

@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-VAL_EVERY = 4
+VAL_EVERY = 4  # the usual validation period: every 4th committed episode is held out
 
 
 @struct.dataclass

@@ -1,14 +1,21 @@
 """Throughput and cost benchmarks; prints markdown tables (measured, never assumed).
 
     python sweeps/bench.py                       # every section, default sizes
-    python sweeps/bench.py --sections ppo --seeds 1,8,64 --processes 2
+    python sweeps/bench.py --sections ppo --ppo-seeds 1,8 --reps 1 --total-steps 65536   # quick check
 
 Sections
-  ppo      PPO on gymnax CartPole-v1 with PureJaxRL's settings (4 envs x 128 steps,
-           4 epochs x 4 minibatches): this library vs PureJaxRL's own program
-           (sweeps/reference/purejaxrl_ppo.py) side by side, 1/8/64 seeds, one process,
-           then 64 seeds split over one worker process per core. Env steps/s, compile
-           time, peak memory, achieved FLOP/s vs a large-matmul peak measured in this run.
+  ppo      PPO on gymnax CartPole-v1 with PureJaxRL's CartPole settings (4 envs x 128 steps,
+           4 epochs x 4 minibatches, lr 2.5e-4 annealed, 64x64 tanh): this library vs
+           PureJaxRL's own, unmodified ppo.py, at 1/8/64/512 seeds (--ppo-seeds), in one
+           process and split over one process per core (each pinned to its core), the two
+           implementations interleaved in the same run, medians of --reps repetitions, the
+           ratio per row. PureJaxRL runs in its own processes through the harness
+           ../shared/tools/purejaxrl_bench.py (--purejaxrl-tool) on the files in
+           ../shared/anchors/purejaxrl (--purejaxrl; or the purejaxrl/ folder of a git clone
+           of luchris429/purejaxrl); this repository holds none of PureJaxRL's code. Without
+           them the section says how to get them and skips those rows. Env steps/s of the
+           compiled program, compile time apart, peak memory, % of a large-matmul peak
+           measured in this run.
   methods  cost of one training iteration of every available method relative to ppo
            on the same batch (KeyDoor-5x5, 16 envs x 128 steps, 8 runs vmapped), plus
            compiled memory of the meta-gradient update at N = 1, 2, 4 inner steps.
@@ -17,8 +24,8 @@ Sections
            rollout alone and the full training iteration.
   sweep    coevo_jax.sweep throughput at 1/64/256/512 runs, one worker vs one per core.
 
-Every measurement runs in a fresh worker process (pinned to cores, with the
-no-hang XLA flag) so compile time and peak memory are per configuration.
+Every measurement runs in fresh worker processes (with the no-hang XLA flag) so
+compile time and peak memory are per configuration.
 """
 from __future__ import annotations
 
@@ -29,21 +36,24 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAFE = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
+# PureJaxRL's published ppo.py / wrappers.py and the harness that runs them unmodified, beside the repository
+DEFAULT_PUREJAXRL = os.path.join(ROOT, "..", "shared", "anchors", "purejaxrl")
+DEFAULT_PUREJAXRL_TOOL = os.path.join(ROOT, "..", "shared", "tools", "purejaxrl_bench.py")
+# PureJaxRL's CartPole config (the __main__ block of its ppo.py), in this library's terms
+PPO_STATIC = dict(method="ppo", num_envs=4, rollout_len=128, update_epochs=4, num_minibatches=4,
+                  hidden_sizes=(64, 64), activation="tanh", anneal_lr=True, normalize_advantages=True)
+PPO_HPARAMS = dict(lr=2.5e-4, gamma=0.99, gae_lambda=0.95, clip_eps=0.2, ent_coef=0.01, vf_coef=0.5,
+                   max_grad_norm=0.5)
 
 
 # ----------------------------------------------------------------------------- worker side
 def _peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
-def _barrier():
-    """Tell the parent we compiled; wait until it says go (so workers run together)."""
-    print("COMPILED", flush=True)
-    sys.stdin.readline()
 
 
 def _flops_per_env_step_mlp(net, params, obs_dim, epochs):
@@ -61,56 +71,50 @@ def _flops_per_env_step_mlp(net, params, obs_dim, epochs):
 
 
 def worker_ppo(cfg):
+    """This library's PPO on CartPole-v1 with PureJaxRL's CartPole settings, timed the
+    way ``purejaxrl_bench.py --mode aot`` times PureJaxRL: one key (no vmap) at one
+    seed, else ``jit(vmap(train))`` over ``split(PRNGKey(seed), seeds)``; trace+lower
+    and XLA compile timed apart; the compiled program run ``runs`` times, the last
+    run is the steady one."""
     import jax
     import jax.numpy as jnp
 
-    seeds, steps, impl = cfg["seeds"], cfg["total_steps"], cfg["impl"]
-    keys = jax.random.split(jax.random.PRNGKey(cfg.get("seed_offset", 0)), seeds)
-    if impl == "purejaxrl":
-        sys.path.insert(0, ROOT)
-        from sweeps.reference.purejaxrl_ppo import DEFAULT_CONFIG, ActorCritic, make_train
+    import coevo_jax as cj
+    import envs_jax
 
-        train = make_train({**DEFAULT_CONFIG, "TOTAL_TIMESTEPS": steps})
-        fn = jax.jit(jax.vmap(train))
-        t0 = time.time()
-        compiled = fn.lower(keys).compile()
-        compile_s = time.time() - t0
-        args = (keys,)
-        net = ActorCritic(2)
-        params = net.init(jax.random.PRNGKey(0), jnp.zeros((4,)))
-        returns = lambda out: out["metrics"]["returned_episode_returns"]  # noqa: E731
+    seeds, steps = cfg["seeds"], cfg["total_steps"]
+    env, p = envs_jax.make("CartPole-v1")
+    static = cj.StaticConfig(**PPO_STATIC, total_steps=steps)
+    trainer = cj.Trainer(static, env, p)
+    hp = cj.default_hparams("ppo", **PPO_HPARAMS)
+    rng = jax.random.PRNGKey(cfg.get("seed", 42))
+    if seeds == 1:
+        fn, args = jax.jit(trainer.train), (rng, hp)
     else:
-        import coevo_jax as cj
-        import envs_jax
-
-        env, p = envs_jax.make("CartPole-v1")
-        static = cj.StaticConfig(num_envs=4, rollout_len=128, total_steps=steps, update_epochs=4, num_minibatches=4)
-        trainer = cj.Trainer(static, env, p)
-        hps = jax.tree.map(lambda x: jnp.broadcast_to(x, (seeds,)), cj.default_hparams("ppo"))
-        fn = jax.jit(jax.vmap(trainer.train))
-        t0 = time.time()
-        compiled = fn.lower(keys, hps).compile()
-        compile_s = time.time() - t0
-        args = (keys, hps)
-        net = trainer.network
-        params = net.init(jax.random.PRNGKey(0), jnp.zeros((4,)))
-        returns = lambda out: out[1]["episode_return"]  # noqa: E731
-    if cfg.get("barrier"):
-        _barrier()
-    t0 = time.time()
-    out = jax.block_until_ready(compiled(*args))
-    run_s = time.time() - t0
-    env_steps = seeds * (steps // (4 * 128)) * 4 * 128
-    flops = _flops_per_env_step_mlp(net, params, 4, 4) * env_steps
-    r = returns(out)
-    final = float(jnp.mean(r[:, -max(1, r.shape[1] // 20):]))
-    return {"compile_s": compile_s, "run_s": run_s, "env_steps": env_steps, "flops": flops,
-            "peak_mb": _peak_mb(), "final_return": final}
+        hps = jax.tree.map(lambda x: jnp.broadcast_to(x, (seeds,)), hp)
+        fn, args = jax.jit(jax.vmap(trainer.train)), (jax.random.split(rng, seeds), hps)
+    t0 = time.perf_counter()
+    lowered = fn.lower(*args)
+    lower_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    compiled = lowered.compile()
+    compile_s = time.perf_counter() - t0
+    out = None
+    for _ in range(cfg.get("runs", 2)):
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(compiled(*args))
+        run_s = time.perf_counter() - t0
+    env_steps = seeds * static.num_iterations * static.steps_per_iteration
+    r = jnp.atleast_2d(out[1]["episode_return"])  # [seeds, iterations]
+    params = trainer.network.init(jax.random.PRNGKey(0), jnp.zeros((4,)))
+    return {"trace_lower_s": lower_s, "compile_s": compile_s, "run_s": run_s, "env_steps": env_steps,
+            "env_steps_per_s": env_steps / run_s,
+            "flops_per_env_step": _flops_per_env_step_mlp(trainer.network, params, 4, static.update_epochs),
+            "peak_mb": _peak_mb(), "final_return": float(jnp.mean(r[:, -10:]))}
 
 
 def worker_matmul(cfg):
     import jax
-    import jax.numpy as jnp
 
     n = cfg.get("n", 2048)
     a = jax.random.normal(jax.random.PRNGKey(0), (n, n))
@@ -223,8 +227,6 @@ def worker_text(cfg):
 
 def worker_sweep(cfg):
     """One :func:`coevo_jax.sweep.run_sweep` of PPO on KeyDoor-5x5 with ``runs`` runs."""
-    import tempfile
-
     import coevo_jax as cj
     from coevo_jax.sweep import Arm, SweepConfig, run_sweep
 
@@ -246,93 +248,226 @@ WORKERS = {"ppo": worker_ppo, "matmul": worker_matmul, "methods": worker_methods
 
 
 # ----------------------------------------------------------------------------- parent side
-def run_workers(cfgs: list[dict], timeout: float) -> tuple[list[dict], float]:
-    """Start one pinned worker per cfg; if several, release them together after
-    all compiled. Returns (results, wall seconds of the run phase)."""
-    ncpu = os.cpu_count() or 1
-    procs = []
-    for i, cfg in enumerate(cfgs):
-        cfg = {**cfg, "barrier": len(cfgs) > 1}
-        env = {**os.environ, "XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " " + SAFE).strip(),
-               "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        cores = cfg.pop("cores", None)
-        pre = None
-        if cores is not None and hasattr(os, "sched_setaffinity"):
-            pre = (lambda c=cores: os.sched_setaffinity(0, c))
-        procs.append(subprocess.Popen([sys.executable, __file__, "--worker", json.dumps(cfg)], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, text=True, env=env, preexec_fn=pre, cwd=ROOT))
-    deadline = time.time() + timeout
-    t_go = time.time()
+def run_worker(cfg: dict, timeout: float) -> dict:
+    """Run one worker (``cfg["kind"]`` names it) in a fresh process; return its result."""
+    p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", json.dumps(cfg)],
+                         stdout=subprocess.PIPE, text=True, env=_child_env(), cwd=ROOT)
     try:
-        if len(cfgs) > 1:
-            for p in procs:
-                line = p.stdout.readline()
-                if "COMPILED" not in line:
-                    raise RuntimeError(f"worker failed before compiling: {line!r}")
-            t_go = time.time()
-            for p in procs:
-                p.stdin.write("go\n")
-                p.stdin.flush()
-        results = []
-        for p in procs:
-            out, _ = p.communicate(timeout=max(1.0, deadline - time.time()))
-            last = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
-            if p.returncode != 0 or not last:
-                raise RuntimeError(f"worker exited with {p.returncode}")
-            results.append(json.loads(last[-1][7:]))
-        return results, time.time() - t_go
+        out, _ = p.communicate(timeout=timeout)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    last = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+    if p.returncode != 0 or not last:
+        raise RuntimeError(f"{cfg['kind']} worker exited with {p.returncode}")
+    return json.loads(last[-1][7:])
 
 
-def _fmt(x, nd=1):
-    return "-" if x is None else (f"{x:,.{nd}f}" if isinstance(x, float) else str(x))
+def anchor_paths(purejaxrl: str | None, tool: str | None) -> tuple[str | None, str | None, str | None]:
+    """Where PureJaxRL's unmodified ``ppo.py`` and the harness that runs it are.
+
+    ``purejaxrl``: a folder with PureJaxRL's ``ppo.py`` and ``wrappers.py``
+    (``None``: ``../shared/anchors/purejaxrl`` beside the repository); ``tool``:
+    the harness (``None``: ``../shared/tools/purejaxrl_bench.py``). Returns
+    ``(folder, tool, None)`` when both are there, else ``(None, None, why)``
+    where ``why`` says what is missing and how to get a PureJaxRL checkout.
+    """
+    folder = os.path.normpath(purejaxrl or DEFAULT_PUREJAXRL)
+    tool = os.path.normpath(tool or DEFAULT_PUREJAXRL_TOOL)
+    if not os.path.isfile(os.path.join(folder, "ppo.py")) or not os.path.isfile(os.path.join(folder, "wrappers.py")):
+        why = (f"no PureJaxRL ppo.py and wrappers.py in {folder}. To get them: git clone "
+               "https://github.com/luchris429/purejaxrl and pass its purejaxrl/ folder: "
+               "--purejaxrl <checkout>/purejaxrl")
+    elif not os.path.isfile(tool):
+        why = (f"no PureJaxRL harness at {tool} (the script that runs PureJaxRL's ppo.py unmodified on "
+               "gymnax 1.0); pass it with --purejaxrl-tool PATH")
+    else:
+        return folder, tool, None
+    return None, None, "PureJaxRL rows skipped: " + why
+
+
+def _child_env() -> dict:
+    return {**os.environ, "XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " " + SAFE).strip(),
+            "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+def _pin(cores):
+    if cores is None or not hasattr(os, "sched_setaffinity"):
+        return None
+    return lambda: os.sched_setaffinity(0, cores)
+
+
+def ppo_batch(impl: str, seeds: int, procs: int, total_steps: int, timeout: float,
+              anchor: str | None = None, tool: str | None = None, runs: int = 2) -> dict:
+    """One measurement: ``procs`` fresh processes started together, each with its
+    share of ``seeds`` (pinned to one core each when ``procs > 1``). ``impl``:
+    ``"purejaxrl"`` (the harness running PureJaxRL's ppo.py, its JSON parsed) or
+    ``"coevo-jax"`` (:func:`worker_ppo`). Env steps/s is the sum over processes of
+    each one's steady (last) run of its compiled program; compile seconds and peak
+    RSS the largest of any process."""
+    ncpu = os.cpu_count() or 1
+    counts = [seeds // procs + (i < seeds % procs) for i in range(procs)]
+    with tempfile.TemporaryDirectory(prefix="bench_ppo_") as tmp:
+        running = []
+        try:
+            for i, n in enumerate(counts):
+                out_json = os.path.join(tmp, f"{i}.json")
+                if impl == "purejaxrl":
+                    cmd = [sys.executable, tool, "--seeds", str(n), "--total-timesteps", str(total_steps),
+                           "--mode", "aot", "--runs", str(runs), "--src", anchor, "--seed", str(42 + i),
+                           "--json", out_json]
+                else:
+                    cfg = {"kind": "ppo", "seeds": n, "total_steps": total_steps, "seed": 42 + i, "runs": runs}
+                    cmd = [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(cfg)]
+                fo, fe = open(os.path.join(tmp, f"{i}.out"), "w"), open(os.path.join(tmp, f"{i}.err"), "w")
+                cores = {i % ncpu} if procs > 1 else None
+                p = subprocess.Popen(cmd, stdout=fo, stderr=fe, env=_child_env(), cwd=ROOT,
+                                     preexec_fn=_pin(cores))
+                running.append((p, fo, fe, out_json, i))
+            deadline = time.time() + timeout
+            for p, *_ in running:
+                p.wait(timeout=max(1.0, deadline - time.time()))
+        finally:
+            for p, fo, fe, *_ in running:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+                fo.close()
+                fe.close()
+        results = []
+        for p, _, _, out_json, i in running:
+            text = open(os.path.join(tmp, f"{i}.out")).read()
+            if p.returncode != 0:
+                err = open(os.path.join(tmp, f"{i}.err")).read().strip().splitlines()
+                raise RuntimeError(f"{impl} process exited with {p.returncode}: {' | '.join(err[-3:])}")
+            if impl == "purejaxrl":
+                r = json.load(open(out_json))
+                results.append({"trace_lower_s": r["trace_lower_s"], "compile_s": r["compile_s"],
+                                "env_steps_per_s": r["env_steps_per_s"], "peak_mb": r["max_rss_gib"] * 1024,
+                                "final_return": r["final_episode_return_last10upd_mean"], "seeds": r["seeds"]})
+            else:
+                r = json.loads([ln for ln in text.splitlines() if ln.startswith("RESULT ")][-1][7:])
+                results.append({**r, "seeds": counts[i]})
+    return {"trace_lower_s": max(r["trace_lower_s"] for r in results),
+            "compile_s": max(r["compile_s"] for r in results),
+            "env_steps_per_s": sum(r["env_steps_per_s"] for r in results),
+            "peak_mb": max(r["peak_mb"] for r in results),
+            "final_return": sum(r["final_return"] * r["seeds"] for r in results) / seeds,
+            "flops_per_env_step": results[0].get("flops_per_env_step")}
+
+
+def _median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
 
 
 def section_ppo(args):
+    """This library's PPO vs PureJaxRL's unmodified ppo.py (run by the harness in
+    its own processes), interleaved: every repetition measures each setting for
+    both implementations back to back (alternating which goes first); the table
+    shows medians over the repetitions."""
     ncpu = os.cpu_count() or 1
-    peak = run_workers([{"kind": "matmul"}], 300)[0][0]["gflops"]
-    rows = []
-    for seeds in args.seeds:
-        for impl in ("purejaxrl", "coevo-jax"):
-            (res,), _ = run_workers([{"kind": "ppo", "impl": impl, "seeds": seeds, "total_steps": args.total_steps}],
-                                    args.timeout)
-            rows.append((impl, seeds, 1, res["compile_s"], res["env_steps"] / res["run_s"], res["peak_mb"],
-                         res["flops"] / res["run_s"] / 1e9, res["final_return"]))
-            print(f"  {impl:10s} {seeds:4d} seeds: {rows[-1][4]:,.0f} env steps/s", file=sys.stderr, flush=True)
     P = args.processes or ncpu
-    seeds = max(args.seeds)
-    for impl in ("purejaxrl", "coevo-jax"):
-        cfgs = [{"kind": "ppo", "impl": impl, "seeds": seeds // P, "total_steps": args.total_steps,
-                 "seed_offset": i, "cores": [i % ncpu]} for i in range(P)]
-        res, wall = run_workers(cfgs, args.timeout)
-        steps = sum(r["env_steps"] for r in res)
-        flops = sum(r["flops"] for r in res)
-        rows.append((impl, seeds, P, max(r["compile_s"] for r in res), steps / wall, max(r["peak_mb"] for r in res),
-                     flops / wall / 1e9, sum(r["final_return"] for r in res) / P))
-    print(f"\n### PPO on CartPole-v1 (4 envs x 128 steps, 4 epochs x 4 minibatches, {args.total_steps:,} steps per seed)\n")
-    print(f"Large-matmul peak measured in this run: {peak:,.1f} GFLOP/s (2048x2048 f32, one process).\n")
-    print("| implementation | seeds | processes | compile s | env steps/s | peak RSS MB | GFLOP/s | % of matmul peak | final return |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    base = {}
-    for impl, s, P_, c, sps, mb, gf, fr in rows:
-        print(f"| {impl} | {s} | {P_} | {c:.1f} | {sps:,.0f} | {mb:,.0f} | {gf:.2f} | {100 * gf / peak:.1f}% | {fr:.1f} |")
-        if impl == "purejaxrl":
-            base[(s, P_)] = sps
-    ref = base.get((seeds, 1))
-    best = max(r[4] for r in rows if r[0] == "coevo-jax" and r[1] == seeds)
-    if ref:
-        print(f"\ncoevo-jax best at {seeds} seeds / PureJaxRL one process at {seeds} seeds: **{best / ref:.2f}x**")
+    anchor, tool, skip = anchor_paths(args.purejaxrl, args.purejaxrl_tool)
+    if skip:
+        print(f"  {skip}", file=sys.stderr, flush=True)
+    peak = run_worker({"kind": "matmul"}, 300)["gflops"]
+    settings = [(s, 1) for s in args.ppo_seeds] + [(s, P) for s in args.ppo_seeds if P > 1 and s >= P]
+    settings.sort()
+    res = {}  # (impl, seeds, procs) -> [result per repetition]
+    anchor_failed = []
+    for rep in range(args.reps):
+        for seeds, procs in settings:
+            impls = ["purejaxrl", "coevo-jax"] if rep % 2 == 0 else ["coevo-jax", "purejaxrl"]
+            # both programs run twice: allow 1 s per 10,000 env steps on top of --timeout
+            limit = args.timeout + 2 * seeds * args.total_steps / 10_000
+            for impl in impls:
+                if impl == "purejaxrl" and skip:
+                    continue
+                try:
+                    r = ppo_batch(impl, seeds, procs, args.total_steps, limit, anchor, tool)
+                except (RuntimeError, subprocess.TimeoutExpired, OSError, KeyError, ValueError) as e:
+                    if impl != "purejaxrl":
+                        raise
+                    anchor_failed.append(f"PureJaxRL, {seeds} seeds x {procs} process(es), repetition {rep + 1}:"
+                                         f" the harness failed ({e})")
+                    print(f"  {anchor_failed[-1]}", file=sys.stderr, flush=True)
+                    continue
+                res.setdefault((impl, seeds, procs), []).append(r)
+                print(f"  rep {rep + 1}/{args.reps} {impl:9s} {seeds:4d} seeds x {procs} process(es):"
+                      f" {r['env_steps_per_s']:,.0f} env steps/s, compile {r['compile_s']:.1f}s",
+                      file=sys.stderr, flush=True)
+    flops = next(r["flops_per_env_step"] for (i, *_), v in res.items() if i == "coevo-jax" for r in v)
+
+    def med(impl, s, p, key):
+        v = res.get((impl, s, p))
+        return _median([r[key] for r in v]) if v else None
+
+    def cell(impl, s, p, key, fmt):
+        x = med(impl, s, p, key)
+        return "-" if x is None else fmt(x)
+
+    def sps(impl, s, p):
+        v = res.get((impl, s, p))
+        if not v:
+            return "-"
+        xs = [r["env_steps_per_s"] for r in v]
+        rng = f" [{min(xs):,.0f}, {max(xs):,.0f}]" if len(xs) > 1 else ""
+        return f"{_median(xs):,.0f}{rng}"
+
+    def comp(impl, s, p):
+        tl, c = med(impl, s, p, "trace_lower_s"), med(impl, s, p, "compile_s")
+        return "-" if c is None else f"{tl:.1f} + {c:.1f}"
+
+    def pct(impl, s, p):
+        x = med(impl, s, p, "env_steps_per_s")
+        return "-" if x is None else f"{100 * x * flops / 1e9 / peak:.1f}%"
+
+    print(f"\n### PPO on CartPole-v1: coevo-jax vs PureJaxRL's ppo.py (4 envs x 128 steps, 4 epochs x 4 minibatches,"
+          f" lr 2.5e-4 annealed, 64x64 tanh, {args.total_steps:,} steps per seed)\n")
+    if skip:
+        print(f"{skip}\n")
+    for line in anchor_failed:
+        print(f"{line}\n")
+    print(f"PureJaxRL: its unmodified ppo.py ({os.path.relpath(anchor, ROOT) if anchor else 'not found'}) run by "
+          f"{os.path.relpath(tool, ROOT) if tool else 'the harness'} in its own processes; coevo-jax: the same "
+          "settings and the same timing (jit(train) at one seed, jit(vmap(train)) above, lowered, then compiled,"
+          " then the compiled program run twice, the second run timed). Medians over "
+          f"{args.reps} interleaved repetition(s){' (use --reps 3 or more for numbers to quote)' * (args.reps < 3)}"
+          ", [min, max] when more than one. Several processes: started together, one pinned per core, each with"
+          " its share of the seeds; env steps/s summed. % of matmul peak: the network's FLOPs per env step"
+          f" (rollout + bootstrap forward, 4 epochs x forward+backward; the same 64x64 tanh actor-critic in both)"
+          f" x env steps/s over a {peak:,.1f} GFLOP/s 2048x2048 f32 matmul measured in this run. Final return:"
+          " mean return of episodes finished in the last 10 updates.\n")
+    print("| seeds | processes | env steps/s PureJaxRL | env steps/s coevo-jax | coevo-jax / PureJaxRL"
+          " | compile s (trace+lower + XLA) PureJaxRL | compile s coevo-jax"
+          " | peak RSS MB PureJaxRL | peak RSS MB coevo-jax"
+          " | % of matmul peak PureJaxRL | % of matmul peak coevo-jax"
+          " | final return PureJaxRL | final return coevo-jax |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for s, p in settings:
+        a, b = med("purejaxrl", s, p, "env_steps_per_s"), med("coevo-jax", s, p, "env_steps_per_s")
+        ratio = f"**{b / a:.2f}x**" if a and b else "-"
+        print(f"| {s} | {p} | {sps('purejaxrl', s, p)} | {sps('coevo-jax', s, p)} | {ratio}"
+              f" | {comp('purejaxrl', s, p)} | {comp('coevo-jax', s, p)}"
+              f" | {cell('purejaxrl', s, p, 'peak_mb', lambda x: f'{x:,.0f}')}"
+              f" | {cell('coevo-jax', s, p, 'peak_mb', lambda x: f'{x:,.0f}')}"
+              f" | {pct('purejaxrl', s, p)} | {pct('coevo-jax', s, p)}"
+              f" | {cell('purejaxrl', s, p, 'final_return', lambda x: f'{x:.1f}')}"
+              f" | {cell('coevo-jax', s, p, 'final_return', lambda x: f'{x:.1f}')} |")
+    small = [s for s in args.ppo_seeds if P > 1 and s < P]
+    if small:
+        print(f"\n{', '.join(map(str, small))} seed(s): not split over {P} processes (fewer seeds than processes).")
 
 
 def section_methods(args):
     from coevo_jax.config import METHODS
 
     env = "KeyDoor-5x5"
-    (res,), _ = run_workers([{"kind": "methods", "env": env, "runs": 8, "iters": 8, "repeats": 3,
-                              "methods": list(METHODS)}], args.timeout)
+    res = run_worker({"kind": "methods", "env": env, "runs": 8, "iters": 8, "repeats": 3,
+                      "methods": list(METHODS)}, args.timeout)
     t, dk = res["per_iter_s"], res["default_k"]
     ppo = t["ppo"]["k1"]
     print(f"\n### Cost of one training iteration ({env}, 16 envs x 128 steps, 8 runs vmapped, default StaticConfig)\n")
@@ -350,8 +485,8 @@ def section_methods(args):
 def section_text(args):
     rows = []
     for n, layers, flat in ((1, 2, False), (64, 2, False), (256, 2, False), (16, 1, True), (256, 1, False)):
-        (res,), _ = run_workers([{"kind": "text", "env": "Booking", "envs": n, "rollout_len": 32, "layers": layers,
-                                  "flat": flat, "rounds": 2 if n >= 256 else 3}], args.timeout)
+        res = run_worker({"kind": "text", "env": "Booking", "envs": n, "rollout_len": 32, "layers": layers,
+                          "flat": flat, "rounds": 2 if n >= 256 else 3}, args.timeout)
         rows.append((n, layers, res))
         print(f"  text {n} envs, {layers} layer(s): {res['cached_tok_s']:,.0f} rollout tokens/s", file=sys.stderr, flush=True)
     print("\n### Transformer policy on Booking (d_model 64, 4 heads, buffer 128 tokens, 32-step rollouts)\n")
@@ -369,8 +504,8 @@ def section_sweep(args):
     rows = []
     for runs in (1, 64, 256, 512):
         for procs in sorted({1, ncpu}):
-            (res,), _ = run_workers([{"kind": "sweep", "runs": runs, "processes": procs,
-                                      "total_steps": args.sweep_steps}], args.timeout)
+            res = run_worker({"kind": "sweep", "runs": runs, "processes": procs, "total_steps": args.sweep_steps},
+                             args.timeout)
             rows.append((runs, procs, res))
             print(f"  sweep {runs:4d} runs, {procs} process(es): {res['env_steps'] / res['exec_s']:,.0f} env steps/s",
                   file=sys.stderr, flush=True)
@@ -391,13 +526,25 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sections", default="ppo,methods,text,sweep",
                     help="comma list of: " + ", ".join(SECTIONS) + " (default: all)")
-    ap.add_argument("--seeds", default="1,8,64", help="seed counts for the ppo section (default 1,8,64)")
+    ap.add_argument("--ppo-seeds", "--seeds", dest="ppo_seeds", default="1,8,64,512",
+                    help="seed counts for the ppo section (default 1,8,64,512)")
+    ap.add_argument("--reps", type=int, default=3,
+                    help="interleaved repetitions of every ppo measurement; the table shows medians (default 3)")
     ap.add_argument("--total-steps", type=int, default=131_072,
                     help="env steps per seed in the ppo section (>= 512; default 131072)")
+    ap.add_argument("--purejaxrl", default=None, metavar="DIR",
+                    help="folder with PureJaxRL's unmodified ppo.py and wrappers.py (default:"
+                         " ../shared/anchors/purejaxrl beside the repository; or the purejaxrl/ folder of a"
+                         " git clone of https://github.com/luchris429/purejaxrl)")
+    ap.add_argument("--purejaxrl-tool", default=None, metavar="PATH",
+                    help="harness that runs PureJaxRL's ppo.py unmodified and prints JSON (default:"
+                         " ../shared/tools/purejaxrl_bench.py beside the repository)")
     ap.add_argument("--sweep-steps", type=int, default=4096,
                     help="env steps per run in the sweep section (>= 128; default 4096)")
     ap.add_argument("--processes", type=int, default=0, help="worker processes for the split run (default: one per core)")
-    ap.add_argument("--timeout", type=float, default=900, help="seconds before a measurement is abandoned (default 900)")
+    ap.add_argument("--timeout", type=float, default=900,
+                    help="seconds before a measurement is abandoned (default 900; the ppo section adds 1 s"
+                         " per 10,000 env steps it measures)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
@@ -410,11 +557,13 @@ def main(argv=None):
     if bad:
         ap.error(f"--sections: unknown {bad}; choose from {', '.join(SECTIONS)}")
     try:
-        args.seeds = [int(s) for s in args.seeds.split(",")]
+        args.ppo_seeds = [int(s) for s in args.ppo_seeds.split(",")]
     except ValueError:
-        ap.error(f"--seeds must be a comma list of positive integers, got {args.seeds!r}")
-    if min(args.seeds) < 1 or args.total_steps < 512 or args.processes < 0 or args.sweep_steps < 128:
-        ap.error("--seeds must be >= 1, --total-steps >= 512, --sweep-steps >= 128, --processes >= 0")
+        ap.error(f"--ppo-seeds must be a comma list of positive integers, got {args.ppo_seeds!r}")
+    if (min(args.ppo_seeds) < 1 or args.total_steps < 512 or args.processes < 0 or args.sweep_steps < 128
+            or args.reps < 1):
+        ap.error("--ppo-seeds must be >= 1, --total-steps >= 512, --sweep-steps >= 128, --processes >= 0,"
+                 " --reps >= 1")
     print(f"# coevo-jax benchmarks ({os.cpu_count()} CPU cores)")
     for s in sections:
         SECTIONS[s](args)

@@ -6,8 +6,9 @@ at the end of an episode (``envs_jax.make(name, reward_freq=20)``). Three
 settings per environment, ``--num-seeds`` seeds each:
 
 * ``ppo``            PPO on the delayed external reward;
-* ``meta``           LIRPG, policy reward ``r_ext + R_phi`` (``r_ext_coef = 1``);
-* ``meta-rint-only`` LIRPG, policy reward ``R_phi`` alone (``r_ext_coef = 0``);
+* ``meta``           LIRPG, policy rewards ``r_ext`` (``r_ext_coef = 1``) and the
+                     intrinsic stream ``R_phi`` (its advantage weighted by ``r_int_coef``);
+* ``meta-rint-only`` LIRPG, the intrinsic stream ``R_phi`` alone (``r_ext_coef = 0``);
 * (optional controls ``meta-frozen``, ``meta-rint-only-frozen``: the same with
   ``meta_lr = 0``, i.e. a fixed random ``R_phi``.)
 
@@ -50,10 +51,10 @@ import jax.numpy as jnp  # noqa: E402
 import coevo_jax as cj  # noqa: E402
 import envs_jax  # noqa: E402
 from coevo_jax import stats  # noqa: E402
-from coevo_jax.ppo import PPOBatch, ppo_update  # noqa: E402
+from coevo_jax.ppo import ppo_update, stream_advantages  # noqa: E402
 from coevo_jax.rollout import rollout  # noqa: E402
-from coevo_jax.signals import PolicyView, make_signal  # noqa: E402
-from coevo_jax.train import flatten_time  # noqa: E402
+from coevo_jax.signals import PolicyView, RewardStreams, make_signal  # noqa: E402
+from coevo_jax.train import ppo_batch  # noqa: E402
 
 SETTINGS = {  # name -> (method, HParams overrides)
     "ppo": ("ppo", {}),
@@ -82,8 +83,8 @@ def parse_args(argv=None):
     ap.add_argument("--ent-coef", type=float, default=0.01)
     ap.add_argument("--meta-lr", type=float, default=1e-3, help="phi's Adam step (see the module docstring)")
     ap.add_argument("--r-int-coef", type=float, default=0.01,
-                    help="HParams.r_int_coef: weight of R_phi in the policy's reward (default 0.01, LIRPG's scale;"
-                         " at 1.0 the meta-learned reward hurt, see the README)")
+                    help="HParams.r_int_coef: weight of R_phi's advantage in the policy update (default 0.01, LIRPG's"
+                         " scale; at 1.0 the meta-learned reward hurt, see the README)")
     ap.add_argument("--meta-inner-steps", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="results/meta_gradient", help="a new folder (refused if it exists)")
@@ -248,9 +249,10 @@ def bench(args, env_name: str, log) -> dict:
     static = tr.static
 
     def ppo_only(params, opt_state, traj, hp, k):
-        adv, targets = cj.gae(traj.reward, traj.value, traj.next_value, traj.terminated, traj.truncated,
-                              hp.gamma, hp.gae_lambda)
-        batch = PPOBatch(*(flatten_time(x) for x in (traj.obs, traj.action, traj.logp, traj.value, adv, targets)))
+        # the meta policy has two critic heads: both reward streams, as the loop builds them
+        streams = RewardStreams(traj.reward, jnp.zeros_like(traj.reward), hp.r_int_coef)
+        adv, targets = stream_advantages(streams, traj, hp)
+        batch = ppo_batch(traj, adv, targets)
         return ppo_update(params, opt_state, tr.network, batch, k, hp, hp.lr, static.update_epochs,
                           static.num_minibatches, static.normalize_advantages)
 

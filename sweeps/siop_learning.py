@@ -32,7 +32,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import envs_jax._xla  # noqa: E402,F401  (safe XLA flags before jax starts)
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 
 import coevo_jax as cj  # noqa: E402
 import envs_jax  # noqa: E402
@@ -43,9 +42,9 @@ from coevo_jax.signals.potential import potential_values, trajectory_credit  # n
 from coevo_jax.stats import bootstrap_ci, iqm, steps_to_threshold  # noqa: E402
 
 #: Per-method hyperparameters on top of ``default_hparams(method)``.
-#: siop: raw credit (``normalize_int=0``: standardising a near-constant early
-#: credit would blow its noise up to unit variance), potential lr 2x the policy's
-#: (seed advice: 1.5-3x), refit every iteration (``k=1``).
+#: siop: raw credit (``normalize_int=0``, its method default: dividing a near-constant
+#: early credit by its return's RMS would blow its noise up to unit scale), potential lr
+#: 2x the policy's (seed advice: 1.5-3x), refit every iteration (``k=1``).
 METHOD_HP = {
     "ppo": {},
     "dense": {},

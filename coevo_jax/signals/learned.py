@@ -68,14 +68,13 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from coevo_jax.episodes import EpisodeReplay, add_rollout, buffer_mask, episode_sum, init_replay
+from coevo_jax.episodes import VAL_EVERY, EpisodeReplay, add_rollout, buffer_mask, episode_sum, init_replay
 from coevo_jax.ppo import init_optimizer, make_optimizer
 from coevo_jax.reward_net import make_reward_net, make_rnd_net, reward_inputs, rnd_error
 from coevo_jax.signals.base import (
     ReturnScale, RewardStreams, Signal, init_return_scale, minibatch_indices, return_rms, scale_normalise,
 )
 
-VAL_EVERY = 4  # every 4th committed episode goes to the validation buffer
 METHOD_OBJECTIVE = {"coevo-regression": "regression", "coevo-ranking": "ranking", "coevo-novelty": "novelty"}
 
 
