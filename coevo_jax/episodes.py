@@ -41,6 +41,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from coevo_jax.rollout import flatten_time
+
 VAL_EVERY = 4  # the usual validation period: every 4th committed episode is held out
 
 
@@ -172,11 +174,6 @@ def episode_of_step(done, pos, end_length, train_slot, val_slot, train_size: int
     return jax.lax.scan(step, init, (done, pos, train_slot, val_slot), reverse=True)[1]
 
 
-def _flat(x):
-    """``[T, N, ...] -> [T * N, ...]``."""
-    return x.reshape((-1,) + x.shape[2:])
-
-
 def write_episodes(buf: EpisodeBuffer, seg: Segments, step_slot, pos, keep, steps, ends, slot_at_done,
                    n_added) -> EpisodeBuffer:
     """Commit the episodes that end in a rollout to ``buf``.
@@ -191,11 +188,11 @@ def write_episodes(buf: EpisodeBuffer, seg: Segments, step_slot, pos, keep, step
     data = jax.tree.map(lambda b, s: b.at[first].set(s, mode="drop"), buf.steps, seg.steps)
     slot = jnp.where(keep, step_slot, size).reshape(-1)
     row = (pos % max_len).reshape(-1)
-    data = jax.tree.map(lambda b, x: b.at[slot, row].set(_flat(x).astype(b.dtype), mode="drop"), data, steps)
+    data = jax.tree.map(lambda b, x: b.at[slot, row].set(flatten_time(x).astype(b.dtype), mode="drop"), data, steps)
     s = slot_at_done.reshape(-1)
     return EpisodeBuffer(
         steps=data,
-        ends=jax.tree.map(lambda b, x: b.at[s].set(_flat(x).astype(b.dtype), mode="drop"), buf.ends, ends),
+        ends=jax.tree.map(lambda b, x: b.at[s].set(flatten_time(x).astype(b.dtype), mode="drop"), buf.ends, ends),
         length=buf.length.at[s].set((pos + 1).reshape(-1).astype(jnp.int32), mode="drop"),
         valid=buf.valid.at[s].set(True, mode="drop"),
         count=buf.count + n_added,
@@ -232,7 +229,7 @@ def add_rollout(replay: EpisodeReplay, steps, ends, done: jax.Array) -> EpisodeR
     env = jnp.where(jnp.logical_and(in_progress, keep), env, n_envs).reshape(-1)
     row = (pos % max_len).reshape(-1)
     seg = Segments(
-        steps=jax.tree.map(lambda s, x: s.at[env, row].set(_flat(x).astype(s.dtype), mode="drop"), seg.steps, steps),
+        steps=jax.tree.map(lambda s, x: s.at[env, row].set(flatten_time(x).astype(s.dtype), mode="drop"), seg.steps, steps),
         length=end_len.astype(jnp.int32),
     )
     return replay.replace(train=train, val=val, segments=seg, committed=replay.committed + n_new)

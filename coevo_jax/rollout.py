@@ -51,6 +51,11 @@ class Trajectory(NamedTuple):
     legal_mask: Any = None  # [T, N, A] bool legal actions at obs[t] (envs with a legal-action mask), else None
 
 
+def flatten_time(traj_field: jax.Array) -> jax.Array:
+    """``[T, N, ...] -> [T * N, ...]``: one trajectory field as a flat batch."""
+    return traj_field.reshape((-1,) + traj_field.shape[2:])
+
+
 class RolloutState(NamedTuple):
     env_state: Any  # batched [N] EpisodeStats state
     obs: jax.Array  # [N, ...]

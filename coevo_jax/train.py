@@ -17,7 +17,7 @@ from flax import struct
 from coevo_jax.config import ConfigError, HParams, StaticConfig, as_arrays, validate_static
 from coevo_jax.networks import make_policy_network
 from coevo_jax.ppo import PPOBatch, init_optimizer, ppo_update, stream_advantages
-from coevo_jax.rollout import RolloutState, Trajectory, rollout
+from coevo_jax.rollout import RolloutState, Trajectory, flatten_time, rollout
 from coevo_jax.signals import PolicyView, Signal, gated_update, make_signal
 from coevo_jax.transformer import pack_windows
 from envs_jax.core import EpisodeStats
@@ -48,11 +48,6 @@ def raw_key(key: jax.Array) -> jax.Array:
 def _all_finite(tree) -> jax.Array:
     leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.bool_(True)
-
-
-def flatten_time(traj_field: jax.Array) -> jax.Array:
-    """``[T, N, ...] -> [T * N, ...]``."""
-    return traj_field.reshape((-1,) + traj_field.shape[2:])
 
 
 def episode_metrics(traj: Trajectory, last_return, last_success):

@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import optax
 
 from coevo_jax.ppo import init_optimizer, make_optimizer
+from coevo_jax.rollout import flatten_time
 from coevo_jax.signals.base import (
     ReturnScale, RewardStreams, Signal, flat_obs, init_return_scale, minibatch_indices, mlp, no_update, return_rms,
     scale_normalise,
@@ -144,7 +145,7 @@ def make_icm(static, network, env, env_params) -> Signal:
         return ICMState(params, init_optimizer(params), init_return_scale(traj.action.shape[1]))
 
     def observe(state, traj, hp, key):
-        data = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), transitions(traj))
+        data = jax.tree.map(flatten_time, transitions(traj))
         params, opt_state, metrics = icm_train(icm, state.params, state.opt_state, data, hp, key,
                                                static.num_minibatches)
         return state._replace(params=params, opt_state=opt_state), metrics

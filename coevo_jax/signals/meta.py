@@ -63,7 +63,7 @@ import optax
 
 from coevo_jax.ppo import PPOBatch, gae, init_optimizer, make_optimizer, ppo_loss, stream_advantages
 from coevo_jax.reward_net import RewardNet, apply_reward, make_reward_net, reward_inputs
-from coevo_jax.rollout import mask_logits
+from coevo_jax.rollout import flatten_time, mask_logits
 from coevo_jax.signals.base import (
     ReturnScale, RewardStreams, Signal, flat_obs, init_return_scale, mlp, no_observe, return_rms,
     update_return_scale,
@@ -112,10 +112,6 @@ def meta_streams(r_int: jax.Array, traj, scale: ReturnScale, hp):
     return scale, RewardStreams(hp.r_ext_coef * traj.reward, r_int * factor, hp.r_int_coef)
 
 
-def _flat(x: jax.Array) -> jax.Array:
-    return x.reshape((-1,) + x.shape[2:])
-
-
 def mixed_batch(phi, traj, reward_net: RewardNet, hp, scale: ReturnScale | None = None) -> PPOBatch:
     """Flat ``[T * N]`` PPO batch with the advantages and value targets the
     loop's PPO update would use for these rewards (:func:`meta_streams` then
@@ -125,8 +121,8 @@ def mixed_batch(phi, traj, reward_net: RewardNet, hp, scale: ReturnScale | None 
     scale = init_return_scale(traj.action.shape[1]) if scale is None else scale
     _, streams = meta_streams(intrinsic_reward(reward_net, phi, traj), traj, scale, hp)
     adv, targets = stream_advantages(streams, traj, hp)
-    return PPOBatch(_flat(traj.obs), _flat(traj.action), _flat(traj.logp), _flat(traj.value), _flat(adv),
-                    _flat(targets), jax.tree.map(_flat, traj.legal_mask))
+    return PPOBatch(flatten_time(traj.obs), flatten_time(traj.action), flatten_time(traj.logp), flatten_time(traj.value), flatten_time(adv),
+                    flatten_time(targets), jax.tree.map(flatten_time, traj.legal_mask))
 
 
 def guard_adam_state(opt_state, grads):
@@ -238,9 +234,9 @@ def outer_objective(phi, theta, opt_state, traj, adv_ext, network: nn.Module, re
     """
     theta_new, _ = inner_update(theta, opt_state, phi, traj, network, reward_net, hp, lr, num_steps, truncate,
                                 normalize_advantages, scale)
-    obj = clipped_surrogate(theta_new, network, _flat(traj.obs), _flat(traj.action), _flat(traj.logp),
-                            _flat(adv_ext), hp.clip_eps, normalize_advantages,
-                            jax.tree.map(_flat, traj.legal_mask))
+    obj = clipped_surrogate(theta_new, network, flatten_time(traj.obs), flatten_time(traj.action), flatten_time(traj.logp),
+                            flatten_time(adv_ext), hp.clip_eps, normalize_advantages,
+                            jax.tree.map(flatten_time, traj.legal_mask))
     return obj, theta_new
 
 
@@ -313,7 +309,7 @@ def meta_update(state: MetaState, traj, policy, hp, key, reward_net: RewardNet, 
     neg = jax.tree.map(lambda g: scale * g, grad)
     updates, phi_opt = tx.update(neg, state.phi_opt, state.phi)
     phi = optax.apply_updates(state.phi, updates)
-    psi, psi_opt, v_loss = fit_value(v_net, state.psi, state.psi_opt, _flat(traj.obs), _flat(targets_ext), key, hp,
+    psi, psi_opt, v_loss = fit_value(v_net, state.psi, state.psi_opt, flatten_time(traj.obs), flatten_time(targets_ext), key, hp,
                                      policy.lr, value_epochs, value_minibatches)
     metrics = {"outer_objective": obj, "meta_grad_norm": optax.tree.norm(grad), "v_ext_loss": v_loss}
     return state._replace(phi=phi, phi_opt=phi_opt, psi=psi, psi_opt=psi_opt), \
