@@ -5,24 +5,24 @@ closed over by ``make_train``). ``HParams`` holds everything a user may sweep:
 every leaf is a JAX array, so ``jax.vmap(train)(keys, hps)`` batches over any of
 them with one compile. ``validate_static`` / ``validate_hparams`` reject bad
 values before anything compiles, naming the field, the value and the range.
+
+``HParams`` is built from the registry (:mod:`coevo_jax.registry`): its fields
+are the core ones declared here (:data:`CORE_PARAMS`) and those each registered
+method declares in its own module; ranges, per-method defaults, static checks
+and the number of critic heads come from the method's ``MethodSpec``.
 """
 from __future__ import annotations
 
 import dataclasses
-import math
-from typing import Any
+from typing import Any, Iterable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import struct
 
-METHODS = (
-    "ppo", "dense", "icm", "coevo-regression", "coevo-ranking", "coevo-novelty", "siop", "meta",
+from coevo_jax.registry import (
+    INF, ConfigError, Param, declare_core_params, hparam_declarations, method_spec, registered_methods,
 )
-#: methods whose per-step bonus has its own non-episodic return and critic head
-#: (:class:`coevo_jax.signals.base.RewardStreams`)
-INTRINSIC_STREAM_METHODS = ("icm", "coevo-novelty", "meta")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,7 +30,9 @@ class StaticConfig:
     """Shapes, loop lengths and method choice (hashable; not traced).
 
     One iteration collects ``num_envs * rollout_len`` env steps, then runs
-    ``update_epochs`` x ``num_minibatches`` PPO steps.
+    ``update_epochs`` x ``num_minibatches`` PPO steps. The method-specific
+    fields below are checked by their method's ``MethodSpec`` (``static_checks``,
+    ``check_static``) only when that method runs.
     """
 
     method: str = "ppo"
@@ -77,8 +79,8 @@ class StaticConfig:
     @property
     def value_heads(self) -> int:
         """Critic heads of the policy: 2 (episodic, intrinsic) for methods with a
-        non-episodic bonus stream, else 1."""
-        return 2 if self.method in INTRINSIC_STREAM_METHODS else 1
+        non-episodic bonus stream (``MethodSpec.intrinsic_stream``), else 1."""
+        return 2 if method_spec(self.method).intrinsic_stream else 1
 
     @property
     def steps_per_iteration(self) -> int:
@@ -96,168 +98,153 @@ class StaticConfig:
         return dataclasses.replace(self, **changes)
 
 
-def _f(x) -> Any:
-    return struct.field(default_factory=lambda: jnp.asarray(x, jnp.float32))
+# ----------------------------------------------------------------------------- HParams
+#: the fields every method has: PPO, reward mixing and the update period. Each
+#: method's own fields are declared in its module (coevo_jax/signals/*.py).
+CORE_PARAMS: dict[str, Param] = {
+    # PPO
+    "lr": Param(2.5e-4, 0.0, 1.0, low_inclusive=False),
+    "gamma": Param(0.99, 0.0, 1.0),
+    "gae_lambda": Param(0.95, 0.0, 1.0),
+    "clip_eps": Param(0.2, 0.0, 1.0, low_inclusive=False),
+    "ent_coef": Param(0.01, 0.0, INF, high_inclusive=False),
+    "vf_coef": Param(0.5, 0.0, INF, high_inclusive=False),
+    "max_grad_norm": Param(0.5, 0.0, INF, False, False),
+    # reward mixing: episodic r = beta_ext * r_ext + beta_int * n(r_int) (shaping / learned decomposition),
+    # or a separate non-episodic stream with advantage weight beta_int (see each signal module)
+    "beta_ext": Param(1.0, -INF, INF, False, False, doc="weight of the external reward"),
+    "beta_int": Param(1.0, -INF, INF, False, False, doc="weight of the internal reward (or of its advantage)"),
+    "normalize_int": Param(1.0, 0.0, 1.0, doc="1: divide r_int by a running RMS of its return (never shifted),"
+                                             " 0: raw"),
+    "k": Param(4, 1, 1_000_000, integer=True, doc="update period of the internal reward / potential, in"
+                                                 " iterations"),
+}
+declare_core_params(CORE_PARAMS)
 
 
-def _i(x) -> Any:
-    return struct.field(default_factory=lambda: jnp.asarray(x, jnp.int32))
+def _field_dtype(p: Param):
+    return jnp.int32 if p.integer else jnp.float32
 
 
-@struct.dataclass
+def _cast(name: str, value, p: Param | None):
+    """``value`` as a JAX array of the field's dtype (int32 for integer params,
+    else float32; tracers are cast, not checked). ``p`` ``None``: unchanged."""
+    if p is None:
+        return value
+    dtype = _field_dtype(p)
+    if isinstance(value, jax.core.Tracer):
+        return value if value.dtype == dtype else value.astype(dtype)
+    if isinstance(value, jax.Array) and value.dtype == dtype:
+        return value
+    arr = np.asarray(value)
+    if arr.dtype.kind not in "biuf":
+        raise ConfigError(f"HParams.{name}: expected a number, got {value!r}")
+    if p.integer and np.any(arr != np.round(arr)):
+        raise ConfigError(f"HParams.{name}: must be an integer, got {arr.tolist()}")
+    return jnp.asarray(arr, dtype)
+
+
+def _shown(v) -> str:
+    """A leaf for ``repr``: the number, the list of a batch, or the tracer / shape."""
+    if isinstance(v, (jax.Array, np.ndarray, float, int)) and not isinstance(v, jax.core.Tracer):
+        return np.array2string(np.asarray(v), separator=", ")
+    return repr(v)
+
+
 class HParams:
-    """Every leaf a JAX array; any field can be vmapped over.
+    """Every leaf a JAX array (float32; int32 for integer fields), ``()`` for one
+    run or ``[B]`` for a batch of runs; any field can be vmapped over.
 
-    Groups: PPO; reward mixing and update period ``k``; learned reward
-    (co-evolution); potential (SIOP); ICM; meta-gradient.
+    A frozen pytree whose keys are the field names (``hparam_fields()``: the
+    core fields, then every registered method's). ``HParams(**kw)`` casts the
+    given values and gives every other field its declared default; an unknown
+    name is a :class:`ConfigError`. ``hp.replace(**kw)`` likewise.
     """
 
-    # PPO
-    lr: jax.Array = _f(2.5e-4)
-    gamma: jax.Array = _f(0.99)
-    gae_lambda: jax.Array = _f(0.95)
-    clip_eps: jax.Array = _f(0.2)
-    ent_coef: jax.Array = _f(0.01)
-    vf_coef: jax.Array = _f(0.5)
-    max_grad_norm: jax.Array = _f(0.5)
-    # reward mixing: episodic r = beta_ext * r_ext + beta_int * n(r_int) (shaping / learned decomposition),
-    # or a separate non-episodic stream beta_int * n(bonus) (icm; coevo-novelty: novelty_coef * n(RND error));
-    # see each signal module
-    beta_ext: jax.Array = _f(1.0)
-    beta_int: jax.Array = _f(1.0)
-    normalize_int: jax.Array = _f(1.0)  # 1: divide r_int by a running RMS of its return (never shifted), 0: raw
-    k: jax.Array = _i(4)  # update period of the internal reward / potential, in iterations
-    # learned internal reward R_phi (co-evolution)
-    reward_lr: jax.Array = _f(5e-5)
-    reward_max_grad_norm: jax.Array = _f(1.0)
-    anchor_weight: jax.Array = _f(1.0)  # weight of the external-reward anchor (fit) term
-    drift_weight: jax.Array = _f(0.1)  # penalty on drift of R_phi's outputs from the anchor's (drift_ema)
-    extreme_weight: jax.Array = _f(0.01)  # penalty on extreme (saturated) outputs
-    drift_ema: jax.Array = _f(0.9)  # the drift anchor: EMA (per refit) of R_phi's params; 0 = the last refit's
-    novelty_coef: jax.Array = _f(0.5)  # weight of the RND novelty bonus (coevo-novelty, intrinsic stream)
-    rnd_lr: jax.Array = _f(2.5e-4)  # the RND predictor's Adam step (it trains on every rollout)
-    ranking_temp: jax.Array = _f(1.0)
-    # potential V(s) (SIOP)
-    potential_lr: jax.Array = _f(5e-4)
-    potential_max_grad_norm: jax.Array = _f(1.0)
-    w_fit: jax.Array = _f(1.0)  # Monte-Carlo return-to-go fit
-    w_cons: jax.Array = _f(1.0)  # TD consistency, same fixed point as the fit
-    w_reg: jax.Array = _f(1e-3)
-    potential_init: jax.Array = _f(0.0)  # initial output bias: a guess of the return
-    credit_clip: jax.Array = _f(1e6)  # |credit| cap after scaling; the default never binds (clipping breaks telescoping)
-    # ICM
-    icm_lr: jax.Array = _f(2.5e-4)
-    icm_eta: jax.Array = _f(0.01)
-    icm_forward_weight: jax.Array = _f(0.2)
-    # meta-gradient (LIRPG)
-    meta_lr: jax.Array = _f(1e-4)
-    meta_max_grad_norm: jax.Array = _f(1.0)
-    r_ext_coef: jax.Array = _f(1.0)
-    r_int_coef: jax.Array = _f(1.0)
+    __slots__ = ("_values",)
+
+    def __init__(self, **values):
+        decls = hparam_declarations()
+        unknown = [n for n in values if n not in decls]
+        if unknown:
+            raise ConfigError(f"unknown HParams field {unknown[0]!r}; fields are {', '.join(decls)}")
+        cast = {n: _cast(n, values[n] if n in values else p.default, p) for n, p in decls.items()}
+        object.__setattr__(self, "_values", cast)
+
+    def __getattr__(self, name: str):
+        if not name.startswith("_"):
+            values = object.__getattribute__(self, "_values")
+            if name in values:
+                return values[name]
+            raise AttributeError(f"HParams has no field {name!r}; fields are {', '.join(values)}")
+        raise AttributeError(name)
+
+    def __setattr__(self, name, value):
+        raise dataclasses.FrozenInstanceError(f"HParams is frozen: use hp.replace({name}=...)")
+
+    __delattr__ = __setattr__
+
+    def replace(self, **changes) -> "HParams":
+        """A copy with ``changes`` (cast to each field's dtype)."""
+        unknown = [n for n in changes if n not in self._values]
+        if unknown:
+            raise ConfigError(f"unknown HParams field {unknown[0]!r}; fields are {', '.join(self._values)}")
+        decls = hparam_declarations()
+        return _from_values({n: _cast(n, changes[n], decls.get(n)) if n in changes else v
+                             for n, v in self._values.items()})
+
+    def as_dict(self) -> dict[str, Any]:
+        """``{field: leaf}`` in field order."""
+        return dict(self._values)
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, HParams):
+            return NotImplemented
+        a, b = self._values, other._values
+        return tuple(a) == tuple(b) and all(np.array_equal(np.asarray(a[n]), np.asarray(b[n])) for n in a)
+
+    __hash__ = None  # leaves are arrays
+
+    def __repr__(self) -> str:
+        return "HParams(" + ", ".join(f"{n}={_shown(v)}" for n, v in self._values.items()) + ")"
+
+    def __reduce__(self):
+        return _unflatten, (tuple(self._values), tuple(self._values.values()))
 
 
-def _replace(self: HParams, **changes) -> HParams:
-    """Like ``dataclasses.replace`` but casts new values to each field's dtype."""
-    return as_arrays(dataclasses.replace(self, **changes))
+def _from_values(values: dict) -> HParams:
+    """An ``HParams`` holding ``values`` as they are (pytree unflattening: any leaves)."""
+    hp = object.__new__(HParams)
+    object.__setattr__(hp, "_values", values)
+    return hp
 
 
-HParams.replace = _replace  # flax's struct.dataclass installs its own `replace`; ours also casts
-
-HPARAM_FIELDS = tuple(f.name for f in dataclasses.fields(HParams))
-_INT_FIELDS = ("k",)
-
-# (low, high, low_inclusive, high_inclusive)
-INF = math.inf
-HPARAM_RANGES: dict[str, tuple] = {
-    "lr": (0.0, 1.0, False, True),
-    "gamma": (0.0, 1.0, True, True),
-    "gae_lambda": (0.0, 1.0, True, True),
-    "clip_eps": (0.0, 1.0, False, True),
-    "ent_coef": (0.0, INF, True, False),
-    "vf_coef": (0.0, INF, True, False),
-    "max_grad_norm": (0.0, INF, False, False),
-    "beta_ext": (-INF, INF, False, False),
-    "beta_int": (-INF, INF, False, False),
-    "normalize_int": (0.0, 1.0, True, True),
-    "k": (1, 1_000_000, True, True),
-    "reward_lr": (0.0, 1.0, True, True),
-    "reward_max_grad_norm": (0.0, INF, False, False),
-    "anchor_weight": (0.0, INF, True, False),
-    "drift_weight": (0.0, INF, True, False),
-    "extreme_weight": (0.0, INF, True, False),
-    "drift_ema": (0.0, 1.0, True, False),
-    "novelty_coef": (0.0, INF, True, False),
-    "rnd_lr": (0.0, 1.0, True, True),
-    "ranking_temp": (0.0, INF, False, False),
-    "potential_lr": (0.0, 1.0, True, True),
-    "potential_max_grad_norm": (0.0, INF, False, False),
-    "w_fit": (0.0, INF, True, False),
-    "w_cons": (0.0, INF, True, False),
-    "w_reg": (0.0, INF, True, False),
-    "potential_init": (-INF, INF, False, False),
-    "credit_clip": (0.0, INF, False, True),
-    "icm_lr": (0.0, 1.0, True, True),
-    "icm_eta": (0.0, INF, True, False),
-    "icm_forward_weight": (0.0, 1.0, True, True),
-    "meta_lr": (0.0, 1.0, True, True),
-    "meta_max_grad_norm": (0.0, INF, False, False),
-    "r_ext_coef": (0.0, INF, True, False),
-    "r_int_coef": (0.0, INF, True, False),
-}
-assert set(HPARAM_RANGES) == set(HPARAM_FIELDS), set(HPARAM_FIELDS) ^ set(HPARAM_RANGES)
-
-# Method defaults: the reward mixing each method is usually run with.
-METHOD_DEFAULTS: dict[str, dict] = {
-    "ppo": {},
-    "dense": {},
-    # Intrinsic-advantage weights (icm beta_int, coevo-novelty novelty_coef, meta r_int_coef): from a grid of
-    # 0.01-0.03, 0.1, 0.3, 1 on KeyDoor-5x5 at the main job's budget, 8 tuning seeds kept apart from the
-    # evaluation seeds (README, "Reward construction"), the largest weight whose final success stayed within
-    # 0.05 of sparse PPO's (0.84 there): every bonus cost success on that task, more the larger its weight.
-    "icm": {"beta_int": 0.1},
-    # R_phi is a decomposition of the return, in the episodic stream, never normalised (signals/learned.py)
-    "coevo-regression": {"beta_ext": 1.0, "beta_int": 0.5},
-    "coevo-ranking": {"beta_ext": 1.0, "beta_int": 0.5},
-    # the RND bonus, in the intrinsic stream, divided by a running RMS of its return
-    "coevo-novelty": {"beta_ext": 1.0, "beta_int": 0.5, "normalize_int": 1.0, "novelty_coef": 0.3},
-    # raw shaping: Phi is in units of the external return, so r_ext + F pays the outcome once (signals/potential.py)
-    "siop": {"beta_ext": 1.0, "beta_int": 1.0, "normalize_int": 0.0},
-    # raw R_phi: the untrained R_phi is ~0 (|r| < 0.01); divided by its own tiny return scale it would be O(1)
-    # noise
-    "meta": {"k": 1, "normalize_int": 0.0, "r_int_coef": 0.1},
-}
+def _unflatten(names: tuple, leaves: Iterable) -> HParams:
+    return _from_values(dict(zip(names, leaves)))
 
 
+jax.tree_util.register_pytree_with_keys(
+    HParams,
+    lambda hp: (tuple((jax.tree_util.GetAttrKey(n), v) for n, v in hp._values.items()), tuple(hp._values)),
+    _unflatten,
+    lambda hp: (tuple(hp._values.values()), tuple(hp._values)),
+)
 
-class ConfigError(ValueError):
-    """A configuration value outside its allowed range (raised before compiling)."""
+
+def hparam_fields() -> tuple[str, ...]:
+    """Every ``HParams`` field name: the core ones, then the registered methods'."""
+    return tuple(hparam_declarations())
 
 
 def as_arrays(hp: HParams) -> HParams:
-    """Cast every field to a JAX array of its declared dtype (int32 for ``k``)."""
-    vals = {}
-    for name in HPARAM_FIELDS:
-        v = getattr(hp, name)
-        dtype = jnp.int32 if name in _INT_FIELDS else jnp.float32
-        if isinstance(v, jax.core.Tracer):
-            vals[name] = v.astype(dtype) if v.dtype != dtype else v
-        else:
-            vals[name] = jnp.asarray(v, dtype)
-    return HParams(**vals)
+    """Cast every field to a JAX array of its declared dtype (int32 for integer fields)."""
+    decls = hparam_declarations()
+    return _from_values({n: _cast(n, v, decls.get(n)) for n, v in hp.as_dict().items()})
 
 
 def default_hparams(method: str = "ppo", **overrides) -> HParams:
-    """``HParams()`` with the method's usual reward mixing, then ``overrides``."""
-    if method not in METHODS:
-        raise ConfigError(f"method: unknown method {method!r}; choose one of {', '.join(METHODS)}")
-    unknown = set(overrides) - set(HPARAM_FIELDS)
-    if unknown:
-        raise ConfigError(f"unknown HParams field(s) {sorted(unknown)}; fields are {', '.join(HPARAM_FIELDS)}")
-    return as_arrays(dataclasses.replace(HParams(), **{**METHOD_DEFAULTS[method], **overrides}))
-
-
-def _range_text(lo, hi, lo_inc, hi_inc) -> str:
-    return f"{'[' if lo_inc else '('}{lo}, {hi}{']' if hi_inc else ')'}"
+    """``HParams()`` with the method's defaults (its ``MethodSpec.defaults``), then ``overrides``."""
+    return HParams(**{**method_spec(method).defaults, **overrides})
 
 
 def validate_hparams(hp: HParams) -> HParams:
@@ -265,26 +252,30 @@ def validate_hparams(hp: HParams) -> HParams:
 
     Returns ``hp`` cast to arrays. Raises :class:`ConfigError` naming the field.
     """
-    for name in HPARAM_FIELDS:
-        v = getattr(hp, name)
+    decls = hparam_declarations()
+    missing = [n for n in decls if n not in hp.as_dict()]
+    if missing:
+        raise ConfigError(f"HParams lacks field(s) {missing} (made before their method was registered?)")
+    for name, v in hp.as_dict().items():
+        if name not in decls:
+            raise ConfigError(f"HParams.{name}: no registered method declares this field")
         if isinstance(v, jax.core.Tracer):
             continue
-        arr = np.asarray(v)
+        p, arr = decls[name], np.asarray(v)
         if arr.dtype.kind not in "biuf":
             raise ConfigError(f"HParams.{name}: expected a number, got {v!r}")
-        lo, hi, lo_inc, hi_inc = HPARAM_RANGES[name]
-        if name in _INT_FIELDS and np.any(arr != np.round(arr)):
+        if p.integer and np.any(arr != np.round(arr)):
             raise ConfigError(f"HParams.{name}: must be an integer, got {arr.tolist()}")
-        bad = ~np.isfinite(arr) | (arr < lo if lo_inc else arr <= lo) | (arr > hi if hi_inc else arr >= hi)
+        bad = p.outside(arr)
         if np.any(bad):
-            shown = arr[bad].ravel()[0].item()
-            raise ConfigError(
-                f"HParams.{name}={shown} is outside the allowed range {_range_text(lo, hi, lo_inc, hi_inc)}"
-            )
+            shown = arr[bad].ravel()[0]  # numpy scalar: prints -0.1, not -0.10000000149
+            raise ConfigError(f"HParams.{name}={shown!s} is outside the allowed range {p.range_text()}")
     return as_arrays(hp)
 
 
-_STATIC_CHECKS: dict[str, tuple] = {
+# ----------------------------------------------------------------------------- StaticConfig checks
+#: integer fields every method uses -> inclusive (lo, hi); methods add theirs (``MethodSpec.static_checks``)
+CORE_STATIC_CHECKS: dict[str, tuple] = {
     "num_envs": (1, 1 << 20),
     "rollout_len": (1, 1 << 20),
     "total_steps": (1, 1 << 40),
@@ -293,44 +284,47 @@ _STATIC_CHECKS: dict[str, tuple] = {
     "d_model": (1, 4096),
     "num_layers": (1, 64),
     "num_heads": (1, 64),
-    "action_embed_dim": (1, 4096),
-    "reward_steps": (1, 10_000),
-    "buffer_episodes": (2, 1 << 16),
-    "max_episode_len": (1, 1 << 16),
-    "potential_steps": (1, 10_000),
-    "potential_buffer_episodes": (1, 1 << 16),
-    "potential_episode_len": (1, 1 << 16),
-    "ensemble_size": (1, 64),
-    "credit_nstep": (1, 1024),
-    "icm_feature_dim": (1, 4096),
-    "meta_inner_steps": (1, 64),
-    "meta_truncate": (0, 63),
 }
 
 
+def check_int(static: StaticConfig, name: str, lo: int, hi: int) -> None:
+    """:class:`ConfigError` unless ``static.<name>`` is an int in ``[lo, hi]``."""
+    v = getattr(static, name)
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not lo <= v <= hi:
+        raise ConfigError(f"StaticConfig.{name}={v!r} must be an integer in [{lo}, {hi}]")
+
+
+def check_sizes(static: StaticConfig, name: str) -> None:
+    """:class:`ConfigError` unless ``static.<name>`` is a non-empty tuple of positive ints (layer widths)."""
+    v = getattr(static, name)
+    if not isinstance(v, tuple) or not v or not all(isinstance(h, int) and h >= 1 for h in v):
+        raise ConfigError(f"StaticConfig.{name}={v!r} must be a non-empty tuple of positive ints")
+
+
+def check_choice(static: StaticConfig, name: str, choices: tuple) -> None:
+    """:class:`ConfigError` unless ``static.<name>`` is one of ``choices``."""
+    v = getattr(static, name)
+    if v not in choices:
+        names = [repr(c) for c in choices]
+        raise ConfigError(f"StaticConfig.{name}={v!r} must be {', '.join(names[:-1])} or {names[-1]}")
+
+
 def validate_static(static: StaticConfig) -> StaticConfig:
-    """Check every field of ``static``; raise :class:`ConfigError` naming the first bad one."""
-    if static.method not in METHODS:
-        raise ConfigError(f"StaticConfig.method={static.method!r} is not one of {', '.join(METHODS)}")
-    for name, (lo, hi) in _STATIC_CHECKS.items():
-        v = getattr(static, name)
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not lo <= v <= hi:
-            raise ConfigError(f"StaticConfig.{name}={v!r} must be an integer in [{lo}, {hi}]")
-    for name in ("hidden_sizes", "reward_hidden", "potential_hidden"):
-        v = getattr(static, name)
-        if not isinstance(v, tuple) or not v or not all(isinstance(h, int) and h >= 1 for h in v):
-            raise ConfigError(f"StaticConfig.{name}={v!r} must be a non-empty tuple of positive ints")
-    if static.activation not in ("tanh", "relu"):
-        raise ConfigError(f"StaticConfig.activation={static.activation!r} must be 'tanh' or 'relu'")
-    if static.network not in ("auto", "mlp", "transformer"):
-        raise ConfigError(f"StaticConfig.network={static.network!r} must be 'auto', 'mlp' or 'transformer'")
+    """Check the core fields of ``static`` and those its method's spec checks;
+    raise :class:`ConfigError` naming the first bad one."""
+    if static.method not in registered_methods():
+        raise ConfigError(f"StaticConfig.method={static.method!r} is not one of {', '.join(registered_methods())}")
+    spec = method_spec(static.method)
+    for name, (lo, hi) in {**CORE_STATIC_CHECKS, **spec.static_checks}.items():
+        if not hasattr(static, name):
+            raise ConfigError(f"method {spec.name!r} checks StaticConfig.{name}, which does not exist")
+        check_int(static, name, lo, hi)
+    check_sizes(static, "hidden_sizes")
+    check_choice(static, "activation", ("tanh", "relu"))
+    check_choice(static, "network", ("auto", "mlp", "transformer"))
     for name in ("kv_cache", "packed_update"):
         if not isinstance(getattr(static, name), bool):
             raise ConfigError(f"StaticConfig.{name}={getattr(static, name)!r} must be True or False")
-    if static.reward_input not in ("features", "obs"):
-        raise ConfigError(f"StaticConfig.reward_input={static.reward_input!r} must be 'features' or 'obs'")
-    if static.ensemble_combine not in ("mean", "min"):
-        raise ConfigError(f"StaticConfig.ensemble_combine={static.ensemble_combine!r} must be 'mean' or 'min'")
     if static.steps_per_iteration % static.num_minibatches:
         raise ConfigError(
             f"StaticConfig.num_minibatches={static.num_minibatches} must divide num_envs * rollout_len"
@@ -343,8 +337,6 @@ def validate_static(static: StaticConfig) -> StaticConfig:
         )
     if static.d_model % static.num_heads:
         raise ConfigError(f"StaticConfig.num_heads={static.num_heads} must divide d_model={static.d_model}")
-    if static.meta_truncate >= static.meta_inner_steps:
-        raise ConfigError(
-            f"StaticConfig.meta_truncate={static.meta_truncate} must be < meta_inner_steps={static.meta_inner_steps}"
-        )
+    if spec.check_static is not None:
+        spec.check_static(static)
     return static

@@ -58,6 +58,28 @@ def uniform_random_curves(static: StaticConfig, env, env_params, key: jax.Array)
     return curves
 
 
+def random_row(study, num_seeds: int | None = None) -> dict:
+    """The uniform-random control of a :class:`~coevo_jax.experiment.Study`, as a
+    summary row: its curves on the first arm's rollout shape and budget, scored
+    by the same metrics and statistics as every arm (``num_seeds`` default: the study's)."""
+    import numpy as np
+
+    from coevo_jax.experiment import metrics
+    from coevo_jax.experiment.plan import make_env
+    from coevo_jax.experiment.results import score_columns
+
+    static = study.arms[0].static
+    env, params = make_env(study)
+    n = num_seeds or study.num_seeds
+    keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.PRNGKey(study.base_seed), i))(jnp.arange(n))
+    curves = jax.device_get(jax.jit(jax.vmap(lambda k: uniform_random_curves(static, env, params, k)))(keys))
+    curves = {k: np.asarray(v) for k, v in curves.items()}
+    scores = metrics.run_scores(curves, np.arange(n), static.num_iterations, study.threshold, study.threshold_metric)
+    return {"env": study.env, "arm": "random", "method": "random", "n_seeds": n, "n_diverged": 0,
+            **score_columns(scores, study.threshold, static.steps_per_iteration, seed=7),
+            "env_steps": float(curves["env_steps"][0, -1])}
+
+
 class _Episodes(NamedTuple):
     """The episode fields :func:`episode_metrics` reads, ``[T, N]`` each."""
 

@@ -1,4 +1,4 @@
-"""Pictures and ground truth for turn-level credit (SIOP, :mod:`coevo_jax.signals.potential`).
+"""Pictures and scores of turn-level credit (SIOP, :mod:`coevo_jax.signals.potential`).
 
 * :func:`potential_heatmap`: a learned potential ``V`` over every agent position
   of one fixed KeyDoor layout, one panel per sub-goal phase (no key / key held /
@@ -6,14 +6,11 @@
   goal); saved as a PNG.
 * :func:`plot_episode_credit`: the per-step credit of one episode, with the
   external reward and (when given) the true optimal advantage.
-* :func:`keydoor_optimal_advantages` and :func:`credit_correlation`: the ground
-  truth on KeyDoor. Each step's state is decoded from its observation, the
-  minimal number of actions to the goal ``d(s)`` comes from the breadth-first
-  search :func:`envs_jax.grid.keydoor.optimal_distances`, and
-  :func:`envs_jax.grid.optimal_advantage` turns ``(d(s_t), d(s_t+1))`` into the
-  optimal advantage ``A*(s_t, a_t)`` under MiniGrid's reward ``1 - 0.9 t / T``.
-  The score is the Spearman rank correlation between the credit and ``A*`` over
-  the policy's own steps.
+* :func:`credit_correlation`: the Spearman rank correlation between the credit
+  and the optimal advantage ``A*`` over the policy's own steps on KeyDoor. The
+  ground truth (states decoded from observations, breadth-first-search
+  distances, ``A*``) lives beside the environments, in
+  :mod:`envs_jax.grid.ground_truth`.
 
 Host side (NumPy / SciPy / matplotlib with the Agg backend).
 """
@@ -24,10 +21,9 @@ import os
 import jax
 import numpy as np
 
-from envs_jax.grid import optimal_advantage
-from envs_jax.grid.fourrooms import FourRooms, FourRoomsState
-from envs_jax.grid.keydoor import NUM_CHANNELS as KEYDOOR_CHANNELS
-from envs_jax.grid.keydoor import KeyDoor, KeyDoorState, optimal_distances
+from envs_jax.grid.fourrooms import FourRooms
+from envs_jax.grid.ground_truth import fourrooms_cell_states, keydoor_optimal_advantages, keydoor_phase_states
+from envs_jax.grid.keydoor import KeyDoor
 from envs_jax.grid.keydoor import observe as keydoor_observe
 
 PHASE_NAMES = ("phase 0: fetch key", "phase 1: key held, door locked", "phase 2: door open")
@@ -66,103 +62,22 @@ def spearman(x: np.ndarray, y: np.ndarray) -> float:
     return float((rx * ry).sum() / denom) if denom > 0 else float("nan")
 
 
-# ----------------------------------------------------------------------------- KeyDoor ground truth
-def decode_keydoor_obs(obs: np.ndarray, size: int) -> KeyDoorState:
-    """The :class:`KeyDoorState` behind one KeyDoor observation ``[size*size*6 + 5]``.
-
-    Exact for everything the BFS reads; when the key is carried its former cell
-    is not visible and ``key_pos`` is set to the door cell (distances of
-    key-held configurations do not depend on it). ``time`` is 0.
-    """
-    obs = np.asarray(obs)
-    n = size
-    grid = obs[: n * n * KEYDOOR_CHANNELS].reshape(n, n, KEYDOOR_CHANNELS) > 0.5
-    direction = int(np.argmax(obs[n * n * KEYDOOR_CHANNELS: n * n * KEYDOOR_CHANNELS + 4]))
-    has_key = bool(obs[-1] > 0.5)
-
-    def where(ch):
-        ys, xs = np.nonzero(grid[:, :, ch])
-        return np.array([xs[0], ys[0]], np.int32) if len(xs) else None
-
-    locked, opened = where(2), where(3)
-    door_open = opened is not None
-    door = opened if door_open else locked
-    key = where(1)
-    return KeyDoorState(
-        time=np.int32(0), walls=grid[:, :, 0], agent_pos=where(5), agent_dir=np.int32(direction),
-        key_pos=door if key is None else key, has_key=np.bool_(has_key), door_pos=door,
-        door_open=np.bool_(door_open), goal_pos=where(4),
-    )
-
-
-class KeyDoorDistances:
-    """``d(s)`` for decoded observations, one BFS per layout (cached)."""
-
-    def __init__(self, size: int):
-        self.size = size
-        self._cache: dict = {}
-
-    def __call__(self, obs: np.ndarray) -> float:
-        s = decode_keydoor_obs(obs, self.size)
-        key = (s.walls.tobytes(), tuple(s.door_pos), tuple(s.goal_pos), None if s.has_key else tuple(s.key_pos))
-        if key not in self._cache:
-            self._cache[key] = optimal_distances(s)
-        x, y = (int(v) for v in s.agent_pos)
-        return float(self._cache[key][x, y, int(s.agent_dir), int(bool(s.has_key)), int(bool(s.door_open))])
-
-
-def keydoor_optimal_advantages(obs, next_obs, terminated, size: int, max_steps: int) -> np.ndarray:
-    """Optimal advantage of every step: ``obs, next_obs [M, D]``, ``terminated [M]`` -> ``[M]``.
-
-    Steps whose start state cannot reach the goal get NaN (none do on KeyDoor
-    layouts, but a decoded observation is checked, not assumed).
-    """
-    dist = KeyDoorDistances(size)
-    d_t = np.array([dist(o) for o in np.asarray(obs)])
-    term = np.asarray(terminated, bool)
-    d_tp1 = np.array([0.0 if t else dist(o) for o, t in zip(np.asarray(next_obs), term)])
-    adv = np.asarray(optimal_advantage(np.where(np.isfinite(d_t), d_t, 0.0), np.where(np.isfinite(d_tp1), d_tp1, 0.0),
-                                       term, max_steps), np.float64)
-    return np.where(np.isfinite(d_t) & np.isfinite(d_tp1), adv, np.nan)
-
-
+# ----------------------------------------------------------------------------- credit against the ground truth
 def credit_correlation(credit, obs, next_obs, terminated, size: int, max_steps: int) -> float:
-    """Spearman correlation of per-step credit with the optimal advantage on KeyDoor.
+    """Spearman correlation of per-step credit with the optimal advantage on KeyDoor
+    (:func:`envs_jax.grid.ground_truth.keydoor_optimal_advantages`).
 
     ``credit, terminated [...]``, ``obs, next_obs [..., D]`` (any leading shape,
     e.g. a ``[T, N]`` trajectory)."""
-    d = np.asarray(obs).shape[-1]
-    adv = keydoor_optimal_advantages(np.asarray(obs).reshape(-1, d), np.asarray(next_obs).reshape(-1, d),
-                                     np.asarray(terminated).reshape(-1), size, max_steps)
-    return spearman(np.asarray(credit).reshape(-1), adv)
+    return spearman(credit, keydoor_optimal_advantages(obs, next_obs, terminated, size, max_steps))
 
 
 # ----------------------------------------------------------------------------- potential over positions
-def keydoor_phase_states(state: KeyDoorState):
-    """For one unbatched KeyDoor ``state``: ``{phase: [(x, y, [states over 4 facings])]}``
-    for every cell the agent may occupy in that phase, and the BFS distances table."""
-    s = KeyDoorState(**{k: np.asarray(getattr(state, k)) for k in KeyDoorState.__dataclass_fields__})
-    n = s.walls.shape[0]
-    dist = optimal_distances(s)
-    out = {}
-    for phase, (has_key, door_open) in enumerate(((False, False), (True, False), (True, True))):
-        cells = []
-        for y in range(n):
-            for x in range(n):
-                if not np.isfinite(dist[x, y, :, int(has_key), int(door_open)]).any():
-                    continue  # a wall, the key on the floor, the locked door, or cut off from the goal
-                states = [s.replace(agent_pos=np.array([x, y], np.int32), agent_dir=np.int32(d),
-                                    has_key=np.bool_(has_key), door_open=np.bool_(door_open)) for d in range(4)]
-                cells.append((x, y, states))
-        out[phase] = cells
-    return out
-
-
 def potential_grid(value_fn, env, state) -> dict:
     """``{panel name: [H, W] float array}`` of ``V`` at every agent position (NaN
     elsewhere). ``value_fn(obs [B, D]) -> [B]``; ``env`` a KeyDoor or FourRooms
     (possibly wrapped); ``state`` one unbatched layout of it."""
-    base = env.unwrapped if hasattr(env, "unwrapped") else env
+    base = env.unwrapped
     if isinstance(base, KeyDoor):
         n = base.size
         panels = {}
@@ -179,9 +94,7 @@ def potential_grid(value_fn, env, state) -> dict:
         return panels
     if isinstance(base, FourRooms):
         n = base.size
-        cells = [(x, y) for y in range(n) for x in range(n) if not base.walls_np[y, x]]
-        batch = FourRoomsState(time=np.zeros(len(cells), np.int32), agent_pos=np.array(cells, np.int32),
-                               goal_pos=np.tile(np.asarray(state.goal_pos, np.int32), (len(cells), 1)))
+        cells, batch = fourrooms_cell_states(base, state)
         obs = np.asarray(jax.vmap(base.observe)(batch))
         v = np.asarray(value_fn(obs))
         grid = np.full((n, n), np.nan)
@@ -222,7 +135,7 @@ def potential_heatmap(value_fn, env, state, path: str, title: str = "potential V
 
 
 def _layout_marks(env, state) -> dict:
-    base = env.unwrapped if hasattr(env, "unwrapped") else env
+    base = env.unwrapped
     marks = {"G": tuple(int(v) for v in np.asarray(state.goal_pos))}
     if isinstance(base, KeyDoor):
         marks["K"] = tuple(int(v) for v in np.asarray(state.key_pos))

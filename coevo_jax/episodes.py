@@ -140,7 +140,7 @@ def assign_slots(done, committed, train_count, val_count, train_size: int, val_s
     of range: not written) elsewhere, for an episode of the other split, and for
     episodes beyond the most recent ``size`` of one rollout.
     """
-    flat = done.reshape(-1)
+    flat = flatten_time(done)
     c = committed + jnp.cumsum(flat) - 1
     if val_every:
         is_val = jnp.logical_and(flat, c % val_every == val_every - 1)
@@ -186,14 +186,14 @@ def write_episodes(buf: EpisodeBuffer, seg: Segments, step_slot, pos, keep, step
     size, max_len = buf.length.shape[0], max_len_of(buf)
     first = step_slot[0]
     data = jax.tree.map(lambda b, s: b.at[first].set(s, mode="drop"), buf.steps, seg.steps)
-    slot = jnp.where(keep, step_slot, size).reshape(-1)
-    row = (pos % max_len).reshape(-1)
+    slot = flatten_time(jnp.where(keep, step_slot, size))
+    row = flatten_time(pos % max_len)
     data = jax.tree.map(lambda b, x: b.at[slot, row].set(flatten_time(x).astype(b.dtype), mode="drop"), data, steps)
-    s = slot_at_done.reshape(-1)
+    s = flatten_time(slot_at_done)
     return EpisodeBuffer(
         steps=data,
         ends=jax.tree.map(lambda b, x: b.at[s].set(flatten_time(x).astype(b.dtype), mode="drop"), buf.ends, ends),
-        length=buf.length.at[s].set((pos + 1).reshape(-1).astype(jnp.int32), mode="drop"),
+        length=buf.length.at[s].set(flatten_time(pos + 1).astype(jnp.int32), mode="drop"),
         valid=buf.valid.at[s].set(True, mode="drop"),
         count=buf.count + n_added,
     )
@@ -226,8 +226,8 @@ def add_rollout(replay: EpisodeReplay, steps, ends, done: jax.Array) -> EpisodeR
     # the episode still in progress: the steps after each env's last done
     in_progress = jnp.flip(jnp.cumsum(jnp.flip(done, 0), 0), 0) == 0
     env = jnp.broadcast_to(jnp.arange(n_envs)[None, :], done.shape)
-    env = jnp.where(jnp.logical_and(in_progress, keep), env, n_envs).reshape(-1)
-    row = (pos % max_len).reshape(-1)
+    env = flatten_time(jnp.where(jnp.logical_and(in_progress, keep), env, n_envs))
+    row = flatten_time(pos % max_len)
     seg = Segments(
         steps=jax.tree.map(lambda s, x: s.at[env, row].set(flatten_time(x).astype(s.dtype), mode="drop"), seg.steps, steps),
         length=end_len.astype(jnp.int32),

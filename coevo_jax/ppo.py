@@ -10,28 +10,10 @@ import distrax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import optax
 
+from coevo_jax.fit import fit, init_optimizer, make_optimizer  # noqa: F401  (the optimiser, re-exported)
+from coevo_jax.packing import PackedWindows
 from coevo_jax.rollout import mask_logits
-from coevo_jax.transformer import PackedWindows
-
-
-def make_optimizer(max_grad_norm: jax.Array, lr: jax.Array) -> optax.GradientTransformation:
-    """Global-norm clipping, then Adam (eps 1e-5), then a step of size ``lr``.
-
-    Both arguments may be traced: the optimiser is rebuilt inside the traced
-    function each step and its state's structure does not depend on them.
-    """
-    return optax.chain(
-        optax.clip_by_global_norm(max_grad_norm),
-        optax.scale_by_adam(eps=1e-5),
-        optax.scale(-lr),
-    )
-
-
-def init_optimizer(params) -> optax.OptState:
-    """Optimiser state for :func:`make_optimizer` (independent of its arguments)."""
-    return make_optimizer(1.0, 1.0).init(params)
 
 
 def gae(rewards, values, next_values, terminated, truncated, gamma, gae_lambda):
@@ -84,7 +66,7 @@ def stream_advantages(streams, traj, hp):
 
 class PPOBatch(NamedTuple):
     """Training data for :func:`ppo_loss`: ``[B]`` samples, or ``[B, T]`` when
-    ``obs`` is a :class:`~coevo_jax.transformer.PackedWindows` of ``B`` envs'
+    ``obs`` is a :class:`~coevo_jax.packing.PackedWindows` of ``B`` envs'
     ``T``-step windows (then minibatches are whole envs)."""
 
     obs: Any  # [B, ...] observations, or PackedWindows [B, P] / query [B, T]
@@ -146,28 +128,15 @@ def ppo_update(
     """``num_epochs`` passes of shuffled minibatch PPO steps over ``batch``.
 
     ``batch`` leaves have a leading ``[B]`` axis (flatten ``[T, N]`` first, or
-    pack it per env) and ``B`` must be divisible by ``num_minibatches``. ``hp`` supplies
-    ``clip_eps, vf_coef, ent_coef, max_grad_norm``; ``lr`` is this step's
+    pack it per env) and ``B`` should be divisible by ``num_minibatches``
+    (:func:`coevo_jax.fit.fit` leaves the remainder out of each epoch). ``hp``
+    supplies ``clip_eps, vf_coef, ent_coef, max_grad_norm``; ``lr`` is this step's
     learning rate. Returns ``(params, opt_state, metrics)`` with metrics
     averaged over all minibatch steps.
     """
-    size = batch.action.shape[0]
-    mb = size // num_minibatches
-    tx = make_optimizer(hp.max_grad_norm, lr)
-    grad_fn = jax.value_and_grad(ppo_loss, has_aux=True)
+    def loss_fn(p, minibatch):
+        return ppo_loss(p, network, minibatch, hp.clip_eps, hp.vf_coef, hp.ent_coef, normalize_advantages)
 
-    def minibatch_step(carry, mb_batch):
-        p, o = carry
-        (loss, metrics), grads = grad_fn(p, network, mb_batch, hp.clip_eps, hp.vf_coef, hp.ent_coef, normalize_advantages)
-        updates, o = tx.update(grads, o, p)
-        p = optax.apply_updates(p, updates)
-        metrics = {**metrics, "loss": loss, "grad_norm": optax.tree.norm(grads)}
-        return (p, o), metrics
-
-    def epoch(carry, epoch_key):
-        perm = jax.random.permutation(epoch_key, size)
-        shuffled = jax.tree.map(lambda x: jnp.take(x, perm, axis=0).reshape((num_minibatches, mb) + x.shape[1:]), batch)
-        return jax.lax.scan(minibatch_step, carry, shuffled)
-
-    (params, opt_state), metrics = jax.lax.scan(epoch, (params, opt_state), jax.random.split(key, num_epochs))
+    params, opt_state, metrics = fit(loss_fn, params, opt_state, make_optimizer(hp.max_grad_norm, lr), batch, key,
+                                     epochs=num_epochs, num_minibatches=num_minibatches)
     return params, opt_state, jax.tree.map(jnp.mean, metrics)

@@ -37,6 +37,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from coevo_jax.config import check_choice, check_sizes
 from coevo_jax.networks import orthogonal
 from coevo_jax.signals.base import flat_obs
 
@@ -135,3 +136,14 @@ def make_rnd_net(static, env, env_params) -> RNDNet:
     """The RND target / predictor on the same input as :func:`make_reward_net`'s."""
     vocab = obs_vocab(env, env_params) if static.reward_input == "obs" else 0
     return RNDNet(tuple(static.reward_hidden), int(static.reward_hidden[-1]), vocab)
+
+
+# ----------------------------------------------------------------------------- StaticConfig checks (co-evolution and meta)
+#: R_phi's integer StaticConfig fields -> inclusive (lo, hi), for the ``MethodSpec.static_checks`` of its users
+REWARD_NET_STATIC_CHECKS = {"action_embed_dim": (1, 4096)}
+
+
+def check_reward_net_static(static) -> None:
+    """:class:`~coevo_jax.registry.ConfigError` for a bad ``reward_hidden`` or ``reward_input``."""
+    check_sizes(static, "reward_hidden")
+    check_choice(static, "reward_input", REWARD_INPUTS)

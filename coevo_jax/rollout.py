@@ -20,7 +20,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from coevo_jax.transformer import restart_rows
+from coevo_jax.packing import restart_rows
 from envs_jax.core import provides
 
 

@@ -16,10 +16,12 @@ from flax import struct
 
 from coevo_jax.config import ConfigError, HParams, StaticConfig, as_arrays, validate_static
 from coevo_jax.networks import make_policy_network
-from coevo_jax.ppo import PPOBatch, init_optimizer, ppo_update, stream_advantages
+from coevo_jax.fit import init_optimizer
+from coevo_jax.packing import pack_windows
+from coevo_jax.ppo import PPOBatch, ppo_update, stream_advantages
 from coevo_jax.rollout import RolloutState, Trajectory, flatten_time, rollout
-from coevo_jax.signals import PolicyView, Signal, gated_update, make_signal
-from coevo_jax.transformer import pack_windows
+from coevo_jax.signals import PolicyView, Signal, check_env_outputs, gated_update, make_signal
+from coevo_jax.transformer import TransformerActorCritic
 from envs_jax.core import EpisodeStats
 
 
@@ -62,34 +64,35 @@ def episode_metrics(traj: Trajectory, last_return, last_success):
     return {"episode_return": ret, "success_rate": succ, "episodes": count, "episode_length": length}, ret, succ
 
 
-def _token_chunk(enabled: bool, network, method: str, env) -> int | None:
-    """``env.max_tokens_per_step`` when ``enabled``, the network has ``method``
-    and the env says how many tokens one step can add; else ``None``."""
-    chunk = getattr(env, "max_tokens_per_step", None)
-    if not enabled or not hasattr(network, method) or chunk is None:
+def _token_chunk(enabled: bool, network, env) -> int | None:
+    """``env.max_tokens_per_step`` when ``enabled``, the policy is the
+    transformer (the network with ``decode_step`` and ``score_packed``) and the
+    env declares how many tokens one step can add; else ``None``."""
+    chunk = env.max_tokens_per_step
+    if not enabled or not isinstance(network, TransformerActorCritic) or chunk is None:
         return None
     return int(chunk)
 
 
 def decode_chunk(static: StaticConfig, network, env) -> int | None:
     """Tokens per incremental-decoding call for cached rollouts, or ``None`` for
-    the plain path (no ``static.kv_cache``, a network without ``decode_step``, or
-    an env that does not say how many tokens one step can add)."""
-    return _token_chunk(static.kv_cache, network, "decode_step", env)
+    the plain path (no ``static.kv_cache``, a policy other than the transformer, or
+    an env that does not declare how many tokens one step can add)."""
+    return _token_chunk(static.kv_cache, network, env)
 
 
 def packed_chunk(static: StaticConfig, network, env) -> int | None:
     """Slots per step for packing each env's rollout window into one token
-    stream in the PPO update (:func:`coevo_jax.transformer.pack_windows`), or
+    stream in the PPO update (:func:`coevo_jax.packing.pack_windows`), or
     ``None`` for the flat per-step update (no ``static.packed_update``, a
-    network without ``score_packed``, or an env without ``max_tokens_per_step``)."""
-    return _token_chunk(static.packed_update, network, "score_packed", env)
+    policy other than the transformer, or an env without ``max_tokens_per_step``)."""
+    return _token_chunk(static.packed_update, network, env)
 
 
 def ppo_batch(traj: Trajectory, advantages: jax.Array, targets: jax.Array, chunk: int | None = None) -> PPOBatch:
     """The PPO training data of a ``[T, N]`` trajectory: flat ``[T * N]``
     samples, or with ``chunk`` one packed stream per env (fields ``[N, T]``,
-    ``obs`` a :class:`~coevo_jax.transformer.PackedWindows`) so every step of a
+    ``obs`` a :class:`~coevo_jax.packing.PackedWindows`) so every step of a
     window is scored in one causal pass."""
     fields = (traj.action, traj.logp, traj.value, advantages, targets, traj.legal_mask)
     if chunk is None:
@@ -116,6 +119,7 @@ class Trainer:
         self.static = validate_static(static)
         self.batch_axis = batch_axis
         self.env = env if isinstance(env, EpisodeStats) else EpisodeStats(env)
+        check_env_outputs(static.method, self.env)  # the optional env outputs the method requires
         self.env_params = env_params
         self.network = make_policy_network(static, env, env_params)
         self.signal = signal if signal is not None else make_signal(static, self.network, self.env, env_params)

@@ -10,14 +10,23 @@ observation the step produced before the reset (for a step that does not end an
 episode it equals ``obs``). Time limits set ``truncated``; failing or finishing
 the task sets ``terminated``; the two are never both true.
 
+An environment declares what it offers beyond the base API in class
+attributes, which wrappers forward (read them, never probe with ``hasattr``):
+``optional_outputs`` and ``max_tokens_per_step`` (below). ``env.unwrapped`` is
+the innermost environment (the env itself when it is not a wrapper).
+
 Beyond ``final_obs``, an environment may report the optional ``info`` keys of
-:data:`OPTIONAL_OUTPUTS`; it declares those it reports in its class attribute
-``optional_outputs``, which wrappers forward, and :func:`provides` reads:
+:data:`OPTIONAL_OUTPUTS`; it declares those it reports in ``optional_outputs``,
+which :func:`provides` reads:
 
 * ``"dense_reward"``: float32 ``()``, the reward plus a hand-designed shaping;
 * ``"success"``: bool ``()``, the task was solved on this step;
 * ``"legal_mask"``: bool ``(num_actions,)``, the legal actions for the returned
   observation; the env then also has ``legal_mask(state, params)``.
+
+``max_tokens_per_step``: for an observation that is a buffer of tokens, the
+most tokens one step can append to it (what incremental decoding and packed
+windows need); ``None`` (the default) for any other observation.
 
 ``envs_jax`` depends on nothing in ``coevo_jax``.
 """
@@ -104,11 +113,13 @@ class Environment:
     auto-reset are added here. ``info`` must hold the same keys on every step.
 
     ``optional_outputs`` names exactly the keys of :data:`OPTIONAL_OUTPUTS`
-    that ``info`` holds; test with :func:`provides`.
+    that ``info`` holds; test with :func:`provides`. ``max_tokens_per_step``:
+    see the module docstring.
     """
 
     name: str = "Environment"
     optional_outputs: tuple[str, ...] = ()
+    max_tokens_per_step: int | None = None
 
     # -- to implement
     @property
@@ -135,6 +146,11 @@ class Environment:
     @property
     def num_actions(self) -> int:
         return self.action_space(self.default_params).n
+
+    @property
+    def unwrapped(self) -> Environment:
+        """The innermost environment: ``self`` here, the wrapped env's for a :class:`Wrapper`."""
+        return self
 
     def reset(self, key: Array, params: EnvParams | None = None) -> tuple[Array, Any]:
         """``(obs, state)`` of a fresh episode."""
@@ -183,12 +199,16 @@ class Wrapper(Environment):
 
     @property
     def unwrapped(self) -> Environment:
-        return self._env.unwrapped if isinstance(self._env, Wrapper) else self._env
+        return self._env.unwrapped
 
+    # the declared capabilities are the wrapped env's (the base's class attributes would hide ``__getattr__``)
     @property
     def optional_outputs(self) -> tuple[str, ...]:
-        """The wrapped env's (a class attribute on the base would hide ``__getattr__``)."""
         return self._env.optional_outputs
+
+    @property
+    def max_tokens_per_step(self) -> int | None:
+        return self._env.max_tokens_per_step
 
     @property
     def default_params(self):

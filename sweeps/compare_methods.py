@@ -1,218 +1,127 @@
 #!/usr/bin/env python
-"""Compare every available method on a set of environments.
+"""Compare every registered method on a set of environments, with controls.
 
-For each environment, all available reward sources -- sparse PPO (Schulman et
-al. 2017), PPO on the dense reward, ICM curiosity (Pathak et al. 2017),
-co-evolved internal rewards (regression / ranking / novelty), the
-self-induced outcome potential (SIOP) and the meta-gradient reward (LIRPG,
-Zheng, Oh and Singh 2018) -- run with the same seeds and budget in one sweep
-(:mod:`coevo_jax.sweep`). Reported per (env, method): final-return IQM with a
-95% bootstrap CI, mean, success rate, the probability of improvement over PPO
-(paired seeds, with its CI), and the median env steps to reach the
-threshold return (Agarwal et al. 2021, "Deep RL at the Edge of the Statistical
-Precipice"). Every env also gets a ``random`` row: the uniform-random policy
-measured with the same rollout shape, seeds and "final" definition
-(:mod:`coevo_jax.controls`); an arm whose final success is below it is flagged
-in the ``below_random`` column.
+For each environment, every reward source -- sparse PPO, PPO on the dense
+reward, ICM curiosity, co-evolved internal rewards (regression / ranking /
+novelty), SIOP and the meta-gradient reward (LIRPG) -- runs with the same
+(paired) seeds and budget as one study through the runner
+(:mod:`coevo_jax.experiment`). Every env also gets the uniform-random row
+(:mod:`coevo_jax.controls`); an arm whose final success is below it is
+flagged. Reported per (env, method): final success IQM with its 95%
+stratified-bootstrap CI, return IQM, AUC, the probability of improvement over
+PPO with its CI (rliable), and the steps to a fixed success threshold with the
+fraction of seeds that reach it (definitions: :mod:`coevo_jax.experiment.metrics`).
 
     python sweeps/compare_methods.py --envs KeyDoor-5x5,FourRooms --num-seeds 8
 
-Outputs (``--out``, default ``results/compare_methods``): one sweep folder per
-env (``<out>/<env>/``: summary.csv, curves.npz, config.json, checkpoints/), and
-``comparison.csv``, ``sample_efficiency.png`` (IQM return vs env steps with 95%
-bootstrap bands, one panel per env) and ``final_return.png`` (interval
-estimates) in ``<out>``.
+Outputs (``--out``, default ``results/compare_methods``): one study folder per
+env (``<out>/<env>/``), ``comparison.csv``, ``comparison.md``,
+``sample_efficiency.png`` (IQM success vs env steps, 95% bands) and
+``final_success.png`` (interval estimates).
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import numpy as np  # noqa: E402
+from coevo_jax.config import ConfigError, StaticConfig  # noqa: E402
+from coevo_jax.experiment import Arm, Study, cli, format_table, options  # noqa: E402
+from coevo_jax.experiment.folder import atomic_write_text  # noqa: E402
+from coevo_jax.experiment.results import rows_to_csv  # noqa: E402
 
 DEFAULT_ENVS = ("KeyDoor-5x5", "FourRooms")
-DEFAULT_OUT = os.path.join("results", "compare_methods")
-NUM_ENVS = 8
-ROLLOUT_LEN = 16
+NUM_ENVS, ROLLOUT_LEN = 8, 16
 DEFAULT_TOTAL_STEPS = NUM_ENVS * ROLLOUT_LEN * 128
-
-
-class OneLineParser(argparse.ArgumentParser):
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message}\n")
+THRESHOLD = 0.8  # success rate, fixed in advance
 
 
 def build_parser():
-    from coevo_jax.sweep import add_execution_args
+    from coevo_jax.registry import registered_methods
 
-    p = OneLineParser(prog="compare_methods.py", description=__doc__.split("\n\n")[0])
+    p = cli.study_parser("compare_methods.py", __doc__.split("\n\n")[0], os.path.join("results", "compare_methods"))
     p.add_argument("--envs", default=",".join(DEFAULT_ENVS),
                    help=f"comma list of registered environments (default: {','.join(DEFAULT_ENVS)})")
     p.add_argument("--methods", default="all",
-                   help="comma list of methods, or 'all' for every available one (default: all)")
-    p.add_argument("--num-seeds", type=int, default=8, metavar="N", help="seeds per method, >= 1 (default: 8)")
+                   help=f"comma list of methods, or 'all' (default: all = {','.join(registered_methods())})")
     p.add_argument("--total-steps", type=int, default=DEFAULT_TOTAL_STEPS, metavar="S",
                    help=f"env steps per run, >= {NUM_ENVS * ROLLOUT_LEN} (default: {DEFAULT_TOTAL_STEPS})")
-    p.add_argument("--num-chunks", type=int, default=8, metavar="C",
-                   help="checkpointed chunks per run, >= 1 (default: 8)")
-    p.add_argument("--threshold", type=float, default=None,
-                   help="return for steps-to-threshold (default: per env, half the best final return of any run)")
-    p.add_argument("--seed", type=int, default=0, help="base seed, >= 0 (default: 0)")
-    p.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default: {DEFAULT_OUT})")
-    p.add_argument("--overwrite", action="store_true", help="replace finished output folders (default: refuse)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    add_execution_args(p)
+    options.add_study_options(p, 8, THRESHOLD)
     return p
 
 
-def static_for(method: str, total_steps: int):
-    from coevo_jax.config import StaticConfig
-
+def static_for(method: str, total_steps: int) -> StaticConfig:
     return StaticConfig(method=method, num_envs=NUM_ENVS, rollout_len=ROLLOUT_LEN, total_steps=total_steps,
                         num_minibatches=2, update_epochs=2, buffer_episodes=32, max_episode_len=128,
                         reward_steps=4, potential_steps=4)
 
 
-def build_configs(args, notices):
-    """One :class:`SweepConfig` per env, with the methods that can run on it (others skipped with a notice)."""
-    import envs_jax
-    from coevo_jax.config import METHODS, ConfigError
-    from coevo_jax.signals import available_methods
-    from coevo_jax.sweep import Arm, SweepConfig, build_plan
+def studies(args) -> list:
+    """One study per env with every requested method that can run there (the others skipped with a notice)."""
+    from coevo_jax.experiment.plan import make_env
+    from coevo_jax.registry import method_spec, registered_methods
+    from envs_jax.core import provides
 
     envs = [e.strip() for e in args.envs.split(",") if e.strip()]
-    if not envs:
-        raise ConfigError("--envs needs at least one environment")
-    registered = envs_jax.registered()
-    for e in envs:
-        if e not in registered:
-            raise ConfigError(f"--envs: unknown environment {e!r}; registered: {', '.join(registered)}")
-    available = available_methods()
-    if args.methods == "all":
-        methods = list(available)
-    else:
-        methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-        for m in methods:
-            if m not in METHODS:
-                raise ConfigError(f"--methods: unknown method {m!r}; choose from {', '.join(METHODS)}")
-        for m in methods:
-            if m not in available:
-                notices.append(f"notice: skipping {m} (not available yet)")
-        methods = [m for m in methods if m in available]
-    if not methods:
-        raise ConfigError("no requested method is available")
-    if args.num_seeds < 1:
-        raise ConfigError(f"--num-seeds={args.num_seeds} must be >= 1")
+    methods = registered_methods() if args.methods == "all" else [m.strip() for m in args.methods.split(",")]
+    if not envs or not methods:
+        raise ConfigError("--envs and --methods need at least one entry each")
     if args.total_steps < NUM_ENVS * ROLLOUT_LEN:
         raise ConfigError(f"--total-steps={args.total_steps} must be >= {NUM_ENVS * ROLLOUT_LEN}")
-    if args.seed < 0:
-        raise ConfigError(f"--seed={args.seed} must be >= 0")
-    configs = []
+    out = []
     for env in envs:
+        env_obj, _ = make_env(Study(env, (), 1))
         arms = []
         for m in methods:
-            arm = Arm(static_for(m, args.total_steps), label=m)
-            try:
-                build_plan(SweepConfig(env, (arm,), args.num_seeds, num_chunks=args.num_chunks))
-            except ConfigError as e:
-                notices.append(f"notice: skipping {m} on {env}: {e}")
+            missing = [o for o in method_spec(m).requires if not provides(env_obj, o)]
+            if missing:  # a method the env cannot serve (e.g. dense without a dense reward) is skipped
+                print(f"notice: skipping {m} on {env}: the env does not provide {', '.join(missing)}")
                 continue
-            arms.append(arm)
-        if arms:
-            configs.append(SweepConfig(env=env, arms=tuple(arms), num_seeds=args.num_seeds, base_seed=args.seed,
-                                       num_chunks=args.num_chunks, threshold=args.threshold, study="compare_methods"))
-    return configs
+            arms.append(Arm(static_for(m, args.total_steps)))
+        out.append(Study(env, tuple(arms), args.num_seeds, base_seed=args.seed, num_chunks=args.num_chunks,
+                         threshold=args.threshold, name=env))
+    return out
 
 
-def random_row(env_name: str, total_steps: int, num_seeds: int, seed: int) -> dict:
-    """The uniform-random control for ``env_name``: final success / return
-    (last 10% of iterations, as every arm), IQM with its 95% bootstrap CI."""
-    import jax
+def report(args, results) -> str:
+    from coevo_jax.analysis import plots, stats
+    from coevo_jax.controls import random_row
 
-    import envs_jax
-    from coevo_jax import stats
-    from coevo_jax.controls import uniform_random_curves
-
-    env, params = envs_jax.make(env_name)
-    static = static_for("ppo", total_steps)
-    keys = jax.random.split(jax.random.PRNGKey(seed), num_seeds)
-    curves = jax.jit(jax.vmap(lambda k: uniform_random_curves(static, env, params, k)))(keys)
-    final = stats.tail_fraction_mean(np.asarray(curves["episode_return"]), 0.1)
-    s = stats.summarize(final, seed=seed)
-    return {"env": env_name, "method": "random", "n_seeds": num_seeds, "n_diverged": 0,
-            "final_return_iqm": s["iqm"], "final_return_ci_low": s["ci_low"], "final_return_ci_high": s["ci_high"],
-            "final_return_mean": s["mean"],
-            "final_success_mean": float(np.mean(stats.tail_fraction_mean(np.asarray(curves["success_rate"]), 0.1))),
-            "steps_to_threshold_median": float("nan"), "threshold": float("nan")}
-
-
-def flag_below_random(rows: list) -> list:
-    """Add ``below_random`` (``"yes"`` / ``""``) to every row: final success below
-    the same env's random row's."""
-    floor = {r["env"]: r["final_success_mean"] for r in rows if r["method"] == "random"}
-    return [{**r, "below_random": "yes" if r["method"] != "random" and r["final_success_mean"] < floor.get(
-        r["env"], -np.inf) else ""} for r in rows]
+    rows, panels, finals = [], {}, {}
+    for res in results:
+        env = res.study.env
+        labels = [a.name for a in res.study.arms]
+        finals[env] = {lab: res.scores(lab)["final_success"] for lab in labels}
+        panels[env] = {lab: (res.curves["env_steps"][res.select(lab)[0]], res.curves["success_rate"][res.select(lab)])
+                       for lab in labels}
+        floor = random_row(res.study)
+        for r in [floor] + res.summary:
+            row = {"env": env, "method": r["arm"], "seeds": r["n_seeds"], "diverged": r["n_diverged"],
+                   "success IQM": r["final_success_iqm"],
+                   "95% CI": f"[{r['final_success_ci_low']:.3f}, {r['final_success_ci_high']:.3f}]",
+                   "return IQM": r["final_return_iqm"], "AUC success": r["auc_success_iqm"],
+                   f"steps to {res.study.threshold:g}": r["steps_to_threshold_median"],
+                   "reached": r["reached_fraction"]}
+            if "ppo" in finals[env] and r["arm"] in finals[env]:
+                poi = stats.probability_of_improvement(finals[env][r["arm"]], finals[env]["ppo"])
+                row["P(> ppo)"] = f"{poi['p']:.2f} [{poi['ci_low']:.2f}, {poi['ci_high']:.2f}]"
+            row["below random"] = "yes" if r["final_success_iqm"] < floor["final_success_iqm"] else ""
+            rows.append(row)
+    os.makedirs(args.out, exist_ok=True)
+    atomic_write_text(os.path.join(args.out, "comparison.csv"), rows_to_csv(rows))
+    table = format_table(rows, markdown=True)
+    atomic_write_text(os.path.join(args.out, "comparison.md"), table + "\n")
+    plots.plot_learning_curves(panels, os.path.join(args.out, "sample_efficiency.png"), ylabel="success rate",
+                               title="sample efficiency: IQM success vs env steps (95% bootstrap bands)")
+    plots.plot_interval_estimates(finals, os.path.join(args.out, "final_success.png"), xlabel="final success",
+                                  title="final success (episodes of the last 10% of env steps)")
+    return ("final = episodes finished in the last 10% of env steps; IQM, 95% stratified-bootstrap CIs and"
+            " P(> ppo) from rliable over paired seeds\n" + table)
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    from coevo_jax import plots, stats
-    from coevo_jax.config import ConfigError
-    from coevo_jax.sweep import SweepError, atomic_write_text, execution_kwargs, format_table, rows_to_csv, run_sweep
-
-    notices: list = []
-    try:
-        configs = build_configs(args, notices)
-        kw = execution_kwargs(args)
-    except ConfigError as e:
-        print(f"compare_methods.py: error: {e}", file=sys.stderr)
-        return 2
-    for n in notices:
-        print(n)
-    t0 = time.time()
-    results = []
-    for cfg in configs:
-        try:
-            res = run_sweep(cfg, os.path.join(args.out, cfg.env), overwrite=args.overwrite,
-                            progress=not args.quiet, **kw)
-        except (ConfigError, SweepError) as e:
-            print(f"compare_methods.py: error: {str(e).splitlines()[0]}", file=sys.stderr)
-            return 2
-        if res is None:
-            return 0
-        results.append(res)
-    rows, panels, intervals = [], {}, {}
-    for res in results:
-        ret, steps = res.curves["episode_return"], res.curves["env_steps"]
-        final = stats.tail_fraction_mean(ret, 0.1)
-        panels[res.config.env], intervals[res.config.env] = {}, {}
-        for r in res.summary:
-            idx = np.nonzero(res.runs["label"] == r["method"])[0]
-            panels[res.config.env][r["method"]] = (steps[idx[0]], ret[idx])
-            intervals[res.config.env][r["method"]] = final[idx]
-            rows.append({k: r[k] for k in ("env", "method", "n_seeds", "n_diverged", "final_return_iqm",
-                                             "final_return_ci_low", "final_return_ci_high", "final_return_mean",
-                                             "final_success_mean", "steps_to_threshold_median", "threshold")})
-        rows.append(random_row(res.config.env, args.total_steps, args.num_seeds, args.seed))
-        base = intervals[res.config.env].get("ppo")
-        for r in rows:
-            if r["env"] == res.config.env and r["method"] in intervals[res.config.env] and base is not None:
-                poi = stats.probability_of_improvement(intervals[res.config.env][r["method"]], base)
-                r.update(poi_over_ppo=poi["p"], poi_ci_low=poi["ci_low"], poi_ci_high=poi["ci_high"])
-    rows = flag_below_random(rows)
-    os.makedirs(args.out, exist_ok=True)
-    atomic_write_text(os.path.join(args.out, "comparison.csv"), rows_to_csv(rows))
-    plots.plot_learning_curves(panels, os.path.join(args.out, "sample_efficiency.png"),
-                               title="sample efficiency: IQM return vs env steps (95% bootstrap bands)")
-    plots.plot_interval_estimates(intervals, os.path.join(args.out, "final_return.png"),
-                                  title="final return (mean of the last 10% of iterations)")
-    print(format_table(rows))
-    print(f"\n{sum(r.info['total_runs'] for r in results)} runs in {time.time() - t0:.0f} s; results in {args.out}")
-    return 0
+    return cli.main(build_parser(), studies, report, argv)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,12 @@
-"""sweeps/bench.py: where the PureJaxRL anchor comes from (no PureJaxRL code in this repository)."""
+"""sweeps/bench.py and coevo_jax.benchmark: where the PureJaxRL anchor comes from (no PureJaxRL
+code in this repository), the option presets and the scale section's budget (nothing here runs JAX)."""
 import importlib.util
 import os
 import subprocess
 import sys
+
+from coevo_jax.benchmark import launch
+from coevo_jax.benchmark.workers import scale_steps
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "sweeps", "bench.py")
@@ -11,12 +15,12 @@ BENCH = os.path.join(ROOT, "sweeps", "bench.py")
 def _bench():
     spec = importlib.util.spec_from_file_location("sweeps_bench", BENCH)
     mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)  # stdlib imports only: jax loads in the worker processes
+    spec.loader.exec_module(mod)  # the measurements run in worker processes
     return mod
 
 
 def test_missing_purejaxrl_folder_says_how_to_get_it(tmp_path):
-    folder, tool, why = _bench().anchor_paths(str(tmp_path / "absent"), None)
+    folder, tool, why = launch.anchor_paths(str(tmp_path / "absent"), None)
     assert folder is None and tool is None
     assert why.startswith("PureJaxRL rows skipped")
     assert "git clone https://github.com/luchris429/purejaxrl" in why and "--purejaxrl" in why
@@ -25,26 +29,58 @@ def test_missing_purejaxrl_folder_says_how_to_get_it(tmp_path):
 def test_missing_harness_is_reported(tmp_path):
     for name in ("ppo.py", "wrappers.py"):
         (tmp_path / name).write_text("")
-    folder, tool, why = _bench().anchor_paths(str(tmp_path), str(tmp_path / "no_tool.py"))
+    folder, tool, why = launch.anchor_paths(str(tmp_path), str(tmp_path / "no_tool.py"))
     assert folder is None and "--purejaxrl-tool" in why
 
 
 def test_present_anchor_and_harness_are_used(tmp_path):
     for name in ("ppo.py", "wrappers.py", "tool.py"):
         (tmp_path / name).write_text("")
-    folder, tool, why = _bench().anchor_paths(str(tmp_path), str(tmp_path / "tool.py"))
+    folder, tool, why = launch.anchor_paths(str(tmp_path), str(tmp_path / "tool.py"))
     assert why is None and folder == str(tmp_path) and tool == str(tmp_path / "tool.py")
 
 
 def test_defaults_are_beside_the_repository():
-    b = _bench()
     parent = os.path.dirname(ROOT)
-    assert os.path.normpath(b.DEFAULT_PUREJAXRL) == os.path.join(parent, "shared", "anchors", "purejaxrl")
-    assert os.path.normpath(b.DEFAULT_PUREJAXRL_TOOL) == os.path.join(parent, "shared", "tools", "purejaxrl_bench.py")
+    assert os.path.normpath(launch.DEFAULT_PUREJAXRL) == os.path.join(parent, "shared", "anchors", "purejaxrl")
+    assert os.path.normpath(launch.DEFAULT_PUREJAXRL_TOOL) == os.path.join(parent, "shared", "tools",
+                                                                           "purejaxrl_bench.py")
 
 
 def test_help_runs():
-    out = subprocess.run([sys.executable, BENCH, "--help"], capture_output=True, text=True, timeout=30)
+    out = subprocess.run([sys.executable, BENCH, "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0
-    for opt in ("--ppo-seeds", "--reps", "--purejaxrl", "--purejaxrl-tool", "--total-steps"):
+    for opt in ("--ppo-seeds", "--reps", "--purejaxrl", "--purejaxrl-tool", "--total-steps", "--scale-runs",
+                "--device-script", "--smoke", "--deadline"):
         assert opt in out.stdout
+
+
+def test_device_script_preset_and_overrides():
+    b = _bench()
+    a = b.parse_args(["--device-script"])
+    assert a.sections == ["ppo", "sweep"] and a.processes == 1 and a.deadline == 450
+    assert a.ppo_seeds == [1, 256, 4096] and a.sweep_runs == [1, 512, 4096]
+    a = b.parse_args(["--device-script", "--smoke", "--ppo-seeds", "2"])
+    assert a.sections == ["ppo", "sweep"] and a.ppo_seeds == [2] and a.sweep_runs == [1, 4] and a.total_steps == 2048
+    a = b.parse_args(["--sections", "scale", "--scale-runs", "1,8"])
+    assert a.scale_runs == [1, 8] and a.deadline is None and a.budget.end is None
+
+
+def test_scale_steps_shrink_with_the_batch_in_whole_iterations():
+    assert scale_steps(1, 2 ** 21, 131072, 512) == 131072  # capped by --total-steps
+    assert scale_steps(512, 2 ** 21, 131072, 512) == 4096
+    assert scale_steps(4096, 2 ** 21, 131072, 512) == 512
+    assert scale_steps(10 ** 6, 2 ** 21, 131072, 512) == 512  # at least one iteration
+    assert scale_steps(3, 1000, 10 ** 6, 128) == 256  # rounded down to whole iterations
+
+
+def test_budget_stops_measurements():
+    assert launch.Budget(None).clip(5.0) == 5.0
+    try:
+        launch.Budget(0).clip(5.0)
+    except launch.OutOfTime:
+        pass
+    else:
+        raise AssertionError("a spent budget must raise OutOfTime")
+    rows, notes = launch.measure_each([{"kind": "probe"}], 10, launch.Budget(0))
+    assert rows == [] and notes and "Not measured" in notes[0]

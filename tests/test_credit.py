@@ -1,5 +1,6 @@
-"""Ground truth and pictures for turn-level credit (:mod:`coevo_jax.credit`):
-Spearman correlation, the KeyDoor optimal advantage, the potential heat map."""
+"""Turn-level credit against the ground truth: Spearman correlation and the
+potential heat map (:mod:`coevo_jax.credit`), the KeyDoor optimal advantage
+(:mod:`envs_jax.grid.ground_truth`)."""
 import os
 
 import jax
@@ -8,6 +9,7 @@ import pytest
 
 import envs_jax
 from coevo_jax import credit as cr
+from envs_jax.grid import ground_truth as gt
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +31,7 @@ def test_keydoor_optimal_advantage_on_a_layout(keydoor):
 
     env, p = keydoor
     _, state = env.reset(jax.random.PRNGKey(4), p)
-    dec = cr.decode_keydoor_obs(np.asarray(observe(state)), 5)
+    dec = gt.decode_keydoor_obs(np.asarray(observe(state)), 5)
     for f in ("walls", "agent_pos", "agent_dir", "key_pos", "door_pos", "goal_pos", "has_key", "door_open"):
         np.testing.assert_array_equal(getattr(dec, f), np.asarray(getattr(state, f)), err_msg=f)
     dist = optimal_distances(state)
@@ -41,8 +43,12 @@ def test_keydoor_optimal_advantage_on_a_layout(keydoor):
     assert dist[cfg(nxt[best])] == d0 - 1
     obs = np.stack([np.asarray(observe(state))] * 2)
     next_obs = np.stack([np.asarray(observe(nxt[best])), np.asarray(observe(state))])
-    adv = cr.keydoor_optimal_advantages(obs, next_obs, np.array([False, False]), 5, int(p.max_steps))
+    adv = gt.keydoor_optimal_advantages(obs, next_obs, np.array([False, False]), 5, int(p.max_steps))
     np.testing.assert_allclose(adv, [0.0, -0.9 / int(p.max_steps)], atol=1e-7)
+    # any leading shape: a [T, N] batch gives [T, N]
+    adv_tn = gt.keydoor_optimal_advantages(obs[:, None], next_obs[:, None], np.zeros((2, 1), bool), 5,
+                                           int(p.max_steps))
+    np.testing.assert_array_equal(adv_tn, adv[:, None])
     # credit that ranks like A* correlates perfectly
     assert cr.credit_correlation(np.array([1.0, -1.0, 0.5]), np.concatenate([obs, obs[:1]]),
                                  np.concatenate([next_obs, next_obs[1:]]), np.zeros(3, bool), 5,

@@ -83,8 +83,10 @@ def test_both_methods_use_the_one_reward_net():
 
 # ----------------------------------------------------------------------------- what a frozen R_phi reads (item 8d)
 def test_reward_input_is_validated():
-    with pytest.raises(cj.ConfigError, match=r"StaticConfig.reward_input='pixels' must be 'features' or 'obs'"):
-        cj.validate_static(cj.StaticConfig(reward_input="pixels"))
+    for method in ("coevo-regression", "coevo-novelty", "meta"):  # the methods with an R_phi (their MethodSpec)
+        with pytest.raises(cj.ConfigError, match=r"StaticConfig.reward_input='pixels' must be 'features' or 'obs'"):
+            cj.validate_static(cj.StaticConfig(method=method, reward_input="pixels"))
+    cj.validate_static(cj.StaticConfig(method="ppo", reward_input="pixels"))  # unused there: not checked
 
 
 def test_frozen_reward_of_a_fixed_observation_stays_fixed_with_obs_input():

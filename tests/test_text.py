@@ -486,7 +486,7 @@ def test_packed_windows_score_every_step_like_the_per_step_policy():
     """Each env's rollout window packed into one stream (episodes separated by
     the segment mask, the first window starting mid-episode) gives, at its query
     positions, the policy's per-step outputs on ``obs[t]``."""
-    from coevo_jax.transformer import pack_windows
+    from coevo_jax.packing import pack_windows
 
     env, model, mp = small_model()
     env, (first, second) = _two_rollouts(model, mp)

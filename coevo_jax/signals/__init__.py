@@ -1,37 +1,41 @@
-"""Reward sources, one module per method, all with the :class:`Signal` interface."""
+"""Reward sources, one module per method, all with the :class:`Signal` interface.
+
+Each module registers its method(s) with :func:`coevo_jax.registry.register_method`
+when it is imported; importing this package imports every built-in one (an
+import error surfaces here), so ``import coevo_jax`` registers them all.
+"""
 from __future__ import annotations
 
-import importlib
+from envs_jax.core import provides
 
+from coevo_jax.registry import ConfigError, method_spec
 from coevo_jax.signals.base import (
     PolicyView, ReturnScale, RewardStreams, Signal, gated_update, init_return_scale, scale_normalise,
 )
 
-# method name -> (module, factory name); a factory is ``f(static, network, env, env_params) -> Signal``
-_FACTORIES = {
-    "ppo": ("coevo_jax.signals.external", "make_external"),
-    "dense": ("coevo_jax.signals.dense", "make_dense"),
-    "icm": ("coevo_jax.signals.icm", "make_icm"),
-    "coevo-regression": ("coevo_jax.signals.learned", "make_learned"),
-    "coevo-ranking": ("coevo_jax.signals.learned", "make_learned"),
-    "coevo-novelty": ("coevo_jax.signals.learned", "make_learned"),
-    "siop": ("coevo_jax.signals.potential", "make_potential"),
-    "meta": ("coevo_jax.signals.meta", "make_meta"),
-}
-
-
-def available_methods() -> list[str]:
-    """Every method name :func:`make_signal` accepts."""
-    return list(_FACTORIES)
+# the built-in methods, in registration order (ppo first: it is the reference the others reduce to)
+from coevo_jax.signals import external  # noqa: F401  ppo
+from coevo_jax.signals import dense  # noqa: F401  dense
+from coevo_jax.signals import icm  # noqa: F401  icm
+from coevo_jax.signals import learned  # noqa: F401  coevo-regression, coevo-ranking, coevo-novelty
+from coevo_jax.signals import potential  # noqa: F401  siop
+from coevo_jax.signals import meta  # noqa: F401  meta
 
 
 def make_signal(static, network, env, env_params) -> Signal:
-    """The reward source for ``static.method``."""
-    if static.method not in _FACTORIES:
-        raise ValueError(f"unknown method {static.method!r}; choose one of {', '.join(_FACTORIES)}")
-    mod, fn = _FACTORIES[static.method]
-    return getattr(importlib.import_module(mod), fn)(static, network, env, env_params)
+    """The reward source for ``static.method`` (its registered spec's factory)."""
+    return method_spec(static.method).factory(static, network, env, env_params)
 
 
-__all__ = ["PolicyView", "ReturnScale", "RewardStreams", "Signal", "available_methods", "gated_update",
+def check_env_outputs(method: str, env) -> None:
+    """:class:`~coevo_jax.registry.ConfigError` naming the method, the env and the
+    output when ``env`` lacks an optional output the method ``requires``."""
+    for output in method_spec(method).requires:
+        if not provides(env, output):
+            raise ConfigError(f"method {method!r} requires the environment output {output!r}, but environment"
+                              f" {env.name!r} has no {output.replace('_', ' ')} (it declares optional_outputs="
+                              f"{tuple(env.optional_outputs)})")
+
+
+__all__ = ["PolicyView", "ReturnScale", "RewardStreams", "Signal", "check_env_outputs", "gated_update",
            "init_return_scale", "make_signal", "scale_normalise"]

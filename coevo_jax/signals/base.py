@@ -64,7 +64,7 @@ class PolicyView(NamedTuple):
     params: Any
     opt_state: Any
     lr: jax.Array  # the policy's learning rate this iteration
-    lr_frac: jax.Array = jnp.float32(1.0)  # lr / hp.lr: the annealing factor (1 -> 0), for learners that follow it
+    lr_frac: jax.Array | float = 1.0  # lr / hp.lr: the annealing factor (1 -> 0), for learners that follow it
 
 
 class RewardStreams(NamedTuple):
@@ -90,6 +90,19 @@ def no_observe(state, traj, hp, key):
 def no_update(state, traj, policy, hp, key):
     """``update`` for sources with nothing to fit."""
     return state, {}
+
+
+def field_signal(field: str) -> Signal:
+    """A :class:`Signal` whose episodic reward is ``getattr(traj, field)`` ``[T, N]``
+    (one stream, unnormalised; methods ``ppo`` and ``dense``)."""
+
+    def init(key, traj, hp):
+        return ()
+
+    def rewards(state, traj, hp):
+        return state, RewardStreams(getattr(traj, field)), {}
+
+    return Signal(init, no_observe, no_update, rewards)
 
 
 # ----------------------------------------------------------------------------- scale-only normalisation
@@ -211,12 +224,3 @@ def flat_obs(obs: jax.Array, obs_ndim: int) -> jax.Array:
     """``[..., *obs_shape] -> [..., D]`` float32, flattening the last ``obs_ndim`` axes."""
     lead = obs.shape[: obs.ndim - obs_ndim]
     return obs.reshape(lead + (-1,)).astype(jnp.float32)
-
-
-def minibatch_indices(key: jax.Array, size: int, num_minibatches: int, steps: int) -> jax.Array:
-    """``[steps, size // num_minibatches]`` sample indices: consecutive shuffled
-    epochs over ``size`` samples, cut into ``num_minibatches`` minibatches each."""
-    mb = size // num_minibatches
-    epochs = -(-steps // num_minibatches)
-    perms = jax.vmap(lambda k: jax.random.permutation(k, size))(jax.random.split(key, epochs))
-    return perms[:, : mb * num_minibatches].reshape(epochs * num_minibatches, mb)[:steps]

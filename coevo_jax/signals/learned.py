@@ -65,14 +65,17 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import optax
 from flax import struct
 
 from coevo_jax.episodes import VAL_EVERY, EpisodeReplay, add_rollout, buffer_mask, episode_sum, init_replay
-from coevo_jax.ppo import init_optimizer, make_optimizer
-from coevo_jax.reward_net import make_reward_net, make_rnd_net, reward_inputs, rnd_error
+from coevo_jax.fit import fit, init_optimizer, make_optimizer
+from coevo_jax.registry import INF, MethodSpec, Param, register_method
+from coevo_jax.reward_net import (
+    REWARD_NET_STATIC_CHECKS, check_reward_net_static, make_reward_net, make_rnd_net, reward_inputs, rnd_error,
+)
+from coevo_jax.rollout import flatten_time
 from coevo_jax.signals.base import (
-    ReturnScale, RewardStreams, Signal, init_return_scale, minibatch_indices, return_rms, scale_normalise,
+    ReturnScale, RewardStreams, Signal, init_return_scale, return_rms, scale_normalise,
 )
 
 METHOD_OBJECTIVE = {"coevo-regression": "regression", "coevo-ranking": "ranking", "coevo-novelty": "novelty"}
@@ -180,17 +183,14 @@ def rnd_fit(rnd, params, opt_state, target_params, x: jax.Array, hp, key, num_mi
     minibatches; clip ``hp.reward_max_grad_norm``, Adam at ``hp.rnd_lr``).
     Returns ``(params, opt_state, mean loss)``."""
     target = jax.lax.stop_gradient(rnd.apply(target_params, x))
+
+    def loss_fn(p, mb):
+        x_mb, target_mb = mb
+        return rnd_error(rnd.apply(p, x_mb), target_mb).mean(), {}
+
     tx = make_optimizer(hp.reward_max_grad_norm, hp.rnd_lr)
-    idx = minibatch_indices(key, x.shape[0], num_minibatches, num_minibatches)
-
-    def step(carry, i):
-        p, o = carry
-        loss, g = jax.value_and_grad(lambda q: rnd_error(rnd.apply(q, x[i]), target[i]).mean())(p)
-        upd, o = tx.update(g, o, p)
-        return (optax.apply_updates(p, upd), o), loss
-
-    (params, opt_state), losses = jax.lax.scan(step, (params, opt_state), idx)
-    return params, opt_state, losses.mean()
+    params, opt_state, m = fit(loss_fn, params, opt_state, tx, (x, target), key, num_minibatches=num_minibatches)
+    return params, opt_state, m["loss"].mean()
 
 
 # ----------------------------------------------------------------------------- the signal
@@ -258,8 +258,8 @@ def make_learned(static, network, env, env_params) -> Signal:
         x = steps["x"]
         if not novelty:
             return state, {"rnd_loss": jnp.float32(0.0)}
-        rp, ro, loss = rnd_fit(rnd, state.rnd_params, state.rnd_opt_state, state.rnd_target,
-                               x.reshape((-1, x.shape[-1])), hp, key, static.num_minibatches)
+        rp, ro, loss = rnd_fit(rnd, state.rnd_params, state.rnd_opt_state, state.rnd_target, flatten_time(x), hp, key,
+                               static.num_minibatches)
         return state.replace(rnd_params=rp, rnd_opt_state=ro), {"rnd_loss": loss.astype(jnp.float32)}
 
     def update(state: LearnedState, traj, policy, hp, key):
@@ -269,18 +269,14 @@ def make_learned(static, network, env, env_params) -> Signal:
         step_size = reward_step_size(hp, policy)
         tx = make_optimizer(hp.reward_max_grad_norm, step_size)
 
-        def loss_fn(params):
-            r, pre = net.apply(params, x, actions)
+        def loss_fn(params, batch):
+            r, pre = net.apply(params, *batch)
             return reward_objective(r, pre, r_anchor, mask, ret, buf.valid, hp, objective)
 
-        def step(carry, _):
-            params, opt_state = carry
-            (_, m), g = jax.value_and_grad(loss_fn, has_aux=True)(params)
-            upd, opt_state = tx.update(g, opt_state, params)
-            return (optax.apply_updates(params, upd), opt_state), {**m, "reward_grad_norm": optax.tree.norm(g)}
-
-        (params, opt_state), ms = jax.lax.scan(step, (state.params, state.opt_state), None,
-                                               length=static.reward_steps)
+        # full-batch steps: every step reads the whole buffer
+        params, opt_state, ms = fit(loss_fn, state.params, state.opt_state, tx, lambda _: (x, actions), key,
+                                    steps=static.reward_steps)
+        ms = {**{k: v for k, v in ms.items() if k not in ("loss", "grad_norm")}, "reward_grad_norm": ms["grad_norm"]}
         metrics = {"first_reward_loss": ms["reward_loss"][0], **{k: v[-1] for k, v in ms.items()}}
         r_new, _ = net.apply(params, x, actions)
         metrics["buffer_corr"] = pearson(episode_sums(r_new, mask), ret, buf.valid)
@@ -318,3 +314,46 @@ def make_learned(static, network, env, env_params) -> Signal:
         return state.replace(scale=scale), streams, {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
 
     return Signal(init, observe, update, rewards)
+
+
+# ----------------------------------------------------------------------------- registration
+#: R_phi's refit (all three methods)
+REFIT_PARAMS = {
+    "reward_lr": Param(5e-5, 0.0, 1.0, doc="the refit's Adam step (annealed with the policy's lr)"),
+    "reward_max_grad_norm": Param(1.0, 0.0, INF, False, False, doc="global-norm clip of R_phi's and RND's steps"),
+    "anchor_weight": Param(1.0, 0.0, INF, high_inclusive=False, doc="weight of the external-reward anchor (fit)"),
+    "drift_weight": Param(0.1, 0.0, INF, high_inclusive=False,
+                          doc="penalty on drift of R_phi's outputs from the anchor's (drift_ema)"),
+    "extreme_weight": Param(0.01, 0.0, INF, high_inclusive=False, doc="penalty on extreme (saturated) outputs"),
+    "drift_ema": Param(0.9, 0.0, 1.0, high_inclusive=False,
+                       doc="the drift anchor: EMA (per refit) of R_phi's params; 0 = the last refit's"),
+}
+RANKING_PARAMS = {"ranking_temp": Param(1.0, 0.0, INF, False, False, doc="Bradley-Terry temperature")}
+NOVELTY_PARAMS = {
+    "novelty_coef": Param(0.5, 0.0, INF, high_inclusive=False,
+                          doc="advantage weight of the RND novelty bonus (intrinsic stream)"),
+    "rnd_lr": Param(2.5e-4, 0.0, 1.0, doc="the RND predictor's Adam step (it trains on every rollout)"),
+}
+LEARNED_STATIC_CHECKS = {**REWARD_NET_STATIC_CHECKS, "reward_steps": (1, 10_000), "buffer_episodes": (2, 1 << 16),
+                         "max_episode_len": (1, 1 << 16)}
+# R_phi is a decomposition of the return, in the episodic stream, never normalised (module docstring)
+_MIXING = {"beta_ext": 1.0, "beta_int": 0.5}
+
+register_method(MethodSpec(
+    "coevo-regression", make_learned, REFIT_PARAMS, _MIXING, static_checks=LEARNED_STATIC_CHECKS,
+    check_static=check_reward_net_static, off={"beta_int": 0.0},
+    doc="co-evolving R_phi fit so its episode sums equal the external returns (RUDDER-style decomposition)",
+))
+register_method(MethodSpec(
+    "coevo-ranking", make_learned, {**REFIT_PARAMS, **RANKING_PARAMS}, _MIXING,
+    static_checks=LEARNED_STATIC_CHECKS, check_static=check_reward_net_static, off={"beta_int": 0.0},
+    doc="co-evolving R_phi fit to order episodes like their external returns (Bradley-Terry)",
+))
+register_method(MethodSpec(
+    "coevo-novelty", make_learned, {**REFIT_PARAMS, **NOVELTY_PARAMS},
+    # the RND bonus, in the intrinsic stream, divided by a running RMS of its return
+    {**_MIXING, "normalize_int": 1.0, "novelty_coef": 0.3}, intrinsic_stream=True,
+    static_checks=LEARNED_STATIC_CHECKS, check_static=check_reward_net_static,
+    off={"beta_int": 0.0, "novelty_coef": 0.0},
+    doc="coevo-regression plus an RND novelty bonus in a non-episodic stream",
+))

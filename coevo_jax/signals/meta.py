@@ -25,7 +25,7 @@ unit-scale noise.
 
 1. inner update: from ``theta`` (the policy's params) take
    ``static.meta_inner_steps`` steps of the policy's real optimiser (global-norm
-   clip + Adam, :func:`coevo_jax.ppo.make_optimizer`, with its real state) on
+   clip + Adam, :func:`coevo_jax.fit.make_optimizer`, with its real state) on
    the PPO loss of the whole batch, with the advantages and value targets the
    real update uses (:func:`coevo_jax.ppo.stream_advantages` of the two
    streams, the policy's two critic heads). This gives ``theta'(phi)``;
@@ -61,8 +61,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from coevo_jax.ppo import PPOBatch, gae, init_optimizer, make_optimizer, ppo_loss, stream_advantages
-from coevo_jax.reward_net import RewardNet, apply_reward, make_reward_net, reward_inputs
+from coevo_jax.config import ConfigError
+from coevo_jax.fit import fit, fit_step, init_optimizer, make_optimizer
+from coevo_jax.ppo import PPOBatch, gae, ppo_loss, stream_advantages
+from coevo_jax.registry import INF, MethodSpec, Param, register_method
+from coevo_jax.reward_net import (
+    REWARD_NET_STATIC_CHECKS, RewardNet, apply_reward, check_reward_net_static, make_reward_net, reward_inputs,
+)
 from coevo_jax.rollout import flatten_time, mask_logits
 from coevo_jax.signals.base import (
     ReturnScale, RewardStreams, Signal, flat_obs, init_return_scale, mlp, no_observe, return_rms,
@@ -135,7 +140,7 @@ def guard_adam_state(opt_state, grads):
     ``grad == 0``) to a tiny positive number leaves the step's value unchanged
     (there ``mu == 0``, so the update is ``0 / (sqrt(nu) + eps) = 0``) and
     their derivative finite (and zero: they do not depend on phi).
-    ``opt_state`` is the state of :func:`coevo_jax.ppo.make_optimizer` (a chain
+    ``opt_state`` is the state of :func:`coevo_jax.fit.make_optimizer` (a chain
     holding one ``optax.ScaleByAdamState``); ``grads`` has the params' structure.
     """
     def fix(nu, g):
@@ -149,6 +154,11 @@ def guard_adam_state(opt_state, grads):
     return tuple(visit(s) for s in opt_state)
 
 
+def guarded(tx: optax.GradientTransformation) -> optax.GradientTransformation:
+    """``tx`` with :func:`guard_adam_state` applied to its state before each update."""
+    return optax.GradientTransformation(tx.init, lambda g, s, p=None: tx.update(g, guard_adam_state(s, g), p))
+
+
 def inner_step(theta, opt_state, batch: PPOBatch, network: nn.Module, hp, lr, normalize_advantages: bool = True):
     """One step of the policy's real optimiser on the full-batch PPO loss.
 
@@ -156,11 +166,11 @@ def inner_step(theta, opt_state, batch: PPOBatch, network: nn.Module, hp, lr, no
     values as :func:`coevo_jax.ppo.ppo_update` with one epoch and one minibatch
     (see :func:`guard_adam_state` for the one change that only affects derivatives).
     """
-    grads = jax.grad(lambda p: ppo_loss(p, network, batch, hp.clip_eps, hp.vf_coef, hp.ent_coef,
-                                        normalize_advantages)[0])(theta)
-    opt_state = guard_adam_state(opt_state, grads)
-    updates, opt_state = make_optimizer(hp.max_grad_norm, lr).update(grads, opt_state, theta)
-    return optax.apply_updates(theta, updates), opt_state
+    def loss_fn(p, b):
+        return ppo_loss(p, network, b, hp.clip_eps, hp.vf_coef, hp.ent_coef, normalize_advantages)
+
+    theta, opt_state, _ = fit_step(loss_fn, guarded(make_optimizer(hp.max_grad_norm, lr)), theta, opt_state, batch)
+    return theta, opt_state
 
 
 def inner_update(theta, opt_state, phi, traj, network: nn.Module, reward_net: RewardNet, hp, lr,
@@ -256,26 +266,13 @@ def fit_value(v_net: nn.Module, psi, psi_opt, obs: jax.Array, targets: jax.Array
     """Regress ``V_ext(obs [B, ...])`` on ``targets [B]`` (0.5 MSE): ``num_epochs``
     passes of shuffled minibatch steps with :func:`make_optimizer` ``(hp.max_grad_norm, lr)``.
     Returns ``(psi, psi_opt, loss before the fit)``."""
-    size = targets.shape[0]
-    mb = size // num_minibatches
-    tx = make_optimizer(hp.max_grad_norm, lr)
+    def loss_fn(p, mb):
+        o, t = mb
+        return 0.5 * ((v_net.apply(p, o) - t) ** 2).mean(), {}
 
-    def loss_fn(p, o, t):
-        return 0.5 * ((v_net.apply(p, o) - t) ** 2).mean()
-
-    def step(carry, data):
-        p, s = carry
-        grads = jax.grad(loss_fn)(p, *data)
-        updates, s = tx.update(grads, s, p)
-        return (optax.apply_updates(p, updates), s), None
-
-    def epoch(carry, k):
-        perm = jax.random.permutation(k, size)[: mb * num_minibatches]
-        data = jax.tree.map(lambda x: x[perm].reshape((num_minibatches, mb) + x.shape[1:]), (obs, targets))
-        return jax.lax.scan(step, carry, data)[0], None
-
-    loss0 = loss_fn(psi, obs, targets)
-    (psi, psi_opt), _ = jax.lax.scan(epoch, (psi, psi_opt), jax.random.split(key, num_epochs))
+    loss0 = loss_fn(psi, (obs, targets))[0]
+    psi, psi_opt, _ = fit(loss_fn, psi, psi_opt, make_optimizer(hp.max_grad_norm, lr), (obs, targets), key,
+                          epochs=num_epochs, num_minibatches=num_minibatches)
     return psi, psi_opt, loss0
 
 
@@ -344,3 +341,33 @@ def make_meta(static, network, env, env_params) -> Signal:
         return state._replace(scale=scale), streams, {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
 
     return Signal(init, no_observe, update, rewards)
+
+
+# ----------------------------------------------------------------------------- registration
+META_PARAMS = {
+    "meta_lr": Param(1e-4, 0.0, 1.0, doc="phi's Adam step (annealed with the policy's lr)"),
+    "meta_max_grad_norm": Param(1.0, 0.0, INF, False, False, doc="global-norm clip of phi's step"),
+    "r_ext_coef": Param(1.0, 0.0, INF, high_inclusive=False, doc="weight of the external reward"),
+    "r_int_coef": Param(1.0, 0.0, INF, high_inclusive=False, doc="advantage weight of the R_phi stream"),
+}
+
+
+def check_meta_static(static) -> None:
+    """R_phi's checks, and ``meta_truncate < meta_inner_steps``."""
+    check_reward_net_static(static)
+    if static.meta_truncate >= static.meta_inner_steps:
+        raise ConfigError(f"StaticConfig.meta_truncate={static.meta_truncate} must be < meta_inner_steps"
+                          f"={static.meta_inner_steps}")
+
+
+register_method(MethodSpec(
+    "meta", make_meta, META_PARAMS,
+    # raw R_phi: the untrained R_phi is ~0 (|r| < 0.01); divided by its own tiny return scale it would be O(1)
+    # noise
+    defaults={"k": 1, "normalize_int": 0.0, "r_int_coef": 0.1},
+    intrinsic_stream=True,
+    static_checks={**REWARD_NET_STATIC_CHECKS, "meta_inner_steps": (1, 64), "meta_truncate": (0, 63)},
+    check_static=check_meta_static,
+    off={"r_int_coef": 0.0},
+    doc="LIRPG: R_phi trained by the meta-gradient of the external objective, a non-episodic stream",
+))

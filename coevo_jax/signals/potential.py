@@ -92,12 +92,13 @@ from typing import Any, NamedTuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import optax
 
 from coevo_jax import episodes as ep
-from coevo_jax.ppo import init_optimizer, make_optimizer
+from coevo_jax.config import check_choice, check_sizes
+from coevo_jax.fit import fit, init_optimizer, make_optimizer
+from coevo_jax.registry import INF, MethodSpec, Param, register_method
 from coevo_jax.signals.base import (
-    ReturnScale, RewardStreams, Signal, init_return_scale, return_rms, scale_normalise,
+    ReturnScale, RewardStreams, Signal, flat_obs, init_return_scale, return_rms, scale_normalise,
 )
 
 sg = jax.lax.stop_gradient
@@ -132,11 +133,6 @@ class PotentialNetwork(nn.Module):
 def make_potential_network(static) -> PotentialNetwork:
     """The potential network for ``static`` (hidden sizes, LayerNorm, activation)."""
     return PotentialNetwork(tuple(static.potential_hidden), bool(static.potential_layernorm), static.activation)
-
-
-def flatten_obs(obs: jax.Array, lead: int) -> jax.Array:
-    """``[*lead_axes, *obs_shape] -> [*lead_axes, D]`` float32 (``lead`` leading axes kept)."""
-    return obs.reshape(obs.shape[:lead] + (-1,)).astype(jnp.float32)
 
 
 def init_potential_params(network: PotentialNetwork, key: jax.Array, example_obs: jax.Array, init_value, size: int):
@@ -266,25 +262,21 @@ def refit(network, params, opt_state, buf: ep.EpisodeBuffer, hp, key, steps: int
     """``steps`` Adam steps of one member on ``batch_size`` transitions drawn
     from the replay each. Returns ``(params, opt_state, per-step terms [steps])``."""
     g0, boot = replay_targets(buf, hp.gamma)
-    tx = make_optimizer(hp.potential_max_grad_norm, hp.potential_lr)
-    value = lambda p, x: network.apply(p, flatten_obs(x, 1))  # noqa: E731
+    value = lambda p, x: network.apply(p, flat_obs(x, x.ndim - 1))  # noqa: E731
 
-    def loss_fn(p, batch, weight):
+    def sample(k):
+        episode, row, weight = ep.sample_steps(k, buf, batch_size)
+        return gather_transitions(buf, g0, boot, episode, row), weight
+
+    def loss_fn(p, minibatch):
+        batch, weight = minibatch
         phi_final = value(p, buf.ends["final_obs"])[batch["episode"]]
         terms = potential_loss_terms(value(p, batch["obs"]), value(p, batch["next_obs"]), phi_final, batch, weight,
                                      hp.gamma)
         return combine_loss(terms, hp), terms
 
-    def body(carry, k):
-        p, o = carry
-        episode, row, weight = ep.sample_steps(k, buf, batch_size)
-        batch = gather_transitions(buf, g0, boot, episode, row)
-        (loss, terms), grads = jax.value_and_grad(loss_fn, has_aux=True)(p, batch, weight)
-        updates, o = tx.update(grads, o, p)
-        return (optax.apply_updates(p, updates), o), {**terms, "loss": loss, "grad_norm": optax.tree.norm(grads)}
-
-    (params, opt_state), terms = jax.lax.scan(body, (params, opt_state), jax.random.split(key, steps))
-    return params, opt_state, terms
+    tx = make_optimizer(hp.potential_max_grad_norm, hp.potential_lr)
+    return fit(loss_fn, params, opt_state, tx, sample, key, steps=steps)
 
 
 def potential_diverged(phi, max_abs_return):
@@ -317,10 +309,11 @@ def make_potential(static, network=None, env=None, env_params=None) -> Signal:
 
     def values(params, obs, lead: int):
         """Combined ``Phi`` over ``obs [*lead_axes, *obs_shape]``: ``[*lead_axes]``."""
-        return combine_members(member_values(vnet, params, flatten_obs(obs, lead)), how)
+        return combine_members(member_values(vnet, params, flat_obs(obs, obs.ndim - lead)), how)
 
     def init(key, traj, hp):
-        params = init_potential_params(vnet, key, flatten_obs(traj.obs[0, :1], 1), hp.potential_init, size)
+        params = init_potential_params(vnet, key, flat_obs(traj.obs[0, :1], traj.obs.ndim - 2), hp.potential_init,
+                                       size)
         steps, ends, _ = jax.tree.map(lambda x: x[0, 0], replay_fields(traj))
         replay = ep.init_replay(static.potential_buffer_episodes, static.potential_episode_len, traj.reward.shape[1],
                                 steps, ends)
@@ -337,8 +330,8 @@ def make_potential(static, network=None, env=None, env_params=None) -> Signal:
 
     def update(state, traj, policy, hp, key):
         buf = state.replay.train
-        fit = lambda p, o, k: refit(vnet, p, o, buf, hp, k, static.potential_steps, static.minibatch_size)  # noqa
-        params, opt_state, terms = jax.vmap(fit)(state.params, state.opt_state, jax.random.split(key, size))
+        member = lambda p, o, k: refit(vnet, p, o, buf, hp, k, static.potential_steps, static.minibatch_size)  # noqa
+        params, opt_state, terms = jax.vmap(member)(state.params, state.opt_state, jax.random.split(key, size))
         metrics = {f"potential_{k}": v[:, -1].mean() for k, v in terms.items()}
         metrics["potential_first_loss"] = terms["loss"][:, 0].mean()
         return state._replace(params=params, opt_state=opt_state), metrics
@@ -365,7 +358,7 @@ def make_potential(static, network=None, env=None, env_params=None) -> Signal:
 def potential_values(static, state: PotentialState, obs: jax.Array, obs_ndim: int = 1) -> jax.Array:
     """Combined ``Phi`` of a trained :class:`PotentialState` over ``obs [..., *obs_shape]``."""
     vnet = make_potential_network(static)
-    flat = flatten_obs(obs, obs.ndim - obs_ndim)
+    flat = flat_obs(obs, obs_ndim)
     return combine_members(member_values(vnet, state.params, flat), static.ensemble_combine)
 
 
@@ -376,3 +369,34 @@ def trajectory_credit(static, state: PotentialState, traj, hp, obs_ndim: int | N
     phi = potential_values(static, state, traj.obs, obs_ndim)
     phi_next = potential_values(static, state, traj.next_obs, obs_ndim)
     return trajectory_shaping(phi, phi_next, traj, hp, int(static.credit_nstep)), phi, phi_next
+
+
+# ----------------------------------------------------------------------------- registration
+POTENTIAL_PARAMS = {
+    "potential_lr": Param(5e-4, 0.0, 1.0, doc="the potential's Adam step"),
+    "potential_max_grad_norm": Param(1.0, 0.0, INF, False, False, doc="global-norm clip of its steps"),
+    "w_fit": Param(1.0, 0.0, INF, high_inclusive=False, doc="Monte-Carlo return-to-go fit"),
+    "w_cons": Param(1.0, 0.0, INF, high_inclusive=False, doc="TD consistency, same fixed point as the fit"),
+    "w_reg": Param(1e-3, 0.0, INF, high_inclusive=False, doc="L2 prior on Phi"),
+    "potential_init": Param(0.0, -INF, INF, False, False, doc="initial output bias: a guess of the return"),
+    "credit_clip": Param(1e6, 0.0, INF, low_inclusive=False,
+                         doc="|credit| cap after scaling; the default never binds (clipping breaks telescoping)"),
+}
+
+
+def check_potential_static(static) -> None:
+    """:class:`~coevo_jax.registry.ConfigError` for a bad ``potential_hidden`` or ``ensemble_combine``."""
+    check_sizes(static, "potential_hidden")
+    check_choice(static, "ensemble_combine", ("mean", "min"))
+
+
+register_method(MethodSpec(
+    "siop", make_potential, POTENTIAL_PARAMS,
+    # raw shaping: Phi is in units of the external return, so r_ext + F pays the outcome once (module docstring)
+    defaults={"beta_ext": 1.0, "beta_int": 1.0, "normalize_int": 0.0},
+    static_checks={"potential_steps": (1, 10_000), "potential_buffer_episodes": (1, 1 << 16),
+                   "potential_episode_len": (1, 1 << 16), "ensemble_size": (1, 64), "credit_nstep": (1, 1024)},
+    check_static=check_potential_static,
+    off={"beta_int": 0.0},
+    doc="self-induced outcome potential: potential-based shaping with a learned value of the external reward",
+))

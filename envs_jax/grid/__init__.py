@@ -1,6 +1,8 @@
 """Grid worlds: ``KeyDoor`` (MiniGrid DoorKey, Chevalier-Boisvert et al.) and
 ``FourRooms`` (Sutton, Precup and Singh 1999), with host-side shortest-path
-ground truth for credit-assignment studies.
+ground truth for credit-assignment studies (:func:`optimal_distances`,
+:func:`optimal_advantage`; decoding observations and the optimal advantage of
+recorded steps in :mod:`envs_jax.grid.ground_truth`).
 
 Registered names: ``KeyDoor-5x5``, ``KeyDoor-6x6``, ``KeyDoor-8x8``, ``FourRooms``.
 """

@@ -4,6 +4,8 @@ buffer, one action = one token (see :mod:`envs_jax.text.common`).
 Registered: ``Booking``, ``TwentyQuestions``, ``TextMaze``, ``TextMaze-PO``.
 Each env also has ``env.expert_action(state, params)`` (the module-level
 ``*_expert_action`` functions): a scripted, jittable expert.
+Every constructor takes ``use_legal_mask`` (default ``False``), the default of
+``params.use_legal_mask``: ``envs_jax.make("Booking", use_legal_mask=True)``.
 """
 from envs_jax.core import register
 from envs_jax.text.booking import BOOKING_VOCAB, Booking, BookingParams, BookingState, booking_expert_action

@@ -97,12 +97,13 @@ class Booking(TextEnv):
     state_cls = BookingState
     reply_words = _REPLY_WORDS
 
-    def __init__(self, buffer_len: int = 128):
+    def __init__(self, buffer_len: int = 128, use_legal_mask: bool = False):
         self.buffer_len = int(buffer_len)
+        self.use_legal_mask = bool(use_legal_mask)
 
     @property
     def default_params(self) -> BookingParams:
-        return BookingParams(max_steps=self.buffer_len)
+        return BookingParams(max_steps=self.buffer_len, use_legal_mask=self.use_legal_mask)
 
     def _init_task(self, key, params):
         code = jax.random.randint(key, (), 0, int(np.prod(NUM_VALUES)), jnp.int32)

@@ -137,14 +137,16 @@ class TextMaze(TextEnv):
 
     reply_words = _OBS_WORDS
 
-    def __init__(self, partial: bool = False, buffer_len: int = 192):
+    def __init__(self, partial: bool = False, buffer_len: int = 192, use_legal_mask: bool = False):
         self.partial = bool(partial)
+        self.use_legal_mask = bool(use_legal_mask)
         self.name = "TextMaze-PO" if partial else "TextMaze"
         self.buffer_len = int(buffer_len)
 
     @property
     def default_params(self) -> MazeParams:
-        return MazeParams(max_steps=self.buffer_len, partial=self.partial)
+        return MazeParams(max_steps=self.buffer_len, partial=self.partial,
+                          use_legal_mask=self.use_legal_mask)
 
     def _observe(self, cell, params):
         p = jnp.asarray(params.partial).astype(jnp.int32)

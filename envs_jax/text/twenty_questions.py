@@ -86,12 +86,13 @@ class TwentyQuestions(TextEnv):
     state_cls = TwentyQuestionsState
     reply_words = 1
 
-    def __init__(self, buffer_len: int = 64):
+    def __init__(self, buffer_len: int = 64, use_legal_mask: bool = False):
         self.buffer_len = int(buffer_len)
+        self.use_legal_mask = bool(use_legal_mask)
 
     @property
     def default_params(self) -> TwentyQuestionsParams:
-        return TwentyQuestionsParams(max_steps=self.buffer_len)
+        return TwentyQuestionsParams(max_steps=self.buffer_len, use_legal_mask=self.use_legal_mask)
 
     def _init_task(self, key, params):
         item = jax.random.randint(key, (), 0, NUM_ITEMS, jnp.int32)

@@ -19,7 +19,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 import numpy as np  # noqa: E402
 
-from coevo_jax import stats  # noqa: E402
+from coevo_jax.analysis import stats  # noqa: E402
+from coevo_jax.experiment import metrics  # noqa: E402
 
 
 def save_figure(fig, path: str, dpi: int = 110) -> str:
@@ -38,7 +39,7 @@ def curve_band(ax, steps: np.ndarray, curves: np.ndarray, label: str, stat: str 
                n_boot: int = 300, seed: int = 0):
     """Draw ``stat`` (``"iqm"``/``"mean"``) of ``curves [R, I]`` against ``steps [I]``
     with its pointwise 95% bootstrap band. Returns the line."""
-    point, lo, hi = stats.bootstrap_curve_ci(curves, stat=stat, n_boot=n_boot, seed=seed)
+    point, lo, hi = stats.curve_band(curves, stat=stat, n_boot=n_boot, seed=seed)
     steps = np.asarray(steps, np.float64)
     ok = np.isfinite(steps) & np.isfinite(point)
     (line,) = ax.plot(steps[ok], point[ok], label=label, color=color, lw=1.6)
@@ -159,7 +160,7 @@ def _setting_label(setting: dict) -> str:
     return text or "default"
 
 
-def sweep_default_plots(out: str, config, plans, curves: dict, runs: dict, rows) -> list[str]:
+def study_default_plots(out: str, study, plans, curves: dict, runs: dict) -> list[str]:
     """``learning_curves.png`` (IQM return vs env steps per setting, one panel
     per arm) and ``final_return_vs_<field>.png`` for each swept field (arms
     without a grid drawn as reference lines)."""
@@ -174,8 +175,12 @@ def sweep_default_plots(out: str, config, plans, curves: dict, runs: dict, rows)
             lines[_setting_label(setting)] = (steps[idx[0], :n_it], ret[idx, :n_it])
         panels[plan.arm.name] = lines
     written.append(plot_learning_curves(panels, os.path.join(out, "learning_curves.png"),
-                                        title=f"{config.env}: IQM return, 95% bootstrap bands"))
-    final = stats.tail_fraction_mean(ret, 0.1)
+                                        title=f"{study.env}: IQM return, 95% bootstrap bands"))
+    final = np.full(len(runs["arm"]), np.nan)
+    for ai, p in enumerate(plans):
+        idx = np.nonzero(runs["arm"] == ai)[0]
+        eps = curves["episodes"][idx, :p.num_iterations] if "episodes" in curves else None
+        final[idx] = metrics.final_score(ret[idx, :p.num_iterations], eps, steps[idx[0], :p.num_iterations])
     swept = []
     for p in plans:
         swept += [f for f in p.arm.grid if f not in swept]
@@ -200,7 +205,7 @@ def sweep_default_plots(out: str, config, plans, curves: dict, runs: dict, rows)
         written.append(plot_metric_vs_hparam(
             xs, lines, os.path.join(out, f"final_return_vs_{field}.png"), references=refs, xlabel=field,
             logx=all(x > 0 for x in xs) and len(xs) > 2 and max(xs) / min(xs) >= 8,
-            title=f"{config.env}: final return (mean of last 10% of iterations)"))
+            title=f"{study.env}: final return (episodes of the last 10% of env steps)"))
     return written
 
 
@@ -230,3 +235,16 @@ def plot_interval_estimates(groups: Mapping[str, Mapping[str, np.ndarray]], path
         fig.suptitle(title)
     fig.tight_layout()
     return save_figure(fig, path)
+
+
+def arm_panels(results, metric: str = "episode_return", panel=None) -> dict:
+    """:func:`plot_learning_curves` panels of finished studies (``StudyResult`` s): one panel
+    per study (named ``panel(result)``, default its env), one line per arm (all its runs)."""
+    out = {}
+    for r in results:
+        lines = {}
+        for arm in r.study.arms:
+            idx = r.select(arm.name)
+            lines[arm.name] = (r.curves["env_steps"][idx[0]], r.curves[metric][idx])
+        out[panel(r) if panel else r.study.env] = lines
+    return out

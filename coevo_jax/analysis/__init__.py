@@ -1,0 +1,1 @@
+"""Statistics (rliable) and figures used by the studies' reports (host side)."""

@@ -1,0 +1,98 @@
+"""Aggregate statistics over runs, after Agarwal et al. (2021), "Deep RL at the
+Edge of the Statistical Precipice": interquartile mean (IQM), percentile
+bootstrap confidence intervals, the probability of improvement and performance
+profiles, computed by that paper's library (``rliable``). NumPy, host side. The
+per-run scores themselves are defined in :mod:`coevo_jax.experiment.metrics`.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+from rliable import library as rly
+from rliable import metrics
+from scipy.stats import trim_mean
+
+
+def _interval_estimates(scores: dict, func, n_boot: int, alpha: float, seed: int):
+    """rliable's ``get_interval_estimates`` (percentile stratified bootstrap), seeded,
+    without arch's deprecation warning for the ``random_state`` argument rliable passes."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="random_state is deprecated", category=FutureWarning)
+        return rly.get_interval_estimates(scores, func, reps=n_boot, confidence_interval_size=1.0 - alpha,
+                                          random_state=np.random.RandomState(seed))
+
+
+def _finite(x) -> np.ndarray:
+    x = np.asarray(x, np.float64).ravel()
+    return x[np.isfinite(x)]
+
+
+def iqm(x: np.ndarray) -> float:
+    """Interquartile mean (25% trimmed mean, rliable's ``aggregate_iqm``) of
+    scores ``[R]``, NaNs dropped; NaN when nothing is left."""
+    x = _finite(x)
+    return float(metrics.aggregate_iqm(x[:, None])) if len(x) else float("nan")
+
+
+def bootstrap_ci(x: np.ndarray, stat=np.mean, n_boot: int = 2000, alpha: float = 0.05, seed: int = 0):
+    """Percentile bootstrap ``(low, high)`` of ``stat`` over runs ``x [R]`` (NaNs
+    dropped), by rliable's stratified bootstrap (one stratum)."""
+    x = _finite(x)
+    if len(x) == 0:
+        return float("nan"), float("nan")
+    _, ci = _interval_estimates({"x": x[:, None]}, lambda s: np.array([stat(s[:, 0])]), n_boot, alpha, seed)
+    return float(ci["x"][0, 0]), float(ci["x"][1, 0])
+
+
+def probability_of_improvement(x: np.ndarray, y: np.ndarray, n_boot: int = 2000, alpha: float = 0.05,
+                               seed: int = 0) -> dict:
+    """P(X > Y) (ties count half) of per-run scores ``x [R]`` over ``y [R']``
+    (rliable's ``probability_of_improvement``) with its percentile bootstrap CI:
+    ``{"p", "ci_low", "ci_high"}``."""
+    x, y = _finite(x), _finite(y)
+    if len(x) == 0 or len(y) == 0:
+        return {"p": float("nan"), "ci_low": float("nan"), "ci_high": float("nan")}
+    point, ci = _interval_estimates({"xy": (x[:, None], y[:, None])}, metrics.probability_of_improvement, n_boot,
+                                    alpha, seed)
+    low, high = np.ravel(ci["xy"])
+    return {"p": float(np.ravel(point["xy"])[0]), "ci_low": float(low), "ci_high": float(high)}
+
+
+def summarize(x: np.ndarray, seed: int = 0) -> dict:
+    """``mean, iqm, ci_low, ci_high`` (IQM bootstrap CI) of per-run scores ``[R]``."""
+    lo, hi = bootstrap_ci(x, iqm, seed=seed)
+    return {"mean": _mean(x), "iqm": iqm(x),
+            "ci_low": lo, "ci_high": hi}
+
+
+def performance_profile(scores: dict, taus: np.ndarray, n_boot: int = 1000, seed: int = 0) -> dict:
+    """Score distributions (rliable's ``score_distributions`` with its stratified bootstrap, seeded): for each
+    label of ``scores {label: [R]}``, the fraction of runs scoring above each
+    threshold of ``taus [T]`` with its stratified-bootstrap 95% band:
+    ``{label: (fraction [T], low [T], high [T])}``."""
+    data = {k: _finite(v)[:, None] for k, v in scores.items() if len(_finite(v))}
+    taus = np.asarray(taus, np.float64)
+    point, ci = _interval_estimates(data, lambda s: rly.score_distributions(s, taus), n_boot, 0.05, seed)
+    return {k: (point[k], ci[k][0], ci[k][1]) for k in point}
+
+
+def curve_band(curves: np.ndarray, stat: str = "iqm", n_boot: int = 300, alpha: float = 0.05, seed: int = 0):
+    """``(point [I], low [I], high [I])``: ``stat`` (``"iqm"``/``"mean"``) of
+    ``curves [R, I]`` at each iteration with its pointwise percentile bootstrap
+    band (rliable's stratified bootstrap, the iterations as strata). The band
+    is left NaN at iterations where some run has no value yet."""
+    curves = np.asarray(curves, np.float64)
+    point = np.array([iqm(c) if stat == "iqm" else _mean(c) for c in curves.T])
+    full = np.isfinite(curves).all(0)
+    lo, hi = point.copy() * np.nan, point.copy() * np.nan
+    if curves.shape[0] > 1 and full.any():
+        agg = (lambda s: trim_mean(s, 0.25, axis=0)) if stat == "iqm" else (lambda s: s.mean(0))
+        _, ci = _interval_estimates({"c": curves[:, full]}, agg, n_boot, alpha, seed)
+        lo[full], hi[full] = ci["c"][0], ci["c"][1]
+    return point, lo, hi
+
+
+def _mean(x) -> float:
+    x = _finite(x)
+    return float(x.mean()) if len(x) else float("nan")

@@ -1,0 +1,284 @@
+"""The measurements, each run inside a fresh worker process.
+
+``python -m coevo_jax.benchmark.workers '{"kind": KIND, ...}'`` runs the
+measurement ``KIND`` (a key of :data:`KINDS`) and prints ``RESULT {json}``;
+:func:`coevo_jax.benchmark.launch.run_worker` starts it. Programs are compiled
+ahead of time (``jit(f).lower(args)`` then ``.compile()``, each timed), so
+compile seconds are always reported apart from execution.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import resource
+import sys
+import tempfile
+import time
+
+# PureJaxRL's CartPole config (the __main__ block of its ppo.py), in this library's terms
+PPO_STATIC = dict(method="ppo", num_envs=4, rollout_len=128, update_epochs=4, num_minibatches=4,
+                  hidden_sizes=(64, 64), activation="tanh", anneal_lr=True, normalize_advantages=True)
+PPO_HPARAMS = dict(lr=2.5e-4, gamma=0.99, gae_lambda=0.95, clip_eps=0.2, ent_coef=0.01, vf_coef=0.5,
+                   max_grad_norm=0.5)
+
+
+# ----------------------------------------------------------------------------- shared helpers
+def peak_mb() -> float:
+    """Peak resident memory of this process, MiB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def static_from(d: dict):
+    """A :class:`~coevo_jax.config.StaticConfig` from its JSON form (lists back to tuples)."""
+    from coevo_jax.config import StaticConfig
+
+    return StaticConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
+
+def batch_hp(hp, runs: int):
+    """``hp`` with every leaf broadcast to ``[runs]``."""
+    import jax
+    import jax.numpy as jnp
+
+    return jax.tree.map(lambda x: jnp.broadcast_to(x, (runs,)), hp)
+
+
+def aot(fn, *args):
+    """``(compiled, trace+lower seconds, XLA compile seconds)`` of ``jit``-ed ``fn`` at ``args``."""
+    t0 = time.perf_counter()
+    lowered = fn.lower(*args)
+    t1 = time.perf_counter()
+    compiled = lowered.compile()
+    return compiled, t1 - t0, time.perf_counter() - t1
+
+
+def execute(compiled, args, times: int):
+    """Run ``compiled(*args)`` ``times`` times; ``(last output, [seconds of each run])``."""
+    import jax
+
+    out, secs = None, []
+    for _ in range(max(1, times)):
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(compiled(*args))
+        secs.append(time.perf_counter() - t0)
+    return out, secs
+
+
+def best_times(fns: dict, args: dict, rounds: int) -> dict:
+    """Best seconds of each compiled ``fns[k](*args[k])`` over ``rounds``
+    interleaved rounds (machine noise hits every entry alike)."""
+    best = {k: float("inf") for k in fns}
+    for _ in range(rounds):
+        for k, f in fns.items():
+            best[k] = min(best[k], execute(f, args[k], 1)[1][0])
+    return best
+
+
+def compiled_bytes(compiled) -> float:
+    """Argument + output + temporary - aliased bytes of a compiled program (NaN when XLA does not say)."""
+    m = compiled.memory_analysis()
+    if m is None:
+        return float("nan")
+    return float(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes)
+
+
+def trainer_for(env_name: str, static, hparams: dict | None = None, batch_axis: str | None = None):
+    """``(Trainer, HParams)`` of ``static`` (a StaticConfig or its JSON form) on ``env_name``."""
+    import coevo_jax as cj
+    import envs_jax
+
+    static = static_from(static) if isinstance(static, dict) else static
+    env, p = envs_jax.make(env_name)
+    return cj.Trainer(static, env, p, batch_axis=batch_axis), cj.default_hparams(static.method, **(hparams or {}))
+
+
+def train_program(trainer, hp, runs: int, seed: int, vmap_one: bool = True):
+    """``(jit-ed fn, args)``: ``jit(vmap(train))`` over ``split(PRNGKey(seed), runs)``;
+    with ``vmap_one=False`` a single run is ``jit(train)`` on ``PRNGKey(seed)``."""
+    import jax
+
+    rng = jax.random.PRNGKey(seed)
+    if runs == 1 and not vmap_one:
+        return jax.jit(trainer.train), (rng, hp)
+    return jax.jit(jax.vmap(trainer.train)), (jax.random.split(rng, runs), batch_hp(hp, runs))
+
+
+def _flops_per_env_step_mlp(net, params, obs_dim, epochs):
+    """FLOPs per env step of one PPO run: rollout forward + bootstrap forward +
+    ``epochs`` x (forward + backward ~ 3 forwards), from XLA's cost analysis of one
+    forward on a loop-free program."""
+    import jax
+    import jax.numpy as jnp
+
+    cost = jax.jit(net.apply).lower(params, jnp.zeros((1024, obs_dim))).compile().cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    return float(cost.get("flops", 0.0)) / 1024 * (2 + 3 * epochs)
+
+
+# ----------------------------------------------------------------------------- measurements
+def ppo(cfg):
+    """This library's PPO on CartPole-v1 with PureJaxRL's CartPole settings, timed the
+    way ``purejaxrl_bench.py --mode aot`` times PureJaxRL: one key (no vmap) at one
+    seed, else ``jit(vmap(train))`` over ``split(PRNGKey(seed), seeds)``; trace+lower
+    and XLA compile timed apart; the compiled program run ``runs`` times, the last
+    run is the steady one."""
+    import jax
+    import jax.numpy as jnp
+
+    seeds = cfg["seeds"]
+    trainer, hp = trainer_for("CartPole-v1", {**PPO_STATIC, "total_steps": cfg["total_steps"]}, PPO_HPARAMS)
+    static = trainer.static
+    fn, args = train_program(trainer, hp, seeds, cfg.get("seed", 42), vmap_one=False)
+    compiled, lower_s, compile_s = aot(fn, *args)
+    out, secs = execute(compiled, args, cfg.get("runs", 2))
+    env_steps = seeds * static.num_iterations * static.steps_per_iteration
+    r = jnp.atleast_2d(out[1]["episode_return"])  # [seeds, iterations]
+    params = trainer.network.init(jax.random.PRNGKey(0), jnp.zeros((4,)))
+    return {"trace_lower_s": lower_s, "compile_s": compile_s, "run_s": secs[-1], "env_steps": env_steps,
+            "env_steps_per_s": env_steps / secs[-1],
+            "flops_per_env_step": _flops_per_env_step_mlp(trainer.network, params, 4, static.update_epochs),
+            "peak_mb": peak_mb(), "final_return": float(jnp.mean(r[:, -10:]))}
+
+
+def scale_steps(runs: int, budget: int, cap: int, per_iteration: int) -> int:
+    """Env steps per run of a scale row: ``min(cap, budget / runs)`` in whole iterations (at least one)."""
+    return per_iteration * max(1, min(cap, budget // runs) // per_iteration)
+
+
+def scale(cfg):
+    """One compiled ``jit(vmap(train))`` over ``cfg["runs"]`` seeds of
+    ``cfg["static"]`` on ``cfg["env"]``: trace+lower and compile seconds, the best of
+    ``cfg["execs"]`` executions, compiled bytes per run and how many runs fit
+    24 GiB at that rate, peak RSS."""
+    trainer, hp = trainer_for(cfg["env"], cfg["static"], cfg.get("hparams"))
+    runs, static = cfg["runs"], trainer.static
+    fn, args = train_program(trainer, hp, runs, cfg.get("seed", 0))
+    compiled, lower_s, compile_s = aot(fn, *args)
+    _, secs = execute(compiled, args, cfg.get("execs", 1))
+    env_steps, per_run = runs * static.num_iterations * static.steps_per_iteration, compiled_bytes(compiled) / runs
+    return {"trace_lower_s": lower_s, "compile_s": compile_s, "exec_s": min(secs), "env_steps": env_steps,
+            "env_steps_per_s": env_steps / min(secs), "bytes_per_run": per_run, "peak_mb": peak_mb(),
+            "runs_in_24gib": int(24 * 2 ** 30 // per_run) if per_run > 0 else -1}  # -1: XLA gave no memory analysis
+
+
+def probe(cfg):
+    """The backend and device, and the best of 6 timings (the first warms up) of a
+    large f32 matmul (2048 x 2048 on CPU, 8192 x 8192 on accelerators), as the peak FLOP rate."""
+    import jax
+
+    backend = jax.default_backend()
+    n = cfg.get("n") or (2048 if backend == "cpu" else 8192)
+    a = jax.random.normal(jax.random.PRNGKey(0), (n, n))
+    f = jax.jit(lambda x: x @ x).lower(a).compile()
+    best = best_times({"mm": f}, {"mm": (a,)}, 6)["mm"]
+    return {"gflops": 2 * n ** 3 / best / 1e9, "n": n, "backend": backend, "device": str(jax.devices()[0].device_kind)}
+
+
+def methods(cfg):
+    """Per-iteration time of every method on the same batch: with the refit every
+    iteration (k = 1) and at the method's default k (amortised over ``iters``, a
+    multiple of it; the batch-aware gate skips the refit on the other iterations).
+    Methods that cannot run on the env (``ConfigError``) are listed as skipped."""
+    import jax
+
+    import coevo_jax as cj
+
+    env_name, runs, iters = cfg["env"], cfg["runs"], cfg["iters"]
+    n, T = cfg.get("num_envs", 16), cfg.get("rollout_len", 128)
+    static_kw = dict(num_envs=n, rollout_len=T, total_steps=n * T * 100)
+    compiled, args, default_k, skipped = {}, {}, {}, {}
+    keys = jax.random.split(jax.random.PRNGKey(0), runs)
+    for m in cfg.get("methods") or cj.registered_methods():
+        try:
+            trainer, hp = trainer_for(env_name, cj.StaticConfig(method=m, **static_kw), batch_axis="runs")
+        except cj.ConfigError as e:
+            skipped[m] = str(e).splitlines()[0]
+            continue
+        default_k[m] = int(hp.k)
+        for variant, hp_v in (("k1", hp.replace(k=1)), ("default", hp)):
+            if variant == "default" and default_k[m] == 1:
+                continue
+            hpb = batch_hp(hp_v, runs)
+            state = jax.jit(jax.vmap(trainer.init))(keys, hpb)
+            fn = jax.jit(jax.vmap(trainer.run_chunk, (0, 0, None), axis_name="runs"), static_argnums=2)
+            compiled[m, variant] = fn.lower(state, hpb, iters).compile()
+            args[m, variant] = (state, hpb)
+    best = {k: v / iters for k, v in best_times(compiled, args, cfg["repeats"]).items()}
+    out = {"per_iter_s": {m: {"k1": best[m, "k1"], "default": best.get((m, "default"), best[m, "k1"])}
+                          for m in default_k}, "default_k": default_k, "skipped": skipped}
+    if "meta" in default_k:
+        mem = {}
+        for n in (1, 2, 4):
+            trainer, hp = trainer_for(env_name, cj.StaticConfig(method="meta", **static_kw, meta_inner_steps=n))
+            state = trainer.init(keys[0], hp)
+            ma = jax.jit(trainer.iteration).lower(state, hp).compile().memory_analysis()
+            mem[n] = getattr(ma, "temp_size_in_bytes", float("nan")) / 2 ** 20 if ma is not None else float("nan")
+        out["meta_temp_mb"] = mem
+    return out
+
+
+def text(cfg):
+    """Agent tokens/s of the transformer policy on a text env: the cached and
+    the plain rollout, and full training iterations with the packed (and, with
+    ``cfg["flat"]``, the flat per-step) PPO update; best of ``cfg["rounds"]``
+    interleaved rounds."""
+    import jax
+
+    import coevo_jax as cj
+    from coevo_jax.rollout import rollout
+
+    n, T = cfg["envs"], cfg["rollout_len"]
+    static = cj.StaticConfig(num_envs=n, rollout_len=T, total_steps=n * T * 10, num_minibatches=min(4, n),
+                             num_layers=cfg["layers"])
+    trainer, hp = trainer_for(cfg["env"], static)
+    state = trainer.init(jax.random.PRNGKey(0), hp)
+    t0 = time.time()
+    fns, args = {}, {}
+    for name, chunk in (("cached", trainer.decode_chunk), ("plain", None)):
+        roll = jax.jit(lambda prm, rs, k, c=chunk: rollout(trainer.network, prm, trainer.env, trainer.env_params, rs,
+                                                            k, T, c))
+        fns[name], args[name] = roll.lower(state.params, state.rollout, state.key).compile(), (
+            state.params, state.rollout, state.key)
+    iters = {"iteration": trainer}
+    if cfg.get("flat"):
+        iters["iteration_flat"] = trainer_for(cfg["env"], dataclasses.replace(static, packed_update=False))[0]
+    for name, tr in iters.items():
+        fns[name] = jax.jit(tr.run_chunk, static_argnums=2).lower(state, hp, 1).compile()
+        args[name] = (state, hp)
+    compile_s = time.time() - t0
+    # interleaved; the first round is a warm-up like any other, the best counts
+    out = {f"{k}_tok_s": n * T / v for k, v in best_times(fns, args, cfg["rounds"]).items()}
+    return {**out, "compile_s": compile_s, "peak_mb": peak_mb()}
+
+
+def sweep(cfg):
+    """One :func:`coevo_jax.experiment.run_study` of ``cfg["runs"]`` PPO runs on
+    KeyDoor-5x5 (8 envs x 16 steps, 4 checkpointed chunks, no compile cache)."""
+    import coevo_jax as cj
+    from coevo_jax.experiment import Arm, Study, run_study
+
+    static = cj.StaticConfig(method="ppo", num_envs=8, rollout_len=16, total_steps=cfg["total_steps"])
+    study = Study(env="KeyDoor-5x5", arms=(Arm(static),), num_seeds=cfg["runs"], num_chunks=4, name="bench")
+    with tempfile.TemporaryDirectory() as out:
+        res = run_study(study, out, processes=cfg.get("processes"), compile_cache=False, progress=False)
+    workers = res.info["workers"].values()
+    mem = [m["compiled_bytes_per_run"] for w in workers for m in (w.get("memory") or {}).values()]
+    return {"wall_s": res.info["wall_s"], "env_steps": res.info["env_steps_this_call"],
+            "processes": res.info["processes_per_host"], "exec_s": max(w["exec_s"] for w in workers),
+            "compile_s": max(sum((w["compile_s"] or {}).values()) for w in workers),
+            "peak_mb": max([w["peak_rss_mb"] or 0.0 for w in workers] + [peak_mb()]),
+            "mb_per_run": max(mem) / 2 ** 20 if mem else float("nan")}
+
+
+KINDS = {"ppo": ppo, "scale": scale, "probe": probe, "methods": methods, "text": text, "sweep": sweep}
+
+
+def main(argv=None) -> int:
+    cfg = json.loads((sys.argv[1:] if argv is None else argv)[0])
+    res = KINDS[cfg.pop("kind")](cfg)
+    print("RESULT " + json.dumps(res), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

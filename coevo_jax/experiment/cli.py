@@ -1,0 +1,133 @@
+"""What every script in ``sweeps/`` shares: its options, its errors, its main loop.
+
+A script is a function ``studies(args) -> [Study, ...]`` plus a function
+``report(args, results) -> str`` (the printed tables; it may write figures
+into the results folders). :func:`main` parses the options, runs every study
+through :func:`~coevo_jax.experiment.runner.run_study` (resuming, worker
+processes, progress, output layout and metrics come with it), and turns any
+:class:`ConfigError` / :class:`StudyError` into one line on stderr and exit 2.
+With several studies, study ``s`` writes to ``--out/<s.name>``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from coevo_jax.config import ConfigError
+from coevo_jax.experiment.spec import StudyError
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are a single line (no usage block) and exit 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def study_parser(prog: str, doc: str, default_out: str) -> OneLineParser:
+    """A parser with the options every study script shares (add the script's own to it)."""
+    from coevo_jax.experiment.worker import default_compile_cache
+
+    p = OneLineParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=default_out, help=f"output folder (default: {default_out})")
+    p.add_argument("--overwrite", action="store_true", help="replace a finished or mismatched output folder (default: refuse)")
+    p.add_argument("--replot", action="store_true", help="rebuild tables and figures from a finished --out; run nothing (default: run)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar (default: show it)")
+    g = p.add_argument_group("execution (none of these changes the results)")
+    g.add_argument("--processes", type=int, default=None, metavar="P",
+                   help="worker processes on this host, >= 1 (default: one per core on CPU, 1 on GPU/TPU)")
+    g.add_argument("--max-parallel", type=int, default=None, metavar="N",
+                   help="at most N runs resident at once on this host, >= 1 (default: all runs of an arm)")
+    g.add_argument("--no-compile-cache", action="store_true",
+                   help=f"do not use JAX's persistent compilation cache (default: on, in {default_compile_cache()})")
+    g.add_argument("--coordinator", default=None, metavar="HOST:PORT",
+                   help="multi-host: jax.distributed coordinator address (default: single host)")
+    g.add_argument("--num-hosts", type=int, default=None, metavar="N", help="multi-host: number of hosts (default: 1)")
+    g.add_argument("--host-index", type=int, default=None, metavar="I",
+                   help="multi-host: this host's index, 0 .. N-1 (default: 0)")
+    g.add_argument("--stop-after-chunks", type=int, default=None, metavar="C",
+                   help="stop each worker after C chunks (to test resuming); default: run to the end")
+    return p
+
+
+def execution_kwargs(args) -> dict:
+    """``run_study`` keyword arguments from the shared options (validated)."""
+    for name in ("max_parallel", "processes", "num_hosts"):
+        v = getattr(args, name)
+        if v is not None and v < 1:
+            raise ConfigError(f"--{name.replace('_', '-')}={v} must be >= 1")
+    if args.stop_after_chunks is not None and args.stop_after_chunks < 0:
+        raise ConfigError(f"--stop-after-chunks={args.stop_after_chunks} must be >= 0")
+    dist = None
+    if args.coordinator or args.num_hosts or args.host_index is not None:
+        if not (args.coordinator and args.num_hosts and args.host_index is not None):
+            raise ConfigError("multi-host needs all of --coordinator, --num-hosts and --host-index")
+        if not 0 <= args.host_index < args.num_hosts:
+            raise ConfigError(f"--host-index={args.host_index} must be in [0, --num-hosts={args.num_hosts})")
+        dist = {"coordinator_address": args.coordinator, "num_processes": args.num_hosts,
+                "process_id": args.host_index}
+    return {"max_parallel": args.max_parallel, "processes": args.processes, "distributed": dist,
+            "compile_cache": not args.no_compile_cache, "stop_after_chunks": args.stop_after_chunks}
+
+
+def study_out(out: str, study, num_studies: int) -> str:
+    return out if num_studies == 1 else os.path.join(out, study.name)
+
+
+def run_studies(args, studies: list) -> list | None:
+    """Run (or resume, or with ``--replot`` reload) every study; ``None`` if any stopped early."""
+    from coevo_jax.experiment.results import load_result, rebuild_outputs
+    from coevo_jax.experiment.runner import run_study
+
+    if args.replot:
+        return [rebuild_outputs(study_out(args.out, s, len(studies))) for s in studies]
+    kw = execution_kwargs(args)
+    if len(studies) > 1 and os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise StudyError(f"{args.out} exists and is not a folder")
+    outs = [study_out(args.out, s, len(studies)) for s in studies]
+    finished = [os.path.exists(os.path.join(o, "FINISHED")) and _same_config(o, s) for o, s in zip(outs, studies)]
+    if len(studies) > 1 and all(finished) and not args.overwrite:
+        raise StudyError(f"{args.out} holds these finished studies; pass --overwrite to replace them, --replot to"
+                         " rebuild the report, or choose another --out")
+    results = []
+    for s, out, done in zip(studies, outs, finished):
+        if done and not args.overwrite and len(studies) > 1:  # the finished part of an interrupted run is kept
+            results.append(load_result(out))
+            continue
+        res = run_study(s, out, overwrite=args.overwrite, progress=not args.quiet, **kw)
+        if res is None:
+            return None
+        results.append(res)
+    return results
+
+
+def _same_config(out: str, study) -> bool:
+    from coevo_jax.experiment.spec import config_hash, config_text
+
+    return config_hash(open(os.path.join(out, "config.json")).read()) == config_hash(config_text(study))
+
+
+def main(parser: OneLineParser, studies, report, argv=None) -> int:
+    """Parse, build the studies, run them, print ``report(args, results)``; one-line errors, exit 2."""
+    args = parser.parse_args(argv)
+    t0 = time.time()
+    try:
+        for name, low in (("num_seeds", 1), ("num_chunks", 1), ("seed", 0), ("total_steps", 1)):
+            v = getattr(args, name, None)
+            if isinstance(v, int) and v < low:
+                raise ConfigError(f"--{name.replace('_', '-')}={v} must be >= {low}")
+        built = studies(args)
+        results = run_studies(args, built)
+        if results is None:
+            return 0
+        print(report(args, results))
+    except (ConfigError, StudyError) as e:
+        print(f"{parser.prog}: error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
+    runs = sum(r.info.get("total_runs", 0) for r in results)
+    compile_s = sum(r.info.get("compile_s_total", 0.0) for r in results)
+    print(f"\n{runs} runs in {time.time() - t0:.0f} s (compiling {compile_s:.0f} s summed over workers);"
+          f" results in {args.out}")
+    return 0

@@ -1,0 +1,96 @@
+"""The output folder: atomic writes, and whether a folder is new, resumable or refused.
+
+Every results file is written to a temporary name and renamed, so an
+interrupted study never leaves a half-written one. A folder is never silently
+overwritten: a finished study, another config's checkpoints or a folder that is
+not a study's are refused unless ``overwrite``.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+
+import numpy as np
+
+from coevo_jax.experiment.spec import StudyError, config_hash
+
+FINISHED_MARK = "FINISHED"
+
+
+def atomic_write_bytes(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temporary file and ``os.replace``."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def atomic_write_text(path: str, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
+
+
+def atomic_savez(path: str, **arrays) -> None:
+    """``np.savez`` to ``path`` atomically."""
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def read_json(path: str, default=None):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return default
+
+
+def _check_writable(out: str) -> None:
+    """:class:`StudyError` (one line) unless ``out`` can be created and written."""
+    try:
+        os.makedirs(out, exist_ok=True)
+        probe = os.path.join(out, f".write_probe{os.getpid()}")
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except OSError as e:
+        raise StudyError(f"cannot write to --out {out}: {e.strerror or e}") from None
+
+
+def check_out(out: str, text: str, overwrite: bool) -> str:
+    """What to do with ``out`` for the study whose ``config.json`` is ``text``:
+    ``"new"``, ``"resume"`` or ``"wipe"``. Raises :class:`StudyError` (one line)
+    for an unwritable folder, a finished study without ``overwrite``, another
+    config's checkpoints, or a non-empty folder that is not a study's."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise StudyError(f"{out} exists and is not a folder")
+    if not os.path.exists(out) or not os.listdir(out):
+        _check_writable(out)
+        return "new"
+    old = os.path.join(out, "config.json")
+    if not os.path.exists(old):
+        raise StudyError(f"{out} exists and is not a study's output folder (no config.json); choose another --out")
+    _check_writable(out)
+    if os.path.exists(os.path.join(out, FINISHED_MARK)):
+        if overwrite:
+            return "wipe"
+        raise StudyError(f"{out} holds a finished study; pass --overwrite to replace it, or choose another --out")
+    old_hash = config_hash(open(old).read())
+    if old_hash != config_hash(text):
+        if overwrite:
+            return "wipe"
+        raise StudyError(f"checkpoint in {out} is from a different config (hash {old_hash} != {config_hash(text)});"
+                         " refusing to resume it: pass --overwrite to discard it, or choose another --out")
+    return "resume"
+
+
+def prepare_out(out: str, text: str, action: str) -> None:
+    """Create (or wipe) ``out`` and write ``config.json``."""
+    if action == "wipe":
+        shutil.rmtree(out)
+    os.makedirs(os.path.join(out, "checkpoints"), exist_ok=True)
+    if action != "resume":
+        atomic_write_text(os.path.join(out, "config.json"), text)

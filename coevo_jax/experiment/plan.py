@@ -1,0 +1,139 @@
+"""How a study is cut: runs -> worker shares -> batches -> chunks, and each run's key.
+
+Run ``r`` of an arm is grid point ``r // num_seeds``, seed ``r % num_seeds``.
+Workers take contiguous shares of each arm's runs; a worker cuts its share into
+batches of the same compiled shape on every worker (so one compiled program,
+and one persistent-cache entry, serves them all).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+
+from coevo_jax.config import ConfigError, HParams, default_hparams, hparam_fields, validate_hparams, validate_static
+from coevo_jax.experiment.spec import Arm, Study, chunk_length
+
+
+@dataclasses.dataclass
+class ArmPlan:
+    """An arm resolved to arrays: ``hp`` leaves ``[S]`` (one per grid point)."""
+
+    arm: Arm
+    settings: list
+    hp: Any
+    num_runs: int
+    num_iterations: int
+    chunk_len: int
+
+
+def make_env(study: Study):
+    """``(env, env_params)`` of the study; :class:`ConfigError` for an unknown name or bad kwargs."""
+    import envs_jax
+
+    names = envs_jax.registered()
+    if study.env not in names:
+        raise ConfigError(f"env: unknown environment {study.env!r}; registered: {', '.join(names)}")
+    try:
+        return envs_jax.make(study.env, **dict(study.env_kwargs))
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"env_kwargs for {study.env}: {e}") from None
+
+
+def _check_counts(study: Study) -> None:
+    for name, low in (("num_seeds", 1), ("base_seed", 0), ("num_chunks", 1)):
+        v = getattr(study, name)
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
+            raise ConfigError(f"{name}={v!r} must be an integer >= {low}")
+    if study.threshold is not None and not np.isfinite(study.threshold):
+        raise ConfigError(f"threshold={study.threshold!r} must be a finite number or None")
+    if not study.arms:
+        raise ConfigError("arms: a study needs at least one arm")
+    labels = [a.name for a in study.arms]
+    if len(set(labels)) != len(labels):
+        raise ConfigError(f"arms: labels must be unique, got {labels}")
+
+
+def arm_hparams(arm: Arm) -> Any:
+    """The arm's HParams with leaves ``[S]`` (grid points), validated."""
+    fields = hparam_fields()
+    for field in list(arm.grid) + list(arm.fixed):
+        if field not in fields:
+            raise ConfigError(f"{arm.name}: unknown HParams field {field!r}; fields are {', '.join(fields)}")
+    for field, vals in arm.grid.items():
+        if len(list(vals)) == 0:
+            raise ConfigError(f"{arm.name}: grid field {field!r} has no values")
+        if field in arm.fixed:
+            raise ConfigError(f"{arm.name}: field {field!r} is both swept and fixed")
+    settings = arm.settings()
+    base = default_hparams(arm.static.method)
+    raw = {}
+    for field in fields:
+        if field in arm.grid:
+            vals = [s[field] for s in settings]
+        else:
+            vals = [arm.fixed.get(field, np.asarray(getattr(base, field)).item())] * len(settings)
+        try:
+            raw[field] = np.asarray(vals, np.float64)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{arm.name}: HParams.{field} values {vals!r} are not numbers") from None
+    return validate_hparams(HParams(**raw))
+
+
+def build_plan(study: Study, check_trainers: bool = True) -> list[ArmPlan]:
+    """Validate everything (counts, static configs, HParams values, env) and
+    resolve each arm; nothing is compiled. :class:`ConfigError` names the bad value."""
+    _check_counts(study)
+    env, env_params = make_env(study)
+    plans = []
+    for arm in study.arms:
+        static = validate_static(arm.static)
+        hp = arm_hparams(arm)
+        if check_trainers:
+            from coevo_jax.train import Trainer
+
+            try:  # builds network and signal (no compiling): method/env mismatches surface here
+                Trainer(static, env, env_params)
+            except ConfigError as e:
+                raise ConfigError(f"{arm.name}: {e}") from None
+        settings = arm.settings()
+        plans.append(ArmPlan(arm, settings, hp, len(settings) * study.num_seeds, static.num_iterations,
+                             chunk_length(static.num_iterations, study.num_chunks)))
+    return plans
+
+
+def run_keys(base_seed: int, seed_index: np.ndarray):
+    """``fold_in(PRNGKey(base_seed), seed_index)`` for each entry: uint32 ``[B, 2]``."""
+    import jax
+
+    base = jax.random.PRNGKey(base_seed)
+    return jax.vmap(lambda i: jax.random.fold_in(base, i))(np.asarray(seed_index, np.uint32))
+
+
+def worker_share(num_runs: int, worker: int, num_workers: int) -> np.ndarray:
+    """Contiguous run indices of ``worker`` (``np.array_split`` of ``[0, num_runs)``)."""
+    return np.array_split(np.arange(num_runs), num_workers)[worker]
+
+
+def batch_size(num_runs: int, num_workers: int, cap: int | None, num_devices: int) -> int:
+    """Runs per compiled batch of one arm: the same on every worker, at most
+    ``cap`` rounded up to a multiple of ``num_devices``, balanced so the last
+    batch is nearly full."""
+    largest = max(1, math.ceil(num_runs / num_workers))
+    cap = largest if cap is None else max(1, min(cap, largest))
+    batches = math.ceil(largest / cap)
+    b = math.ceil(largest / batches)
+    return int(math.ceil(b / num_devices) * num_devices)
+
+
+def batches_of(share: np.ndarray, b: int) -> list[np.ndarray]:
+    """A worker's run indices cut into consecutive batches of at most ``b``."""
+    return [share[i:i + b] for i in range(0, len(share), b)]
+
+
+def worker_batches(plan: ArmPlan, worker: int, num_workers: int, cap: int | None, num_devices: int):
+    """``(b, [runs of each batch])`` of ``worker`` for one arm."""
+    b = batch_size(plan.num_runs, num_workers, cap, num_devices)
+    return b, batches_of(worker_share(plan.num_runs, worker, num_workers), b)

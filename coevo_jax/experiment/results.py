@@ -1,0 +1,241 @@
+"""A finished study's results: merged curves, one summary row per grid point, the files.
+
+The output folder holds ``config.json`` (everything needed to rerun),
+``summary.csv``, ``curves.npz`` (every metric ``[runs, iterations]`` under
+``metric/``, per-run metadata under ``run/``), PNG plots, ``run_info.json``
+(timings, memory), ``checkpoints/`` and, last, ``FINISHED``.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import math
+import os
+import time
+from typing import Sequence
+
+import numpy as np
+
+from coevo_jax.config import hparam_fields
+from coevo_jax.experiment import metrics
+from coevo_jax.experiment.folder import FINISHED_MARK, atomic_savez, atomic_write_text, read_json
+from coevo_jax.experiment.plan import ArmPlan, build_plan, worker_batches
+from coevo_jax.experiment.spec import Study, StudyError
+
+
+@dataclasses.dataclass
+class StudyResult:
+    """What a finished study returns (and wrote to ``out``)."""
+
+    out: str
+    study: Study
+    curves: dict  # metric -> [runs, iterations] float32 (NaN where an arm lacks it / is shorter)
+    runs: dict  # per-run metadata: arm, label, method, setting, seed, diverged, hp/<field>  [runs]
+    summary: list  # one dict per (arm, grid point)
+    info: dict
+
+    def select(self, label: str, **hp) -> np.ndarray:
+        """Run indices of arm ``label`` whose HParams equal ``hp``, in seed order."""
+        mask = self.runs["label"] == label
+        for k, v in hp.items():
+            mask &= np.isclose(self.runs[f"hp/{k}"], v)
+        return np.nonzero(mask)[0]
+
+    def scores(self, label: str, **hp) -> dict:
+        """Per-run scores (:func:`coevo_jax.experiment.metrics.run_scores`) of arm ``label``'s runs matching ``hp``."""
+        idx = self.select(label, **hp)
+        plan = next(p for p in build_plan(self.study, check_trainers=False) if p.arm.name == label)
+        return metrics.run_scores(self.curves, idx, plan.num_iterations, self.study.threshold,
+                                  self.study.threshold_metric)
+
+    def final_states(self, label: str):
+        """The stacked final :class:`~coevo_jax.train.TrainState` of arm ``label``'s runs
+        (a study run with ``save_final=True``)."""
+        import jax
+
+        from coevo_jax.experiment.plan import make_env
+        from coevo_jax.train import Trainer
+
+        ai = next(i for i, a in enumerate(self.study.arms) if a.name == label)
+        with np.load(os.path.join(self.out, "final_states.npz")) as z:
+            leaves = [z[k] for k in sorted((k for k in z.files if k.startswith(f"a{ai}/")),
+                                           key=lambda k: int(k.split("/")[1]))]
+        arm = self.study.arms[ai]
+        shape = jax.eval_shape(Trainer(arm.static, *make_env(self.study)).init, jax.random.PRNGKey(0),
+                               build_plan(self.study, check_trainers=False)[ai].hp)
+        return jax.tree.unflatten(jax.tree.structure(shape), leaves)
+
+
+def merge_batches(out: str, plans: list[ArmPlan], num_workers: int, cap, num_devices: int):
+    """Every worker's per-batch files assembled per arm: ``[(blocks {metric: [R, I]},
+    diverged [R], final-state leaves or None)]``."""
+    per_arm = []
+    for ai, plan in enumerate(plans):
+        blocks, div, leaves = {}, np.zeros(plan.num_runs, bool), None
+        for w in range(num_workers):
+            for bi, runs in enumerate(worker_batches(plan, w, num_workers, cap, num_devices)[1]):
+                path = os.path.join(out, "checkpoints", f"w{w}", f"a{ai}_b{bi}.npz")
+                with np.load(path) as z:
+                    if not np.array_equal(z["runs"], runs):
+                        raise StudyError(f"{path} holds runs {z['runs'].tolist()} but the layout expects"
+                                         f" {runs.tolist()}; rerun with --overwrite")
+                    for j, name in enumerate(str(x) for x in z["names"]):
+                        blocks.setdefault(name, np.full((plan.num_runs, plan.num_iterations), np.nan, np.float32))
+                        blocks[name][runs] = z["curves"][j]
+                    div[runs] = z["diverged"]
+                    state = sorted((k for k in z.files if k.startswith("state/")), key=lambda k: int(k[6:]))
+                    if state:
+                        leaves = leaves or [np.zeros((plan.num_runs,) + z[k].shape[1:], z[k].dtype) for k in state]
+                        for leaf, k in zip(leaves, state):
+                            leaf[runs] = z[k]
+        per_arm.append((blocks, div, leaves))
+    return per_arm
+
+
+def assemble(study: Study, plans: list[ArmPlan], per_arm) -> tuple[dict, dict]:
+    """``(curves {metric: [runs, I]}, runs {column: [runs]})`` over all arms, arm after arm."""
+    total, iters = sum(p.num_runs for p in plans), max(p.num_iterations for p in plans)
+    names = sorted({n for blocks, _, _ in per_arm for n in blocks})
+    curves = {n: np.full((total, iters), np.nan, np.float32) for n in names}
+    cols = {k: [] for k in ("arm", "label", "method", "setting", "seed", "diverged")}
+    hp_cols = {f: [] for f in hparam_fields()}
+    start = 0
+    for ai, (plan, (blocks, div, _)) in enumerate(zip(plans, per_arm)):
+        r = np.arange(plan.num_runs)
+        for name, arr in blocks.items():
+            curves[name][start:start + plan.num_runs, :arr.shape[1]] = arr
+        for k, v in (("arm", ai), ("label", plan.arm.name), ("method", plan.arm.static.method)):
+            cols[k].append(np.full(plan.num_runs, v, dtype=object if isinstance(v, str) else None))
+        cols["setting"].append(r // study.num_seeds)
+        cols["seed"].append(r % study.num_seeds)
+        cols["diverged"].append(div)
+        for f in hp_cols:
+            hp_cols[f].append(np.asarray(getattr(plan.hp, f), np.float64)[r // study.num_seeds])
+        start += plan.num_runs
+    runs = {k: np.concatenate(v) for k, v in cols.items()}
+    runs["label"], runs["method"] = runs["label"].astype(str), runs["method"].astype(str)
+    runs.update({f"hp/{f}": np.concatenate(v) for f, v in hp_cols.items()})
+    return curves, runs
+
+
+def score_columns(scores: dict, threshold: float | None, resolution: int, seed: int) -> dict:
+    """Summary columns of per-run ``scores`` (:func:`~coevo_jax.experiment.metrics.run_scores`):
+    each score's IQM with a 95% stratified-bootstrap CI (rliable) and mean;
+    steps to threshold as the median over seeds (``inf``: most never reach it),
+    the fraction of seeds that reach it and its resolution (env steps per iteration)."""
+    from coevo_jax.analysis import stats
+
+    row = {}
+    for name, x in scores.items():
+        if name == "steps_to_threshold":
+            row.update(steps_to_threshold_median=float(np.median(x)), reached_fraction=float(np.isfinite(x).mean()),
+                       threshold=threshold, steps_resolution=resolution)
+            continue
+        s = stats.summarize(x, seed=seed)
+        row.update({f"{name}_iqm": s["iqm"], f"{name}_ci_low": s["ci_low"], f"{name}_ci_high": s["ci_high"],
+                    f"{name}_mean": s["mean"]})
+    return row
+
+
+def summary_rows(study: Study, plans: list[ArmPlan], curves: dict, runs: dict) -> list[dict]:
+    """One row per (arm, grid point): seeds, diverged runs, the swept values and :func:`score_columns`."""
+    swept = list(dict.fromkeys(f for p in plans for f in p.arm.grid))
+    rows = []
+    for ai, plan in enumerate(plans):
+        for si in range(len(plan.settings)):
+            idx = np.nonzero((runs["arm"] == ai) & (runs["setting"] == si))[0]
+            row = {"env": study.env, "arm": plan.arm.name, "method": plan.arm.static.method}
+            row.update({f: float(runs[f"hp/{f}"][idx[0]]) for f in swept})
+            row.update(n_seeds=len(idx), n_diverged=int(runs["diverged"][idx].sum()))
+            scores = metrics.run_scores(curves, idx, plan.num_iterations, study.threshold, study.threshold_metric)
+            row.update(score_columns(scores, study.threshold, plan.arm.static.steps_per_iteration, ai * 1000 + si))
+            row["env_steps"] = float(curves["env_steps"][idx[0], plan.num_iterations - 1])
+            rows.append(row)
+    return rows
+
+
+def rows_to_csv(rows: list[dict]) -> str:
+    """CSV text of summary rows (union of keys, in first-seen order)."""
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=cols, restval="", lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
+    return buf.getvalue()
+
+
+def format_table(rows: list[dict], cols: Sequence[str] | None = None, markdown: bool = False) -> str:
+    """A fixed-width (or markdown) text table of ``rows``."""
+    if not rows:
+        return "(no rows)"
+    cols = list(cols or rows[0].keys())
+
+    def fmt(v):
+        if isinstance(v, float):
+            return "inf" if v == math.inf else ("nan" if not np.isfinite(v) else f"{v:.4g}")
+        return str(v)
+
+    cells = [[fmt(r.get(c, "")) for c in cols] for r in rows]
+    if markdown:
+        lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in cells])
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(cols, widths))]
+    return "\n".join(lines + ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells])
+
+
+def write_outputs(out: str, study: Study, plans, curves, runs, per_arm, info) -> list[dict]:
+    """``curves.npz``, ``final_states.npz`` (``save_final``), ``summary.csv``,
+    the default plots, ``run_info.json``; then ``FINISHED``. Returns the rows."""
+    from coevo_jax.analysis import plots
+
+    atomic_savez(os.path.join(out, "curves.npz"), **{f"metric/{k}": v for k, v in curves.items()},
+                 **{f"run/{k}": v for k, v in runs.items()})
+    if study.save_final:
+        atomic_savez(os.path.join(out, "final_states.npz"),
+                     **{f"a{ai}/{i}": x for ai, (_, _, leaves) in enumerate(per_arm) for i, x in enumerate(leaves)})
+    rows = summary_rows(study, plans, curves, runs)
+    atomic_write_text(os.path.join(out, "summary.csv"), rows_to_csv(rows))
+    plots.study_default_plots(out, study, plans, curves, runs)
+    atomic_write_text(os.path.join(out, "run_info.json"), json.dumps(info, indent=1, default=float))
+    atomic_write_text(os.path.join(out, FINISHED_MARK), time.strftime("%Y-%m-%d %H:%M:%S") + "\n")
+    return rows
+
+
+def _parse_cell(text: str):
+    """A CSV cell back to int / float (``inf``/``nan`` included) where it is one, else the text."""
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def load_result(out: str) -> StudyResult:
+    """Read a finished study folder back."""
+    if not os.path.exists(os.path.join(out, FINISHED_MARK)):
+        raise StudyError(f"{out} holds no finished study")
+    study = Study.from_json(json.loads(open(os.path.join(out, "config.json")).read()))
+    with np.load(os.path.join(out, "curves.npz"), allow_pickle=False) as z:
+        curves = {k[len("metric/"):]: z[k] for k in z.files if k.startswith("metric/")}
+        runs = {k[len("run/"):]: z[k] for k in z.files if k.startswith("run/")}
+    with open(os.path.join(out, "summary.csv")) as f:
+        rows = [{k: _parse_cell(v) for k, v in r.items()} for r in csv.DictReader(f)]
+    return StudyResult(out, study, curves, runs, rows, read_json(os.path.join(out, "run_info.json"), {}))
+
+
+def rebuild_outputs(out: str) -> StudyResult:
+    """Recompute ``summary.csv`` and the default plots of a finished study from
+    its ``curves.npz`` (after a change to the metrics); runs nothing."""
+    from coevo_jax.analysis import plots
+
+    res = load_result(out)
+    plans = build_plan(res.study, check_trainers=False)
+    res.summary = summary_rows(res.study, plans, res.curves, res.runs)
+    atomic_write_text(os.path.join(out, "summary.csv"), rows_to_csv(res.summary))
+    plots.study_default_plots(out, res.study, plans, res.curves, res.runs)
+    return res

@@ -1,0 +1,135 @@
+"""What to run: a :class:`Study` of :class:`Arm` s, as data with a JSON round trip.
+
+An *arm* is one method (a :class:`~coevo_jax.config.StaticConfig`) with a
+cartesian grid of HParams values; every grid point runs ``num_seeds`` seeds.
+Seed ``s`` of every arm and grid point uses the key ``fold_in(PRNGKey(
+base_seed), s)``, so seeds are paired across arms. ``config.json`` (the
+canonical JSON of the study) names the study's output folder; its hash guards
+resuming.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import math
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from coevo_jax.config import ConfigError, StaticConfig
+
+CONFIG_VERSION = 2
+
+
+class StudyError(RuntimeError):
+    """A study that cannot start or continue (bad output folder, mismatched checkpoint, failed worker)."""
+
+
+def _py(x):
+    """A JSON-friendly Python scalar from a NumPy/JAX/Python number (anything else unchanged)."""
+    if isinstance(x, (bool, int, float, str)) or x is None:
+        return x
+    try:
+        return np.asarray(x).item()
+    except (TypeError, ValueError):
+        return x
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    """One method (``static``) with its grid of HParams values.
+
+    ``grid``: HParams field -> values (cartesian product, in the order given);
+    ``fixed``: overrides applied to every grid point on top of
+    ``default_hparams(static.method)``; ``label`` names the arm in tables
+    (default: the method name).
+    """
+
+    static: StaticConfig
+    grid: Mapping[str, Sequence[float]] = dataclasses.field(default_factory=dict)
+    fixed: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    label: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.label or self.static.method
+
+    def settings(self) -> list[dict]:
+        """The grid points: a list of ``{field: value}``."""
+        fields = list(self.grid)
+        return [dict(zip(fields, vals)) for vals in itertools.product(*(list(self.grid[f]) for f in fields))]
+
+    def to_json(self) -> dict:
+        return {"label": self.name, "static": dataclasses.asdict(self.static),
+                "grid": [[k, [_py(x) for x in v]] for k, v in self.grid.items()],  # pairs keep the field order
+                "fixed": {k: _py(v) for k, v in self.fixed.items()}}
+
+    @staticmethod
+    def from_json(d: dict) -> "Arm":
+        fields = {f.name for f in dataclasses.fields(StaticConfig)}
+        static = {k: tuple(v) if isinstance(v, list) else v for k, v in d["static"].items() if k in fields}
+        return Arm(StaticConfig(**static), {k: tuple(v) for k, v in d["grid"]}, dict(d["fixed"]), d["label"])
+
+
+@dataclasses.dataclass(frozen=True)
+class Study:
+    """A whole experiment: one environment, its arms, ``num_seeds`` seeds per grid point.
+
+    ``threshold``: the fixed, absolute level of ``threshold_metric`` that
+    ``steps_to_threshold`` waits for (``None``: not reported).
+    ``num_chunks``: checkpointed chunks per run (the chunk length is the
+    divisor of the iteration count nearest ``iterations / num_chunks``).
+    ``save_final``: keep every run's final :class:`~coevo_jax.train.TrainState`
+    (for reports that evaluate the trained policies).
+    ``xla_flags``: extra ``XLA_FLAGS`` for the processes that run it (part of
+    the config: flags can change low-order bits; runs then always happen in
+    worker subprocesses).
+    """
+
+    env: str
+    arms: tuple
+    num_seeds: int
+    env_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    base_seed: int = 0
+    num_chunks: int = 10
+    threshold: float | None = None
+    threshold_metric: str = "success_rate"
+    name: str = "study"
+    save_final: bool = False
+    xla_flags: str = ""
+
+    def to_json(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d.update(version=CONFIG_VERSION, env_kwargs=dict(self.env_kwargs), arms=[a.to_json() for a in self.arms])
+        return d
+
+    @staticmethod
+    def from_json(d: dict) -> "Study":
+        d = dict(d)
+        if d.pop("version", None) != CONFIG_VERSION:
+            raise StudyError("config.json was written by another version of coevo_jax.experiment; use a new --out")
+        return Study(**{**d, "arms": tuple(Arm.from_json(a) for a in d["arms"]), "env_kwargs": dict(d["env_kwargs"])})
+
+
+def config_text(study: Study) -> str:
+    """The canonical ``config.json`` content (sorted keys; its hash identifies the study)."""
+    try:
+        return json.dumps(study.to_json(), indent=1, sort_keys=True) + "\n"
+    except TypeError as e:
+        raise ConfigError(f"study is not JSON-serialisable: {e}") from None
+
+
+def config_hash(text: str) -> str:
+    """First 16 hex digits of the SHA-256 of ``config.json``'s content."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def chunk_length(num_iterations: int, num_chunks: int) -> int:
+    """Iterations per chunk: the divisor of ``num_iterations`` nearest to
+    ``num_iterations / num_chunks`` (ties: the smaller), so every chunk has the
+    same compiled length."""
+    target = num_iterations / max(1, num_chunks)
+    divisors = [d for d in range(1, num_iterations + 1) if num_iterations % d == 0]
+    return min(divisors, key=lambda d: (abs(math.log(d / target)) if target > 0 else d, d))

@@ -1,0 +1,105 @@
+"""Gradient fitting: the one optimiser loop every learner in the project uses.
+
+:func:`make_optimizer` is global-norm clipping, then Adam, then a step of size
+``lr`` (both may be traced); :func:`fit_step` takes one step of it on a loss;
+:func:`fit` runs many, over the data in one of two ways:
+
+* **shuffled epochs** (``data`` a pytree of ``[B, ...]`` arrays): each of
+  ``epochs`` passes permutes the ``B`` samples and cuts them into
+  ``num_minibatches`` minibatches of ``B // num_minibatches`` (a remainder is
+  left out of that epoch), as in PureJaxRL's PPO (the policy, ICM, the RND
+  predictor, LIRPG's external critic);
+* **drawn steps** (``data`` a function ``key -> minibatch``, with ``steps``):
+  each of ``steps`` steps draws its own minibatch with its own key (a replay
+  draw: SIOP's potential; ``lambda _: batch`` for full-batch steps: the
+  co-evolving R_phi).
+
+LIRPG's look-ahead (:func:`coevo_jax.signals.meta.inner_update`) takes
+:func:`fit_step` s of its own: full-batch steps it differentiates through,
+unrolled, with the first ones optionally under ``stop_gradient``.
+
+``loss_fn(params, minibatch) -> (loss, aux)`` with ``aux`` a dict of scalars;
+the per-step metrics are ``aux`` plus ``"loss"`` and ``"grad_norm"`` (the
+global norm of the gradient before clipping), stacked over the steps.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from coevo_jax.rollout import flatten_time
+
+
+def make_optimizer(max_grad_norm: jax.Array, lr: jax.Array) -> optax.GradientTransformation:
+    """Global-norm clipping, then Adam (eps 1e-5), then a step of size ``lr``.
+
+    Both arguments may be traced: the optimiser is rebuilt inside the traced
+    function each step and its state's structure does not depend on them.
+    """
+    return optax.chain(
+        optax.clip_by_global_norm(max_grad_norm),
+        optax.scale_by_adam(eps=1e-5),
+        optax.scale(-lr),
+    )
+
+
+def init_optimizer(params) -> optax.OptState:
+    """Optimiser state for :func:`make_optimizer` (independent of its arguments)."""
+    return make_optimizer(1.0, 1.0).init(params)
+
+
+def fit_step(loss_fn: Callable, optimizer: optax.GradientTransformation, params, opt_state, minibatch):
+    """One optimiser step on ``loss_fn(params, minibatch) -> (loss, aux dict)``.
+
+    Returns ``(params, opt_state, metrics)``, ``metrics = {**aux, "loss",
+    "grad_norm"}``. Differentiable in everything (LIRPG differentiates through it).
+    """
+    (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, minibatch)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    metrics = {**aux, "loss": loss, "grad_norm": optax.tree.norm(grads)}
+    return optax.apply_updates(params, updates), opt_state, metrics
+
+
+def fit(loss_fn: Callable, params, opt_state, optimizer: optax.GradientTransformation, data: Any, key: jax.Array,
+        *, epochs: int = 1, num_minibatches: int = 1, steps: int | None = None):
+    """Optimiser steps of ``loss_fn`` (see the module docstring for the two modes).
+
+    ``data``: a pytree of ``[B, ...]`` arrays (``epochs x num_minibatches``
+    shuffled minibatches; ``steps`` must be ``None``), or a sampler ``key ->
+    minibatch`` called once per step for ``steps`` steps. ``key`` drives the
+    shuffles (``jax.random.split(key, epochs)``, one permutation per epoch) or
+    the draws (``jax.random.split(key, steps)``, one key per step).
+
+    Returns ``(params, opt_state, metrics)``: metrics of every step (:func:`fit_step`)
+    stacked along a leading ``[epochs * num_minibatches]`` or ``[steps]`` axis;
+    average them with ``jax.tree.map(jnp.mean, metrics)``.
+    """
+
+    def body(carry, minibatch):
+        p, o, m = fit_step(loss_fn, optimizer, *carry, minibatch)
+        return (p, o), m
+
+    if callable(data):
+        if steps is None:
+            raise ValueError("fit: a sampler (callable data) needs steps")
+        (params, opt_state), metrics = jax.lax.scan(lambda c, k: body(c, data(k)), (params, opt_state),
+                                                    jax.random.split(key, steps))
+        return params, opt_state, metrics
+    if steps is not None:
+        raise ValueError("fit: steps is for a sampler; array data is fitted in epochs x num_minibatches")
+    size = jax.tree.leaves(data)[0].shape[0]
+    mb = size // num_minibatches
+    if mb < 1:
+        raise ValueError(f"fit: {size} samples cannot make {num_minibatches} minibatches")
+
+    def epoch(carry, epoch_key):
+        perm = jax.random.permutation(epoch_key, size)[: mb * num_minibatches]
+        shuffled = jax.tree.map(lambda x: jnp.take(x, perm, axis=0).reshape((num_minibatches, mb) + x.shape[1:]),
+                                data)
+        return jax.lax.scan(body, carry, shuffled)
+
+    (params, opt_state), metrics = jax.lax.scan(epoch, (params, opt_state), jax.random.split(key, epochs))
+    return params, opt_state, jax.tree.map(flatten_time, metrics)  # [epochs, num_minibatches] -> one step axis

@@ -1,0 +1,111 @@
+"""The learning scripts in ``sweeps/`` as studies: --help defaults, one-line errors,
+their default studies, the shared option parsing, and one tiny end-to-end run."""
+import importlib.util
+import os
+
+import numpy as np
+import pytest
+
+from coevo_jax.experiment import options
+from coevo_jax.config import ConfigError, default_hparams
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = ("siop_learning", "coevo_learning", "meta_gradient", "text_learning", "ppo_learning")
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(f"sweep_{name}", os.path.join(ROOT, "sweeps", f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_help_lists_a_default_for_every_own_option(name):
+    from coevo_jax.experiment import cli
+
+    shared = {a.dest for a in cli.study_parser("x", "", "out")._actions}
+    parser = load(name).build_parser()
+    own = [a for a in parser._actions if a.dest not in shared]
+    assert own
+    for action in own:
+        assert "default" in (action.help or ""), action.option_strings[0]
+
+
+@pytest.mark.parametrize("name, argv, msg", [
+    ("siop_learning", ["--methods", "ppo,nonsense"], "--methods: unknown 'nonsense'"),
+    ("siop_learning", ["--siop-hp", "no_such=1"], "--siop-hp: unknown HParams field 'no_such'"),
+    ("coevo_learning", ["--envs", "mujoco"], "--envs: unknown 'mujoco'"),
+    ("coevo_learning", ["--total-steps", "keydoor=4096"], "--total-steps: no value for 'cartpole'"),
+    ("coevo_learning", ["--grid", "k"], "--grid: 'k' is not field=v1,v2"),
+    ("meta_gradient", ["--settings", "ppo,lirpg"], "--settings: unknown 'lirpg'"),
+    ("meta_gradient", ["--reward-freq", "0"], "--reward-freq=0"),
+    ("text_learning", ["--envs", "KeyDoor-5x5"], "--envs: unknown 'KeyDoor-5x5'"),
+    ("text_learning", ["--total-steps", "10"], "--total-steps=10"),
+    ("ppo_learning", ["--tasks", "atari"], "--tasks: unknown 'atari'"),
+    ("ppo_learning", ["--tasks", "keydoor", "--num-seeds", "0"], "--num-seeds=0 must be >= 1"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(name, argv, msg, tmp_path, capsys):
+    out = str(tmp_path / "x")
+    assert load(name).main(argv + ["--out", out]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"{name}.py: error:") and msg in err, err
+    assert not os.path.exists(out)
+
+
+def test_default_studies_keep_each_protocol():
+    def built(name, argv=()):
+        mod = load(name)
+        return mod.studies(mod.build_parser().parse_args(list(argv)))
+
+    siop = built("siop_learning")
+    assert [s.env for s in siop] == ["KeyDoor-5x5", "FourRooms"] and all(s.save_final for s in siop)
+    assert [a.name for a in siop[0].arms] == ["ppo", "icm", "dense", "siop"] and siop[0].threshold == 0.9
+    assert dict(siop[0].arms[3].fixed) == {"lr": 5e-4, "k": 1, "normalize_int": 0.0, "potential_lr": 1e-3}
+    keydoor, cartpole = built("coevo_learning")
+    assert dict(cartpole.env_kwargs) == {"reward_freq": 20} and cartpole.threshold_metric == "episode_return"
+    assert [a.name for a in keydoor.arms] == ["ppo", "coevo-regression"] and keydoor.num_seeds == 32
+    for s in built("meta_gradient"):
+        arms = {a.name: a for a in s.arms}
+        assert list(arms) == ["ppo", "meta", "meta-rint-only"] and s.env_kwargs == {"reward_freq": 20}
+        assert arms["meta"].fixed["r_int_coef"] == pytest.approx(float(default_hparams("meta").r_int_coef))
+        assert arms["meta-rint-only"].fixed["r_ext_coef"] == 0.0 and "meta_lr" not in arms["ppo"].fixed
+    text = built("text_learning", ["--no-legal-mask"])
+    assert [s.env for s in text] == ["Booking", "TwentyQuestions"] and all(s.save_final for s in text)
+    assert all(s.env_kwargs == {"use_legal_mask": False} for s in text)
+    assert [s.name for s in built("ppo_learning")] == ["cartpole", "keydoor"]
+
+
+def test_option_parsing():
+    assert options.names(" a, b,a ", "--x") == ["a", "b"]
+    assert options.hp_values("lr=1e-3, k=2", "--x") == {"lr": 1e-3, "k": 2.0}
+    assert options.hp_grid("k=1,4; lr=1e-3", "--x") == {"k": (1.0, 4.0), "lr": (1e-3,)}
+    assert options.per_key_ints("7", ["a", "b"], "--x") == {"a": 7, "b": 7}
+    assert options.per_key_ints("b=2,a=1", ["a"], "--x") == {"a": 1}
+    for call, msg in ((lambda: options.names(",", "--x"), "needs at least one"),
+                      (lambda: options.hp_values("lr=abc", "--x"), "not a number"),
+                      (lambda: options.per_key_ints("a=0", ["a"], "--x"), "must be >= 1")):
+        with pytest.raises(ConfigError, match=msg):
+            call()
+
+
+def test_ppo_learning_end_to_end_refuse_replot(tmp_path, monkeypatch, capsys):
+    """The cheapest script with a tiny network (and few bootstrap samples): run, refuse the
+    finished folder in one line, replot without running."""
+    from coevo_jax.analysis import stats
+
+    boot = stats.bootstrap_ci
+    monkeypatch.setattr(stats, "bootstrap_ci", lambda x, stat=np.mean, n_boot=0, **kw: boot(x, stat, 50, **kw))
+    mod = load("ppo_learning")
+    tiny = dict(num_envs=2, rollout_len=8, total_steps=32, update_epochs=1, num_minibatches=1, hidden_sizes=(8,))
+    monkeypatch.setitem(mod.TASKS, "cartpole", {**mod.TASKS["cartpole"], "static": tiny})
+    out = str(tmp_path / "ppo")
+    argv = ["--tasks", "cartpole", "--num-seeds", "2", "--total-steps", "32", "--num-chunks", "1", "--processes", "1",
+            "--quiet", "--no-compile-cache", "--out", out]
+    assert mod.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "| CartPole-v1 | random | 2 |" in text and "| CartPole-v1 | ppo | 2 |" in text
+    assert "Definitions (coevo_jax.experiment.metrics)" in text and "of seeds final return >= 475" in text
+    assert os.path.exists(os.path.join(out, "table.md")) and os.path.exists(os.path.join(out, "FINISHED"))
+    assert mod.main(argv) == 2 and "holds a finished study" in capsys.readouterr().err
+    assert mod.main(argv + ["--replot"]) == 0 and "| CartPole-v1 | ppo | 2 |" in capsys.readouterr().out

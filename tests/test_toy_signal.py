@@ -1,0 +1,125 @@
+"""A reward method is one module: a toy method defined, registered and trained
+here, with no library file naming it.
+
+The toy is a count-based exploration bonus (Strehl and Littman 2008; hashed
+counts as in Tang et al. 2017, "#Exploration"): observations are hashed into
+``2^BITS`` buckets by the signs of a fixed random projection, ``observe``
+counts the visits, and every step pays ``traj.reward + count_bonus /
+sqrt(n(s'))``. Its own hyperparameter ``count_bonus`` (range ``[0, 1]``) joins
+``HParams`` while it is registered; at ``count_bonus = 0`` the method is
+sparse PPO bit for bit.
+"""
+from concurrent.futures import ThreadPoolExecutor
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import coevo_jax as cj
+import envs_jax
+from coevo_jax.registry import MethodSpec, Param, register_method, unregister_method
+from coevo_jax.signals import RewardStreams, Signal
+from coevo_jax.signals.base import no_update
+
+TOY = "count-bonus"
+BITS = 6
+OPT0 = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
+STATIC = dict(num_envs=4, rollout_len=16, total_steps=4 * 16 * 4, num_minibatches=2, update_epochs=2,
+              hidden_sizes=(16,))
+
+
+def buckets(proj: jax.Array, obs: jax.Array) -> jax.Array:
+    """SimHash bucket of each observation: ``proj [D, BITS]``, ``obs [T, N, ...] -> [T, N]`` int32."""
+    x = obs.reshape(obs.shape[:2] + (-1,)).astype(jnp.float32)
+    bits = (x @ proj > 0).astype(jnp.int32)
+    return (bits * (2 ** jnp.arange(BITS, dtype=jnp.int32))).sum(-1)
+
+
+def make_count_bonus(static, network, env, env_params) -> Signal:
+    """The toy's :class:`Signal`: state ``{"proj" [D, BITS], "counts" [2^BITS]}``."""
+
+    def init(key, traj, hp):
+        return {"proj": jax.random.normal(key, (traj.obs[0, 0].size, BITS)), "counts": jnp.zeros(2**BITS)}
+
+    def observe(state, traj, hp, key):
+        counts = state["counts"].at[buckets(state["proj"], traj.next_obs).ravel()].add(1.0)
+        return {**state, "counts": counts}, {"buckets_seen": (counts > 0).sum().astype(jnp.float32)}
+
+    def rewards(state, traj, hp):
+        n = state["counts"][buckets(state["proj"], traj.next_obs)]
+        bonus = 1.0 / jnp.sqrt(jnp.maximum(n, 1.0))
+        return state, RewardStreams(traj.reward + hp.count_bonus * bonus), {"bonus_mean": bonus.mean()}
+
+    return Signal(init, observe, no_update, rewards)
+
+
+TOY_SPEC = MethodSpec(
+    TOY, make_count_bonus,
+    params={"count_bonus": Param(0.01, 0.0, 1.0, doc="weight of the 1 / sqrt(visit count) bonus")},
+    off={"count_bonus": 0.0},
+    doc="toy: a hashed count-based exploration bonus in the episodic stream",
+)
+
+
+@pytest.fixture(scope="module")
+def toy():
+    register_method(TOY_SPEC)
+    yield TOY_SPEC
+    unregister_method(TOY)
+    assert "count_bonus" not in cj.hparam_fields()
+
+
+def test_registered_toy_joins_hparams_with_its_default_and_range(toy):
+    assert TOY in cj.registered_methods() and "count_bonus" in cj.hparam_fields()
+    assert float(cj.default_hparams(TOY).count_bonus) == np.float32(0.01)
+    assert float(cj.default_hparams("ppo").count_bonus) == np.float32(0.01)  # every HParams has every field
+    assert cj.StaticConfig(method=TOY).value_heads == 1
+    for bad in (1.5, -0.1):
+        with pytest.raises(cj.ConfigError,
+                           match=rf"HParams.count_bonus={bad} is outside the allowed range \[0.0, 1.0\]"):
+            cj.validate_hparams(cj.default_hparams(TOY, count_bonus=bad))
+
+
+def test_unregistered_methods_fields_leave_hparams(toy):
+    spec = MethodSpec("count-bonus-2", make_count_bonus, {"other_bonus": Param(0.5, 0.0, 1.0)})
+    register_method(spec)
+    try:
+        assert cj.hparam_fields()[-1] == "other_bonus"
+        with pytest.raises(cj.ConfigError, match="is already registered"):
+            register_method(spec)
+    finally:
+        unregister_method(spec.name)
+    assert "other_bonus" not in cj.hparam_fields() and "count_bonus" in cj.hparam_fields()
+    with pytest.raises(cj.ConfigError, match="unknown method 'count-bonus-2'; registered methods: ppo"):
+        cj.method_spec("count-bonus-2")
+
+
+@pytest.fixture(scope="module")
+def runs(toy):
+    """2 seeds x count_bonus in (0, 0.5), as one ``jax.jit(jax.vmap(train))``
+    call of the toy, and the same batch through sparse PPO."""
+    env, p = envs_jax.make("KeyDoor-5x5")
+    p = p.replace(max_steps=12)
+    seeds = jax.random.split(jax.random.PRNGKey(0), 2)
+    keys = jnp.concatenate([seeds, seeds])
+    hps = jax.tree.map(lambda *x: jnp.stack(x), *[cj.default_hparams(TOY, count_bonus=w) for w in (0, 0, 0.5, 0.5)])
+    lowered = [jax.jit(jax.vmap(cj.Trainer(cj.StaticConfig(method=m, **STATIC), env, p).train)).lower(keys, hps)
+               for m in (TOY, "ppo")]
+    with ThreadPoolExecutor(2) as pool:  # XLA releases the GIL: the two compile side by side
+        compiled = list(pool.map(lambda low: low.compile(OPT0), lowered))
+    return {m: train(keys, hps) for m, train in zip((TOY, "ppo"), compiled)}
+
+
+def test_toy_trains_end_to_end_and_is_ppo_at_zero_weight(runs):
+    (s_toy, m_toy), (s_ppo, m_ppo) = runs[TOY], runs["ppo"]
+    assert m_toy["episode_return"].shape == (4, 4) and not bool(s_toy.diverged.any())
+    assert bool(jnp.all(m_toy["signal/buckets_seen"] > 1))  # observe counted distinct observations
+    first = lambda tree, i: jax.tree.map(lambda x: np.asarray(x[i]), tree)  # noqa: E731
+    for i in (0, 1):  # count_bonus = 0: sparse PPO, bit for bit
+        jax.tree.map(np.testing.assert_array_equal, first(s_toy.params, i), first(s_ppo.params, i))
+        np.testing.assert_array_equal(m_toy["episode_return"][i], m_ppo["episode_return"][i])
+    for i in (2, 3):  # count_bonus = 0.5: same seed, other rewards, other policy
+        assert float(jnp.abs(m_toy["r_used_mean"][i] - m_ppo["r_used_mean"][i]).max()) > 0.1
+        kernel = s_toy.params["params"]["actor_out"]["kernel"]
+        assert not np.array_equal(np.asarray(kernel[i]), np.asarray(kernel[i - 2]))
