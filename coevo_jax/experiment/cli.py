@@ -126,6 +126,9 @@ def main(parser: OneLineParser, studies, report, argv=None) -> int:
     except (ConfigError, StudyError) as e:
         print(f"{parser.prog}: error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
+    if args.replot:
+        print(f"\nreport rebuilt from {args.out} in {time.time() - t0:.0f} s")
+        return 0
     runs = sum(r.info.get("total_runs", 0) for r in results)
     compile_s = sum(r.info.get("compile_s_total", 0.0) for r in results)
     print(f"\n{runs} runs in {time.time() - t0:.0f} s (compiling {compile_s:.0f} s summed over workers);"

@@ -171,7 +171,7 @@ def format_table(rows: list[dict], cols: Sequence[str] | None = None, markdown: 
     """A fixed-width (or markdown) text table of ``rows``."""
     if not rows:
         return "(no rows)"
-    cols = list(cols or rows[0].keys())
+    cols = list(cols or dict.fromkeys(k for r in rows for k in r))
 
     def fmt(v):
         if isinstance(v, float):

@@ -379,13 +379,11 @@ POTENTIAL_PARAMS = {
     "w_cons": Param(1.0, 0.0, INF, high_inclusive=False, doc="TD consistency, same fixed point as the fit"),
     "w_reg": Param(1e-3, 0.0, INF, high_inclusive=False, doc="L2 prior on Phi"),
     "potential_init": Param(0.0, -INF, INF, False, False, doc="initial output bias: a guess of the return"),
-    "credit_clip": Param(1e6, 0.0, INF, low_inclusive=False,
-                         doc="|credit| cap after scaling; the default never binds (clipping breaks telescoping)"),
+    "credit_clip": Param(1e6, 0.0, INF, low_inclusive=False, doc="|credit| cap after scaling (never binds by default)"),
 }
 
 
-def check_potential_static(static) -> None:
-    """:class:`~coevo_jax.registry.ConfigError` for a bad ``potential_hidden`` or ``ensemble_combine``."""
+def check_potential_static(static) -> None:  # ConfigError for a bad potential_hidden or ensemble_combine
     check_sizes(static, "potential_hidden")
     check_choice(static, "ensemble_combine", ("mean", "min"))
 
