@@ -15,7 +15,7 @@ import os
 import jax
 import numpy as np
 
-from coevo_jax.analysis.final_policies import arm_hparams, final_rollouts, run_state, trainer_for
+from coevo_jax.analysis.final_policies import final_rollouts, run_state, trainer_for
 from coevo_jax.credit import complete_episode, credit_correlation, plot_episode_credit, potential_heatmap
 from envs_jax.grid.ground_truth import keydoor_optimal_advantages
 
@@ -45,7 +45,7 @@ def siop_credit_report(result, label: str = "siop", key=None, out: str | None = 
     trainer = trainer_for(result, label)
     static, env = trainer.static, trainer.env.unwrapped
     keydoor = isinstance(env, KeyDoor)
-    states, hp = result.final_states(label), arm_hparams(result, label)
+    states, hp = result.final_states(label), result.hparams(label)
     traj = final_rollouts(trainer, states, key, static.rollout_len)
     credit = np.asarray(jax.jit(jax.vmap(lambda s, t, h: _credit(static, s, t, h)))(states.signal_state, traj, hp))
     spearman = credit_spearman(trainer, credit, traj) if keydoor else np.zeros(0)

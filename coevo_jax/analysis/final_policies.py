@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 
 def trainer_for(result, label: str):
@@ -18,15 +17,6 @@ def trainer_for(result, label: str):
 
     arm = next(a for a in result.study.arms if a.name == label)
     return Trainer(arm.static, *make_env(result.study))
-
-
-def arm_hparams(result, label: str):
-    """The arm's HParams, leaves ``[runs]`` (each run's grid point), as the runs used them."""
-    from coevo_jax.experiment.plan import build_plan
-
-    plan = next(p for p in build_plan(result.study, check_trainers=False) if p.arm.name == label)
-    setting = np.arange(plan.num_runs) // result.study.num_seeds
-    return jax.tree.map(lambda x: np.asarray(x)[setting], plan.hp)
 
 
 def run_state(states, i: int):

@@ -21,7 +21,7 @@ import numpy as np
 from coevo_jax.config import hparam_fields
 from coevo_jax.experiment import metrics
 from coevo_jax.experiment.folder import FINISHED_MARK, atomic_savez, atomic_write_text, read_json
-from coevo_jax.experiment.plan import ArmPlan, build_plan, worker_batches
+from coevo_jax.experiment.plan import ArmPlan, arm_hparams, build_plan, worker_batches
 from coevo_jax.experiment.spec import Study, StudyError
 
 
@@ -43,12 +43,26 @@ class StudyResult:
             mask &= np.isclose(self.runs[f"hp/{k}"], v)
         return np.nonzero(mask)[0]
 
+    def arm(self, label: str):
+        """``(index, Arm)`` of the arm named ``label``."""
+        found = [(i, a) for i, a in enumerate(self.study.arms) if a.name == label]
+        if not found:
+            raise StudyError(f"no arm {label!r}; arms: {', '.join(a.name for a in self.study.arms)}")
+        return found[0]
+
     def scores(self, label: str, **hp) -> dict:
         """Per-run scores (:func:`coevo_jax.experiment.metrics.run_scores`) of arm ``label``'s runs matching ``hp``."""
-        idx = self.select(label, **hp)
-        plan = next(p for p in build_plan(self.study, check_trainers=False) if p.arm.name == label)
-        return metrics.run_scores(self.curves, idx, plan.num_iterations, self.study.threshold,
-                                  self.study.threshold_metric)
+        _, arm = self.arm(label)
+        return metrics.run_scores(self.curves, self.select(label, **hp), arm.static.num_iterations,
+                                  self.study.threshold, self.study.threshold_metric)
+
+    def hparams(self, label: str):
+        """Arm ``label``'s HParams as its runs used them: leaves ``[runs]`` (each run's grid point)."""
+        import jax
+
+        _, arm = self.arm(label)
+        setting = np.arange(len(arm.settings()) * self.study.num_seeds) // self.study.num_seeds
+        return jax.tree.map(lambda x: np.asarray(x)[setting], arm_hparams(arm))
 
     def final_states(self, label: str):
         """The stacked final :class:`~coevo_jax.train.TrainState` of arm ``label``'s runs
@@ -58,13 +72,12 @@ class StudyResult:
         from coevo_jax.experiment.plan import make_env
         from coevo_jax.train import Trainer
 
-        ai = next(i for i, a in enumerate(self.study.arms) if a.name == label)
+        ai, arm = self.arm(label)
         with np.load(os.path.join(self.out, "final_states.npz")) as z:
             leaves = [z[k] for k in sorted((k for k in z.files if k.startswith(f"a{ai}/")),
                                            key=lambda k: int(k.split("/")[1]))]
-        arm = self.study.arms[ai]
         shape = jax.eval_shape(Trainer(arm.static, *make_env(self.study)).init, jax.random.PRNGKey(0),
-                               build_plan(self.study, check_trainers=False)[ai].hp)
+                               arm_hparams(arm))
         return jax.tree.unflatten(jax.tree.structure(shape), leaves)
 
 
