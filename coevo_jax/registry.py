@@ -66,6 +66,21 @@ class Param:
         return ~np.isfinite(arr) | below | above
 
 
+def unit(default: float, doc: str = "") -> Param:
+    """A value in ``[0, 1]`` (a step size, a fraction, a 0/1 switch)."""
+    return Param(default, 0.0, 1.0, doc=doc)
+
+
+def weight(default: float, doc: str = "") -> Param:
+    """A non-negative finite weight, ``[0, inf)``."""
+    return Param(default, 0.0, INF, high_inclusive=False, doc=doc)
+
+
+def grad_clip(default: float, doc: str = "") -> Param:
+    """A global-norm clip (or any positive finite scale), ``(0, inf)``."""
+    return Param(default, 0.0, INF, False, False, doc=doc)
+
+
 def _frozen(mapping: Mapping | None) -> Mapping | None:
     return None if mapping is None else types.MappingProxyType(dict(mapping))
 

@@ -1,6 +1,6 @@
 """Jittable environments: grid worlds and token-level text tasks (gymnax 1.0 API)."""
 from envs_jax import _xla  # noqa: F401  (must run before the first JAX computation)
-from envs_jax import adapters
+from envs_jax import adapters, minigrid  # noqa: F401  (registers the gymnax and MiniGrid names)
 from envs_jax.core import (
     Box,
     DelayedReward,
@@ -17,9 +17,11 @@ from envs_jax.core import (
     register,
     registered,
 )
+from envs_jax.horizon import FixedHorizon, FixedHorizonParams, FixedHorizonState
 
 __all__ = [
     "Box", "DelayedReward", "DelayedRewardParams", "Discrete", "EnvParams", "EnvState",
-    "Environment", "EpisodeStats", "OPTIONAL_OUTPUTS", "Wrapper", "adapters", "make", "provides", "register",
+    "Environment", "EpisodeStats", "FixedHorizon", "FixedHorizonParams", "FixedHorizonState",
+    "OPTIONAL_OUTPUTS", "Wrapper", "adapters", "make", "minigrid", "provides", "register",
     "registered",
 ]

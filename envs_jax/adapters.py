@@ -8,6 +8,9 @@ steps the inner ``step_env`` and resets itself, so ``info["final_obs"]`` is
 always the observation the step reached (the old ``step`` only returns the
 reset one). The inner ``info`` is dropped: adapted envs report none of the
 optional outputs (``optional_outputs = ()``).
+
+``from_xminigrid(env, params)`` (from :mod:`envs_jax.minigrid`) does the same
+for XLand-MiniGrid environments.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from envs_jax.core import Box, Discrete, Environment, register
+from envs_jax.minigrid import from_xminigrid  # noqa: F401  (public name: envs_jax.adapters.from_xminigrid)
 
 
 @struct.dataclass

@@ -112,7 +112,7 @@ def report(args, results) -> str:
             title = f"{arm.name} on {res.study.name}, seed 0" + (" (first grid point)" if arm.grid else "")
             plot_coevo_diagnostics({k: v[i, :n] for k, v in res.curves.items()}, path, window=WINDOW, title=title)
             notes.append(f"{arm.name}: seed-0 collusion flag on {int(collusion(res, [i])[0])} of {n} iterations;"
-                         f" diagnostics in {path}")
+                         f" diagnostics in {os.path.relpath(path)}")
 
         grids = {a.name: list(a.grid) for a in coevo}
 

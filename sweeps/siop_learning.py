@@ -82,7 +82,7 @@ def report(args, results) -> str:
             credit = siop_credit_report(res, "siop")
             sp = credit["spearman"]
             np.save(os.path.join(res.out, "credit_spearman.npy"), sp)
-            notes = "\nSIOP figures (seed 0, final policy): " + ", ".join(credit["figures"])
+            notes = "\nSIOP figures (seed 0, final policy): " + ", ".join(map(os.path.relpath, credit["figures"]))
             if len(sp):
                 notes = ("\ncredit-A* Spearman: rank correlation of SIOP's raw credit with the optimal advantage over"
                          " one rollout of each seed's final policy (median [IQR] over seeds)." + notes)

@@ -7,11 +7,17 @@ import pytest
 
 import envs_jax
 from envs_jax import OPTIONAL_OUTPUTS, provides
+from xla_options import OPT0
 
 STEPS = 64
+GYMNAX = ("CartPole", "Acrobot", "Mountain")
+#: The MiniGrid names given the full contract; every MiniGrid program costs
+#: seconds of XLA compile, so the others get :func:`test_contract_traced`.
+MINIGRID_FULL = ("MiniGrid-Empty-5x5",)  # DoorKey-5x5: tests/test_minigrid.py
+FULL = [n for n in envs_jax.registered() if not n.startswith("MiniGrid-") or n in MINIGRID_FULL]
 
 
-def _random_run(env, params, key, steps=STEPS, num_envs=3):
+def _random_run(env, params, key, steps=STEPS, num_envs=3, compiler_options=None):
     """One compiled program per env: vmapped random-policy rollouts. Returns the
     reset observations and the stacked ``(obs, next_obs, reward, terminated,
     truncated, final_obs)`` of every step, plus the first step's ``info``."""
@@ -30,17 +36,17 @@ def _random_run(env, params, key, steps=STEPS, num_envs=3):
         _, (out, infos) = jax.lax.scan(step, (obs0, state), jax.random.split(key, steps))
         return obs0, out, jax.tree.map(lambda x: x[0], infos)
 
-    return jax.jit(jax.vmap(run))(jax.random.split(key, num_envs))
+    return jax.jit(jax.vmap(run), compiler_options=compiler_options)(jax.random.split(key, num_envs))
 
 
-@pytest.mark.parametrize("name", envs_jax.registered())
+@pytest.mark.parametrize("name", FULL)
 def test_contract(name):
     env, params = envs_jax.make(name)
     obs_space, act_space = env.observation_space(params), env.action_space(params)
     key = jax.random.PRNGKey(0)
     a = act_space.sample(key)
     assert bool(act_space.contains(a)) and not bool(act_space.contains(jnp.int32(act_space.n)))
-    obs0, (cur, nxt, rew, term, trunc, final), info = _random_run(env, params, key)
+    obs0, (cur, nxt, rew, term, trunc, final), info = _random_run(env, params, key, compiler_options=OPT0)
     assert obs0.shape[1:] == tuple(obs_space.shape) and obs0.dtype == obs_space.dtype
     assert rew.dtype == jnp.float32 and term.dtype == jnp.bool_ and trunc.dtype == jnp.bool_
     assert final.shape == cur.shape
@@ -63,11 +69,32 @@ def test_contract(name):
         assert info["dense_reward"].dtype == jnp.float32
     if provides(env, "success"):
         assert info["success"].dtype == jnp.bool_
-    if not name.startswith(("CartPole", "Acrobot", "Mountain")):
-        # the project's own envs: info keys for the baselines, and a text drawing
-        assert {"success", "dense_reward"} <= set(env.optional_outputs)
+    if not name.startswith(GYMNAX):
+        # the project's own envs: info keys for the baselines (of MiniGrid, only DoorKey is shaped), and a text drawing
+        success_only = name.startswith("MiniGrid-") and not name.startswith("MiniGrid-DoorKey")
+        assert ({"success"} if success_only else {"success", "dense_reward"}) <= set(env.optional_outputs)
         text = env.render(state, params)
         assert isinstance(text, str) and len(text) > 0
+
+
+@pytest.mark.parametrize("name", [n for n in envs_jax.registered() if n not in FULL])
+def test_contract_traced(name):
+    """The other MiniGrid names: the contract's shapes, dtypes and info keys,
+    from a traced (``jax.eval_shape``, not compiled) reset and step."""
+    env, params = envs_jax.make(name)
+
+    def run(key):
+        obs, state = env.reset(key, params)
+        return obs, env.step(key, state, env.action_space(params).sample(key), params)
+
+    obs0, (obs, _, rew, term, trunc, info) = jax.eval_shape(run, jax.random.PRNGKey(0))
+    space = env.observation_space(params)
+    assert obs0.shape == obs.shape == info["final_obs"].shape == tuple(space.shape)
+    assert obs0.dtype == obs.dtype == space.dtype
+    assert rew.dtype == jnp.float32 and term.dtype == jnp.bool_ and trunc.dtype == jnp.bool_
+    assert set(info) & set(OPTIONAL_OUTPUTS) == set(env.optional_outputs)
+    assert "success" in env.optional_outputs and info["success"].dtype == jnp.bool_
+    assert env.optional_outputs == envs_jax.EpisodeStats(env).optional_outputs
 
 
 def test_provides_and_wrappers_forward_declarations():

@@ -157,12 +157,18 @@ def test_output_folder_contents(reference):
     assert not [f for f in os.listdir(out) if ".tmp" in f]  # no half-written files left
 
 
-def test_two_worker_processes_equal_one_process(reference, workdir, monkeypatch):
+def test_two_worker_processes_killed_and_resumed_equal_one_process(reference, workdir, monkeypatch):
     # the workers' XLA flags only change speed, not results (single-threaded Eigen gives the same bits);
     # using this process's flags lets the workers reuse the reference run's compiled program from the cache
     monkeypatch.setenv("COEVO_JAX_WORKER_XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
-    res = run_study(CONFIG, os.path.join(workdir, "two_procs"), processes=2, max_parallel=4, progress=False,
-                    compile_cache=CACHE)
+    out = os.path.join(workdir, "two_procs")
+    monkeypatch.setenv("COEVO_JAX_SIGKILL_AFTER_CHUNKS", "1")  # each worker dies as under kill -9
+    with pytest.raises(StudyError, match="exit -9"):
+        run_study(CONFIG, out, processes=2, max_parallel=4, progress=False, compile_cache=CACHE)
+    assert os.path.isdir(os.path.join(out, "checkpoints", "w0", "a0_b0"))
+    assert not os.path.exists(os.path.join(out, "FINISHED"))
+    monkeypatch.delenv("COEVO_JAX_SIGKILL_AFTER_CHUNKS")
+    res = run_study(CONFIG, out, processes=2, max_parallel=4, progress=False, compile_cache=CACHE)
     assert res.info["processes_per_host"] == 2 and set(res.info["workers"]) == {"0", "1"}
     _assert_same_curves(res.curves, reference.curves)
 

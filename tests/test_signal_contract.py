@@ -32,6 +32,7 @@ import envs_jax
 from coevo_jax.ppo import init_optimizer, stream_advantages
 from coevo_jax.rollout import Trajectory
 from coevo_jax.signals import PolicyView, base
+from xla_options import OPT0
 
 METHODS = cj.registered_methods()  # the built-ins (a test's own methods register later, in fixtures)
 T, N = 8, 4
@@ -39,9 +40,6 @@ STATIC = cj.StaticConfig(num_envs=N, rollout_len=T, total_steps=N * T * 3, num_m
                          hidden_sizes=(8,), reward_hidden=(8,), action_embed_dim=4, reward_steps=2, buffer_episodes=4,
                          max_episode_len=8, potential_hidden=(8,), potential_steps=2, potential_buffer_episodes=4,
                          potential_episode_len=8, icm_feature_dim=4)
-# XLA's lowest backend optimisation level, and the classic fusion code generator instead of the
-# MLIR fusion emitters: each halves the compile time of these small programs
-OPT0 = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
 KEYS = jax.random.split(jax.random.PRNGKey(1), 2)
 
 

@@ -10,7 +10,7 @@ from coevo_jax.experiment import options
 from coevo_jax.config import ConfigError, default_hparams
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = ("siop_learning", "coevo_learning", "meta_gradient", "text_learning", "ppo_learning")
+SCRIPTS = ("siop_learning", "coevo_learning", "meta_gradient", "text_learning", "ppo_learning", "calibrate")
 
 
 def load(name):
@@ -44,6 +44,8 @@ def test_help_lists_a_default_for_every_own_option(name):
     ("text_learning", ["--total-steps", "10"], "--total-steps=10"),
     ("ppo_learning", ["--tasks", "atari"], "--tasks: unknown 'atari'"),
     ("ppo_learning", ["--tasks", "keydoor", "--num-seeds", "0"], "--num-seeds=0 must be >= 1"),
+    ("calibrate", ["--tasks", "atari"], "--tasks: unknown 'atari'"),
+    ("calibrate", ["--grid", "lr=fast"], "--grid: lr='fast' is not a number"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(name, argv, msg, tmp_path, capsys):
     out = str(tmp_path / "x")
@@ -109,3 +111,40 @@ def test_ppo_learning_end_to_end_refuse_replot(tmp_path, monkeypatch, capsys):
     assert os.path.exists(os.path.join(out, "table.md")) and os.path.exists(os.path.join(out, "FINISHED"))
     assert mod.main(argv) == 2 and "holds a finished study" in capsys.readouterr().err
     assert mod.main(argv + ["--replot"]) == 0 and "| CartPole-v1 | ppo | 2 |" in capsys.readouterr().out
+
+
+def test_calibration_admission_rule():
+    """Admitted only with random <= 0.2, ppo IQM <= 0.8 and P(dense > ppo) CI low > 0.6 (paired seeds)."""
+    import functools
+
+    admit = functools.partial(load("calibrate").admit, n_boot=100)
+    ppo = np.linspace(0.3, 0.5, 20)
+    assert admit(0.1, ppo, ppo + 0.3)["admitted"]
+    assert "random 0.30 > 0.2" in admit(0.3, ppo, ppo + 0.3)["why_not"]
+    assert "ppo 0.90 > 0.8" in admit(0.1, ppo + 0.5, ppo + 0.6)["why_not"]
+    same = admit(0.1, ppo, ppo[::-1])  # dense no better than ppo: P ~ 0.5
+    assert not same["admitted"] and "P(dense > ppo) CI low" in same["why_not"] and abs(same["poi"]["p"] - 0.5) < 0.1
+
+
+def test_calibration_tunes_on_separate_seeds_and_evaluates_the_best_point():
+    mod = load("calibrate")
+    args = mod.build_parser().parse_args(["--tasks", "doorkey5-t60", "--grid", "lr=1e-3,2.5e-4;ent_coef=0.01"])
+    (tune,) = mod.tune_studies(args, [])
+    assert tune.base_seed == args.seed + mod.TUNE_SEED_OFFSET and tune.num_seeds == 3
+    assert [a.name for a in tune.arms] == ["ppo", "dense"] and dict(tune.env_kwargs) == {"max_steps": 60}
+    assert all(dict(a.grid) == {"lr": (1e-3, 2.5e-4), "ent_coef": (0.01,)} for a in tune.arms)
+
+    class Tuned:  # a finished tuning study: ppo is best at lr 2.5e-4, dense at 1e-3 (ties broken by AUC)
+        study = tune
+        summary = [{"arm": "ppo", "lr": 1e-3, "ent_coef": 0.01, "final_success_iqm": 0.4, "auc_success_iqm": 0.3},
+                   {"arm": "ppo", "lr": 2.5e-4, "ent_coef": 0.01, "final_success_iqm": 0.5, "auc_success_iqm": 0.2},
+                   {"arm": "dense", "lr": 1e-3, "ent_coef": 0.01, "final_success_iqm": 0.7, "auc_success_iqm": 0.6},
+                   {"arm": "dense", "lr": 2.5e-4, "ent_coef": 0.01, "final_success_iqm": 0.7, "auc_success_iqm": 0.5}]
+
+        def arm(self, label):
+            return next((i, a) for i, a in enumerate(tune.arms) if a.name == label)
+
+    (ev,) = mod.eval_studies(args, [[Tuned()]])
+    assert ev.base_seed == args.seed and ev.num_seeds == 20 and not any(a.grid for a in ev.arms)
+    assert dict(ev.arms[0].fixed) == {"lr": 2.5e-4, "ent_coef": 0.01}
+    assert dict(ev.arms[1].fixed) == {"lr": 1e-3, "ent_coef": 0.01}

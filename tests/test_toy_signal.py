@@ -21,10 +21,10 @@ import envs_jax
 from coevo_jax.registry import MethodSpec, Param, register_method, unregister_method
 from coevo_jax.signals import RewardStreams, Signal
 from coevo_jax.signals.base import no_update
+from xla_options import OPT0
 
 TOY = "count-bonus"
 BITS = 6
-OPT0 = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
 STATIC = dict(num_envs=4, rollout_len=16, total_steps=4 * 16 * 4, num_minibatches=2, update_epochs=2,
               hidden_sizes=(16,))
 

@@ -6,7 +6,8 @@ into the results folders). :func:`main` parses the options, runs every study
 through :func:`~coevo_jax.experiment.runner.run_study` (resuming, worker
 processes, progress, output layout and metrics come with it), and turns any
 :class:`ConfigError` / :class:`StudyError` into one line on stderr and exit 2.
-With several studies, study ``s`` writes to ``--out/<s.name>``.
+With several studies, study ``s`` writes to ``--out/<s.name>``. A script whose
+studies depend on earlier results (tune, then evaluate) uses :func:`staged_main`.
 """
 from __future__ import annotations
 
@@ -111,26 +112,40 @@ def _same_config(out: str, study) -> bool:
 
 def main(parser: OneLineParser, studies, report, argv=None) -> int:
     """Parse, build the studies, run them, print ``report(args, results)``; one-line errors, exit 2."""
+    return staged_main(parser, [("", lambda args, earlier: studies(args))], lambda args, stages: report(args, stages[0]),
+                       argv)
+
+
+def staged_main(parser: OneLineParser, stages, report, argv=None) -> int:
+    """:func:`main` for a script whose studies depend on earlier ones (e.g. tune, then evaluate).
+
+    ``stages``: ``[(name, build(args, earlier) -> [Study, ...]), ...]``; ``earlier`` is the list of
+    the finished stages' results (one list of ``StudyResult`` per stage). Stage ``name`` writes to
+    ``--out/<name>`` (``""``: ``--out`` itself). ``report(args, results_per_stage) -> str``.
+    """
     args = parser.parse_args(argv)
     t0 = time.time()
+    done = []
     try:
         for name, low in (("num_seeds", 1), ("num_chunks", 1), ("seed", 0), ("total_steps", 1)):
             v = getattr(args, name, None)
             if isinstance(v, int) and v < low:
                 raise ConfigError(f"--{name.replace('_', '-')}={v} must be >= {low}")
-        built = studies(args)
-        results = run_studies(args, built)
-        if results is None:
-            return 0
-        print(report(args, results))
+        for name, build in stages:
+            stage_args = argparse.Namespace(**{**vars(args), "out": os.path.join(args.out, name) if name else args.out})
+            results = run_studies(stage_args, build(args, done))
+            if results is None:
+                return 0
+            done.append(results)
+        print(report(args, done))
     except (ConfigError, StudyError) as e:
         print(f"{parser.prog}: error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
     if args.replot:
         print(f"\nreport rebuilt from {args.out} in {time.time() - t0:.0f} s")
         return 0
-    runs = sum(r.info.get("total_runs", 0) for r in results)
-    compile_s = sum(r.info.get("compile_s_total", 0.0) for r in results)
+    runs = sum(r.info.get("total_runs", 0) for stage in done for r in stage)
+    compile_s = sum(r.info.get("compile_s_total", 0.0) for stage in done for r in stage)
     print(f"\n{runs} runs in {time.time() - t0:.0f} s (compiling {compile_s:.0f} s summed over workers);"
           f" results in {args.out}")
     return 0

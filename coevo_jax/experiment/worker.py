@@ -14,6 +14,7 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
 import sys
 import threading
 import time
@@ -251,12 +252,21 @@ def run_batch(study: Study, plan, program: Program, runs: np.ndarray, b: int, cd
         curves = block if curves is None else np.concatenate([curves, block], axis=-1)
         done, chunks_run = done + 1, chunks_run + 1
         checkpoint.save(mngr, done, state, curves, record.meta(names, plan.chunk_len), host_local)
+        if chunks_run == _sigkill_after_chunks():  # a crash test: die with no clean-up at all
+            os.kill(os.getpid(), signal.SIGKILL)
         rep.add(env_steps=steps_per_chunk, run_iterations=real * plan.chunk_len, exec_s=exec_s)
     mngr.close()
     finish_batch(f"{cdir}.npz", curves, names, runs, state, study.save_final)
     shutil.rmtree(cdir, ignore_errors=True)
     rep.add(runs_done=real)
     return chunks_run
+
+
+def _sigkill_after_chunks() -> int | None:
+    """``$COEVO_JAX_SIGKILL_AFTER_CHUNKS``: a worker kills itself with SIGKILL right after
+    saving that many chunks (how the tests interrupt a study the way ``kill -9`` does)."""
+    value = os.environ.get("COEVO_JAX_SIGKILL_AFTER_CHUNKS")
+    return int(value) if value else None
 
 
 def _exit_with_parent(poll_s: float = 2.0) -> None:

@@ -82,6 +82,11 @@ class Signal(NamedTuple):
     rewards: Callable
 
 
+def float_metrics(metrics: dict) -> dict:
+    """A signal's metrics as float32 arrays (one dtype for every logged scalar)."""
+    return {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
+
+
 def no_observe(state, traj, hp, key):
     """``observe`` for sources that keep no per-iteration bookkeeping."""
     return state, {}

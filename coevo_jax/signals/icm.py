@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import optax
 
 from coevo_jax.fit import fit, init_optimizer, make_optimizer
-from coevo_jax.registry import INF, MethodSpec, Param, register_method
+from coevo_jax.registry import MethodSpec, register_method, unit, weight
 from coevo_jax.rollout import flatten_time
 from coevo_jax.signals.base import (
     ReturnScale, RewardStreams, Signal, flat_obs, init_return_scale, mlp, no_update, return_rms, scale_normalise,
@@ -156,9 +156,9 @@ def make_icm(static, network, env, env_params) -> Signal:
 
 # ----------------------------------------------------------------------------- registration
 ICM_PARAMS = {
-    "icm_lr": Param(2.5e-4, 0.0, 1.0, doc="the ICM's Adam step (it trains on every rollout)"),
-    "icm_eta": Param(0.01, 0.0, INF, high_inclusive=False, doc="scale of the forward-error bonus"),
-    "icm_forward_weight": Param(0.2, 0.0, 1.0, doc="beta: weight of the forward loss (1 - beta: the inverse loss)"),
+    "icm_lr": unit(2.5e-4, doc="the ICM's Adam step (it trains on every rollout)"),
+    "icm_eta": weight(0.01, doc="scale of the forward-error bonus"),
+    "icm_forward_weight": unit(0.2, doc="beta: weight of the forward loss (1 - beta: the inverse loss)"),
 }
 
 register_method(MethodSpec(

@@ -69,13 +69,13 @@ from flax import struct
 
 from coevo_jax.episodes import VAL_EVERY, EpisodeReplay, add_rollout, buffer_mask, episode_sum, init_replay
 from coevo_jax.fit import fit, init_optimizer, make_optimizer
-from coevo_jax.registry import INF, MethodSpec, Param, register_method
+from coevo_jax.registry import MethodSpec, Param, grad_clip, register_method, unit, weight
 from coevo_jax.reward_net import (
     REWARD_NET_STATIC_CHECKS, check_reward_net_static, make_reward_net, make_rnd_net, reward_inputs, rnd_error,
 )
 from coevo_jax.rollout import flatten_time
 from coevo_jax.signals.base import (
-    ReturnScale, RewardStreams, Signal, init_return_scale, return_rms, scale_normalise,
+    ReturnScale, RewardStreams, Signal, float_metrics, init_return_scale, return_rms, scale_normalise,
 )
 
 METHOD_OBJECTIVE = {"coevo-regression": "regression", "coevo-ranking": "ranking", "coevo-novelty": "novelty"}
@@ -284,7 +284,7 @@ def make_learned(static, network, env, env_params) -> Signal:
         metrics["reward_step_size"] = step_size
         new = state.replace(params=params, anchor_params=ema_params(state.anchor_params, params, hp.drift_ema),
                             opt_state=opt_state)
-        return new, {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
+        return new, float_metrics(metrics)
 
     def rewards(state: LearnedState, traj, hp):
         x = inputs(traj)
@@ -311,7 +311,7 @@ def make_learned(static, network, env, env_params) -> Signal:
             "val_size": vw.sum(),
             "episodes_committed": state.replay.committed.astype(jnp.float32),
         }
-        return state.replace(scale=scale), streams, {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
+        return state.replace(scale=scale), streams, float_metrics(metrics)
 
     return Signal(init, observe, update, rewards)
 
@@ -319,20 +319,18 @@ def make_learned(static, network, env, env_params) -> Signal:
 # ----------------------------------------------------------------------------- registration
 #: R_phi's refit (all three methods)
 REFIT_PARAMS = {
-    "reward_lr": Param(5e-5, 0.0, 1.0, doc="the refit's Adam step (annealed with the policy's lr)"),
-    "reward_max_grad_norm": Param(1.0, 0.0, INF, False, False, doc="global-norm clip of R_phi's and RND's steps"),
-    "anchor_weight": Param(1.0, 0.0, INF, high_inclusive=False, doc="weight of the external-reward anchor (fit)"),
-    "drift_weight": Param(0.1, 0.0, INF, high_inclusive=False,
-                          doc="penalty on drift of R_phi's outputs from the anchor's (drift_ema)"),
-    "extreme_weight": Param(0.01, 0.0, INF, high_inclusive=False, doc="penalty on extreme (saturated) outputs"),
+    "reward_lr": unit(5e-5, doc="the refit's Adam step (annealed with the policy's lr)"),
+    "reward_max_grad_norm": grad_clip(1.0, doc="global-norm clip of R_phi's and RND's steps"),
+    "anchor_weight": weight(1.0, doc="weight of the external-reward anchor (fit)"),
+    "drift_weight": weight(0.1, doc="penalty on drift of R_phi's outputs from the anchor's (drift_ema)"),
+    "extreme_weight": weight(0.01, doc="penalty on extreme (saturated) outputs"),
     "drift_ema": Param(0.9, 0.0, 1.0, high_inclusive=False,
                        doc="the drift anchor: EMA (per refit) of R_phi's params; 0 = the last refit's"),
 }
-RANKING_PARAMS = {"ranking_temp": Param(1.0, 0.0, INF, False, False, doc="Bradley-Terry temperature")}
+RANKING_PARAMS = {"ranking_temp": grad_clip(1.0, doc="Bradley-Terry temperature")}
 NOVELTY_PARAMS = {
-    "novelty_coef": Param(0.5, 0.0, INF, high_inclusive=False,
-                          doc="advantage weight of the RND novelty bonus (intrinsic stream)"),
-    "rnd_lr": Param(2.5e-4, 0.0, 1.0, doc="the RND predictor's Adam step (it trains on every rollout)"),
+    "novelty_coef": weight(0.5, doc="advantage weight of the RND novelty bonus (intrinsic stream)"),
+    "rnd_lr": unit(2.5e-4, doc="the RND predictor's Adam step (it trains on every rollout)"),
 }
 LEARNED_STATIC_CHECKS = {**REWARD_NET_STATIC_CHECKS, "reward_steps": (1, 10_000), "buffer_episodes": (2, 1 << 16),
                          "max_episode_len": (1, 1 << 16)}

@@ -64,13 +64,13 @@ import optax
 from coevo_jax.config import ConfigError
 from coevo_jax.fit import fit, fit_step, init_optimizer, make_optimizer
 from coevo_jax.ppo import PPOBatch, gae, ppo_loss, stream_advantages
-from coevo_jax.registry import INF, MethodSpec, Param, register_method
+from coevo_jax.registry import MethodSpec, grad_clip, register_method, unit, weight
 from coevo_jax.reward_net import (
     REWARD_NET_STATIC_CHECKS, RewardNet, apply_reward, check_reward_net_static, make_reward_net, reward_inputs,
 )
 from coevo_jax.rollout import flatten_time, mask_logits
 from coevo_jax.signals.base import (
-    ReturnScale, RewardStreams, Signal, flat_obs, init_return_scale, mlp, no_observe, return_rms,
+    ReturnScale, RewardStreams, Signal, flat_obs, float_metrics, init_return_scale, mlp, no_observe, return_rms,
     update_return_scale,
 )
 
@@ -309,8 +309,7 @@ def meta_update(state: MetaState, traj, policy, hp, key, reward_net: RewardNet, 
     psi, psi_opt, v_loss = fit_value(v_net, state.psi, state.psi_opt, flatten_time(traj.obs), flatten_time(targets_ext), key, hp,
                                      policy.lr, value_epochs, value_minibatches)
     metrics = {"outer_objective": obj, "meta_grad_norm": optax.tree.norm(grad), "v_ext_loss": v_loss}
-    return state._replace(phi=phi, phi_opt=phi_opt, psi=psi, psi_opt=psi_opt), \
-        {k: v.astype(jnp.float32) for k, v in metrics.items()}
+    return state._replace(phi=phi, phi_opt=phi_opt, psi=psi, psi_opt=psi_opt), float_metrics(metrics)
 
 
 # ----------------------------------------------------------------------------- the Signal
@@ -338,17 +337,17 @@ def make_meta(static, network, env, env_params) -> Signal:
         r_int = intrinsic_reward(reward_net, state.phi, traj)
         scale, streams = meta_streams(r_int, traj, state.scale, hp)
         metrics = {"r_int_mean": r_int.mean(), "r_int_std": r_int.std(), "int_return_rms": return_rms(scale)}
-        return state._replace(scale=scale), streams, {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
+        return state._replace(scale=scale), streams, float_metrics(metrics)
 
     return Signal(init, no_observe, update, rewards)
 
 
 # ----------------------------------------------------------------------------- registration
-META_PARAMS = {
-    "meta_lr": Param(1e-4, 0.0, 1.0, doc="phi's Adam step (annealed with the policy's lr)"),
-    "meta_max_grad_norm": Param(1.0, 0.0, INF, False, False, doc="global-norm clip of phi's step"),
-    "r_ext_coef": Param(1.0, 0.0, INF, high_inclusive=False, doc="weight of the external reward"),
-    "r_int_coef": Param(1.0, 0.0, INF, high_inclusive=False, doc="advantage weight of the R_phi stream"),
+META_PARAMS = {  # the mixing weights, then phi's optimiser
+    "r_ext_coef": weight(1.0, doc="weight of the external reward"),
+    "r_int_coef": weight(1.0, doc="advantage weight of the R_phi stream"),
+    "meta_lr": unit(1e-4, doc="phi's Adam step (annealed with the policy's lr)"),
+    "meta_max_grad_norm": grad_clip(1.0, doc="global-norm clip of phi's step"),
 }
 
 

@@ -96,7 +96,7 @@ import jax.numpy as jnp
 from coevo_jax import episodes as ep
 from coevo_jax.config import check_choice, check_sizes
 from coevo_jax.fit import fit, init_optimizer, make_optimizer
-from coevo_jax.registry import INF, MethodSpec, Param, register_method
+from coevo_jax.registry import INF, MethodSpec, Param, grad_clip, register_method, unit, weight
 from coevo_jax.signals.base import (
     ReturnScale, RewardStreams, Signal, flat_obs, init_return_scale, return_rms, scale_normalise,
 )
@@ -373,11 +373,11 @@ def trajectory_credit(static, state: PotentialState, traj, hp, obs_ndim: int | N
 
 # ----------------------------------------------------------------------------- registration
 POTENTIAL_PARAMS = {
-    "potential_lr": Param(5e-4, 0.0, 1.0, doc="the potential's Adam step"),
-    "potential_max_grad_norm": Param(1.0, 0.0, INF, False, False, doc="global-norm clip of its steps"),
-    "w_fit": Param(1.0, 0.0, INF, high_inclusive=False, doc="Monte-Carlo return-to-go fit"),
-    "w_cons": Param(1.0, 0.0, INF, high_inclusive=False, doc="TD consistency, same fixed point as the fit"),
-    "w_reg": Param(1e-3, 0.0, INF, high_inclusive=False, doc="L2 prior on Phi"),
+    "potential_lr": unit(5e-4, doc="the potential's Adam step"),
+    "potential_max_grad_norm": grad_clip(1.0, doc="global-norm clip of its steps"),
+    "w_fit": weight(1.0, doc="Monte-Carlo return-to-go fit"),
+    "w_cons": weight(1.0, doc="TD consistency, same fixed point as the fit"),
+    "w_reg": weight(1e-3, doc="L2 prior on Phi"),
     "potential_init": Param(0.0, -INF, INF, False, False, doc="initial output bias: a guess of the return"),
     "credit_clip": Param(1e6, 0.0, INF, low_inclusive=False, doc="|credit| cap after scaling (never binds by default)"),
 }

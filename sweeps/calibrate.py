@@ -1,0 +1,171 @@
+#!/usr/bin/env python
+"""Calibration: which tasks (and budgets) can tell the reward methods apart.
+
+For each candidate task the uniform-random policy, sparse PPO and PPO on the
+env's dense reward (the oracle) are measured; a task is admitted only when
+
+* random final success <= 0.2 (the sparse reward is not handed out for free),
+* sparse PPO's final success IQM <= 0.8 at the budget (room above it), and
+* the oracle beats PPO: probability of improvement (rliable) with its 95% CI's
+  lower end > 0.6 (a better reward shows up at this budget).
+
+Two stages, both through the one runner (``--out/tune``, ``--out/eval``;
+rerunning resumes): **tune** runs ppo and dense over the same lr x ent_coef grid
+on ``--tune-seeds`` seeds kept apart from the evaluation seeds (base seed
+``--seed + 1000``) and keeps, per method, the grid point with the best final
+success IQM (ties: AUC); **eval** runs both at their tuned values on
+``--num-seeds`` fresh paired seeds. Thresholds are fixed here, in advance. The
+admitted tasks, budgets and tuned values are written to ``--admitted`` (default
+``sweeps/admitted_tasks.json``), which the other studies read.
+
+    python sweeps/calibrate.py                                  # every candidate
+    python sweeps/calibrate.py --tasks doorkey5-t60,fourrooms-t100 --num-seeds 20
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from coevo_jax.config import ConfigError, StaticConfig  # noqa: E402
+from coevo_jax.experiment import Arm, Study, cli, options  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# name -> (env, env_kwargs, env steps per run, num_envs, rollout_len)
+CANDIDATES = {
+    "doorkey5-t60": ("KeyDoor-5x5", {"max_steps": 60}, 32_768, 16, 64),
+    "doorkey5-h40": ("KeyDoor-5x5", {"fixed_horizon": 40}, 32_768, 16, 64),  # reward paid at step 40 only
+    "doorkey6-t60": ("KeyDoor-6x6", {"max_steps": 60}, 65_536, 16, 64),
+    "doorkey8-t100": ("KeyDoor-8x8", {"max_steps": 100}, 131_072, 16, 64),
+    "fourrooms-t100": ("FourRooms", {"max_steps": 100}, 131_072, 16, 64),
+    "minigrid-doorkey5": ("MiniGrid-DoorKey-5x5", {}, 65_536, 16, 64),
+    "minigrid-doorkey6": ("MiniGrid-DoorKey-6x6", {}, 131_072, 16, 64),
+    "minigrid-doorkey8": ("MiniGrid-DoorKey-8x8", {}, 262_144, 16, 64),
+}
+DEFAULT_GRID = "lr=3e-4,1e-3;ent_coef=0.003,0.03"
+RANDOM_MAX, PPO_MAX, POI_LOW_MIN = 0.2, 0.8, 0.6  # the admission rule, fixed in advance
+TUNE_SEED_OFFSET = 1000
+METHODS = ("ppo", "dense")  # sparse PPO and the oracle
+
+
+def build_parser():
+    p = cli.study_parser("calibrate.py", __doc__.split("\n\n")[0], os.path.join("results", "calibrate"))
+    p.add_argument("--tasks", default=",".join(CANDIDATES),
+                   help=f"comma list of candidates: {', '.join(CANDIDATES)} (default: all)")
+    p.add_argument("--grid", default=DEFAULT_GRID, metavar="F=V1,V2;...",
+                   help=f"the tuning grid of both methods (default: {DEFAULT_GRID})")
+    p.add_argument("--tune-seeds", type=int, default=3, metavar="N",
+                   help="seeds per grid point when tuning (default: 3)")
+    p.add_argument("--budget-scale", type=float, default=1.0, metavar="X",
+                   help="multiply every candidate's env steps by X, > 0 (default: 1)")
+    p.add_argument("--admitted", default=os.path.join(HERE, "admitted_tasks.json"),
+                   help="where to write the admitted tasks (default: sweeps/admitted_tasks.json)")
+    options.add_study_options(p, num_seeds=20)
+    return p
+
+
+def candidate_static(method: str, task: str, scale: float) -> StaticConfig:
+    _, _, steps, num_envs, rollout_len = CANDIDATES[task]
+    per_it = num_envs * rollout_len
+    return StaticConfig(method=method, num_envs=num_envs, rollout_len=rollout_len, num_minibatches=4, update_epochs=4,
+                        total_steps=max(1, round(steps * scale / per_it)) * per_it)
+
+
+def tune_studies(args, earlier) -> list:
+    tasks = options.names(args.tasks, "--tasks", list(CANDIDATES))
+    grid = options.hp_grid(args.grid, "--grid")
+    if args.tune_seeds < 1 or not args.budget_scale > 0:
+        raise ConfigError("--tune-seeds must be >= 1 and --budget-scale > 0")
+    return [Study(CANDIDATES[t][0], tuple(Arm(candidate_static(m, t, args.budget_scale), grid) for m in METHODS),
+                  args.tune_seeds, env_kwargs=CANDIDATES[t][1], base_seed=args.seed + TUNE_SEED_OFFSET,
+                  num_chunks=args.num_chunks, threshold=PPO_MAX, name=t) for t in tasks]
+
+
+def best_point(result, label: str) -> dict:
+    """The grid point of arm ``label`` with the best final success IQM (ties: AUC success IQM)."""
+    rows = [r for r in result.summary if r["arm"] == label]
+    best = max(rows, key=lambda r: (r["final_success_iqm"], r["auc_success_iqm"]))
+    return {f: float(best[f]) for f in result.arm(label)[1].grid}
+
+
+def eval_studies(args, earlier) -> list:
+    out = []
+    for tuned in earlier[0]:
+        t = tuned.study.name
+        arms = tuple(Arm(candidate_static(m, t, args.budget_scale), fixed=best_point(tuned, m)) for m in METHODS)
+        out.append(Study(tuned.study.env, arms, args.num_seeds, env_kwargs=CANDIDATES[t][1], base_seed=args.seed,
+                         num_chunks=args.num_chunks, threshold=PPO_MAX, name=t))
+    return out
+
+
+def admit(random_success: float, ppo: np.ndarray, dense: np.ndarray, n_boot: int = 2000) -> dict:
+    """The admission rule on one task's numbers: the random policy's final success and the
+    per-seed final successes ``[seeds]`` of ppo and dense (paired). Returns the numbers and
+    ``admitted`` with ``why_not``."""
+    from coevo_jax.analysis import stats
+
+    poi = stats.probability_of_improvement(dense, ppo, n_boot=n_boot)
+    ppo_iqm, dense_iqm = stats.iqm(ppo), stats.iqm(dense)
+    reasons = [why for bad, why in (
+        (not random_success <= RANDOM_MAX, f"random {random_success:.2f} > {RANDOM_MAX}"),
+        (not ppo_iqm <= PPO_MAX, f"ppo {ppo_iqm:.2f} > {PPO_MAX}"),
+        (not poi["ci_low"] > POI_LOW_MIN, f"P(dense > ppo) CI low {poi['ci_low']:.2f} <= {POI_LOW_MIN}")) if bad]
+    return {"random": random_success, "ppo": ppo_iqm, "dense": dense_iqm, "poi": poi, "admitted": not reasons,
+            "why_not": "; ".join(reasons)}
+
+
+def verdict(result) -> dict:
+    """:func:`admit` on an evaluated task (its random row measured like every arm)."""
+    from coevo_jax.controls import random_row
+
+    return admit(random_row(result.study)["final_success_iqm"], *(result.scores(m)["final_success"] for m in METHODS))
+
+
+def report(args, stages) -> str:
+    from coevo_jax.analysis.tables import ci
+    from coevo_jax.experiment import format_table
+    from coevo_jax.experiment.folder import atomic_write_text
+
+    rows, admitted = [], []
+    for res in stages[1]:
+        v = verdict(res)
+        t, st = res.study.name, res.study.arms[0].static
+        summ = {r["arm"]: r for r in res.summary}
+        hp = {m: dict(res.study.arms[i].fixed) for i, m in enumerate(METHODS)}
+        kwargs = ", ".join(f"{k}={v}" for k, v in res.study.env_kwargs.items()) or "-"
+        rows.append({"task": t, "env": res.study.env, "env kwargs": kwargs,
+                     "env steps": st.total_steps, "random success": f"{v['random']:.3f}",
+                     "ppo success IQM [95% CI]": ci(summ["ppo"], "final_success"),
+                     "dense success IQM [95% CI]": ci(summ["dense"], "final_success"),
+                     "P(dense > ppo) [95% CI]": "{p:.2f} [{ci_low:.2f}, {ci_high:.2f}]".format(**v["poi"]),
+                     "ppo lr / ent": f"{hp['ppo']['lr']:g} / {hp['ppo']['ent_coef']:g}",
+                     "dense lr / ent": f"{hp['dense']['lr']:g} / {hp['dense']['ent_coef']:g}",
+                     "admitted": "yes" if v["admitted"] else f"no ({v['why_not']})"})
+        if v["admitted"]:
+            admitted.append({"task": t, "env": res.study.env, "env_kwargs": dict(res.study.env_kwargs),
+                             "total_steps": st.total_steps, "num_envs": st.num_envs, "rollout_len": st.rollout_len,
+                             "tuned": hp, "random_success": v["random"], "ppo_success_iqm": v["ppo"],
+                             "dense_success_iqm": v["dense"], "p_dense_over_ppo": v["poi"]})
+    table = format_table(rows, markdown=True)
+    atomic_write_text(os.path.join(args.out, "calibration.md"), table + "\n")
+    if not args.replot:
+        atomic_write_text(args.admitted, json.dumps({"rule": {"random_max": RANDOM_MAX, "ppo_max": PPO_MAX,
+                                                              "poi_ci_low_min": POI_LOW_MIN},
+                                                     "num_seeds": args.num_seeds, "tasks": admitted}, indent=1) + "\n")
+    return (f"Calibration: admitted when random <= {RANDOM_MAX}, ppo IQM <= {PPO_MAX} and P(dense > ppo) CI low >"
+            f" {POI_LOW_MIN}; final = episodes finished in the last 10% of env steps; {args.num_seeds} paired seeds,"
+            f" lr/ent tuned on {args.tune_seeds} separate seeds per grid point\n{table}\n\n"
+            f"{len(admitted)} admitted: {', '.join(a['task'] for a in admitted) or 'none'}"
+            f" (written to {os.path.relpath(args.admitted)})")
+
+
+def main(argv=None) -> int:
+    return cli.staged_main(build_parser(), [("tune", tune_studies), ("eval", eval_studies)], report, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
