@@ -21,7 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from coevo_jax.registry import (
-    INF, ConfigError, Param, declare_core_params, hparam_declarations, method_spec, registered_methods,
+    INF, ConfigError, Param, declare_core_params, grad_clip, hparam_declarations, method_spec, registered_methods,
+    unit, weight,
 )
 
 
@@ -45,8 +46,13 @@ class StaticConfig:
     activation: str = "tanh"
     anneal_lr: bool = True
     normalize_advantages: bool = True
-    network: str = "auto"  # "mlp", "transformer", or "auto" (transformer for int token observations)
-    # transformer policy (text environments)
+    # "mlp", "transformer", "bag" (bag-of-exchanges MLP over token buffers, networks.BagActorCritic),
+    # or "auto" (transformer for int token observations, else mlp)
+    network: str = "auto"
+    # "dense": one logit per action; "utterance": an utterance's logit adds its tokens' scores
+    # (network "bag" on the turn-level text envs, see networks.BagActorCritic)
+    action_head: str = "dense"
+    # transformer policy (text environments); d_model is also the bag network's embedding width
     d_model: int = 64
     num_layers: int = 2
     num_heads: int = 4
@@ -104,18 +110,17 @@ class StaticConfig:
 CORE_PARAMS: dict[str, Param] = {
     # PPO
     "lr": Param(2.5e-4, 0.0, 1.0, low_inclusive=False),
-    "gamma": Param(0.99, 0.0, 1.0),
-    "gae_lambda": Param(0.95, 0.0, 1.0),
+    "gamma": unit(0.99),
+    "gae_lambda": unit(0.95),
     "clip_eps": Param(0.2, 0.0, 1.0, low_inclusive=False),
-    "ent_coef": Param(0.01, 0.0, INF, high_inclusive=False),
-    "vf_coef": Param(0.5, 0.0, INF, high_inclusive=False),
-    "max_grad_norm": Param(0.5, 0.0, INF, False, False),
+    "ent_coef": weight(0.01),
+    "vf_coef": weight(0.5),
+    "max_grad_norm": grad_clip(0.5),
     # reward mixing: episodic r = beta_ext * r_ext + beta_int * n(r_int) (shaping / learned decomposition),
     # or a separate non-episodic stream with advantage weight beta_int (see each signal module)
     "beta_ext": Param(1.0, -INF, INF, False, False, doc="weight of the external reward"),
     "beta_int": Param(1.0, -INF, INF, False, False, doc="weight of the internal reward (or of its advantage)"),
-    "normalize_int": Param(1.0, 0.0, 1.0, doc="1: divide r_int by a running RMS of its return (never shifted),"
-                                             " 0: raw"),
+    "normalize_int": unit(1.0, doc="1: divide r_int by a running RMS of its return (never shifted), 0: raw"),
     "k": Param(4, 1, 1_000_000, integer=True, doc="update period of the internal reward / potential, in"
                                                  " iterations"),
 }
@@ -321,7 +326,8 @@ def validate_static(static: StaticConfig) -> StaticConfig:
         check_int(static, name, lo, hi)
     check_sizes(static, "hidden_sizes")
     check_choice(static, "activation", ("tanh", "relu"))
-    check_choice(static, "network", ("auto", "mlp", "transformer"))
+    check_choice(static, "network", ("auto", "mlp", "transformer", "bag"))
+    check_choice(static, "action_head", ("dense", "utterance"))
     for name in ("kv_cache", "packed_update"):
         if not isinstance(getattr(static, name), bool):
             raise ConfigError(f"StaticConfig.{name}={getattr(static, name)!r} must be True or False")

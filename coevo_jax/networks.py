@@ -8,6 +8,12 @@ one critic torso as in Burda et al. (2018).
 
 The MLP follows PureJaxRL's PPO actor-critic (separate actor and critic
 torsos, orthogonal init with gain sqrt(2), 0.01 on the policy head).
+:class:`BagActorCritic` (``StaticConfig.network = "bag"``) puts the same torsos
+on a pooled bag-of-exchanges encoding of a dialogue token buffer; the
+transformer lives in :mod:`coevo_jax.transformer`. On the turn-level text envs
+(one action = one utterance) ``StaticConfig.action_head = "utterance"`` makes
+the bag or the transformer (:class:`UtteranceTransformer`) score each
+utterance by its words.
 """
 from __future__ import annotations
 
@@ -18,7 +24,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from coevo_jax.config import StaticConfig
+from coevo_jax.config import ConfigError, StaticConfig
+from coevo_jax.transformer import TransformerActorCritic
+from envs_jax.text.common import AGENT, PAD, USER
+from envs_jax.text.turns import TurnEnv
 
 
 def orthonormal_columns(a: jax.Array) -> jax.Array:
@@ -86,18 +95,189 @@ class ActorCritic(nn.Module):
         return logits, value[..., 0] if self.value_heads == 1 else value, features
 
 
+def exchange_starts(tokens: jax.Array) -> jax.Array:
+    """``tokens [B, L] -> [B, L]`` int32: the index where each position's
+    exchange starts, i.e. one past the last ``<agent>`` marker strictly before
+    it (0 in the opening message). An exchange is what follows an ``<agent>``
+    marker up to and including the next one: the agent's turn, the partner's
+    reply and its closing marker."""
+    idx = jnp.arange(tokens.shape[-1], dtype=jnp.int32)
+    after_marker = jax.lax.cummax(jnp.where(tokens == AGENT, idx + 1, 0), axis=tokens.ndim - 1)
+    return jnp.concatenate([jnp.zeros_like(after_marker[..., :1]), after_marker[..., :-1]], axis=-1)
+
+
+def said_by(tokens: jax.Array, vocab_size: int) -> tuple[jax.Array, jax.Array]:
+    """``tokens [B, L] -> (user [B, V], agent [B, V])`` float32 indicators of
+    the words the partner (after a ``<user>`` marker) and the agent (after an
+    ``<agent>`` marker) have said so far in the buffer."""
+    idx = jnp.arange(tokens.shape[-1], dtype=jnp.int32)
+    last = lambda marker: jax.lax.cummax(jnp.where(tokens == marker, idx, -1), axis=tokens.ndim - 1)
+    by_user = last(USER) > last(AGENT)  # [B, L]
+    said = jax.nn.one_hot(tokens, vocab_size) * (tokens != PAD)[..., None]  # [B, L, V]
+    user = jnp.max(said * by_user[..., None], axis=-2)
+    agent = jnp.max(said * jnp.logical_not(by_user)[..., None], axis=-2)
+    return user, agent
+
+
+def utterance_counts(action_tokens: tuple, vocab_size: int) -> jax.Array:
+    """``[A][U]`` utterance token ids (pad-filled) -> float32 ``[A, V]`` counts of each word."""
+    table = jnp.asarray(action_tokens, jnp.int32)
+    return jnp.sum(jax.nn.one_hot(table, vocab_size) * (table != PAD)[..., None], axis=1)
+
+
+def utterance_tokens(env) -> tuple:
+    """The token ids of each action's utterance, ``[A][U]`` nested tuples,
+    pad-filled, for an env whose actions are whole utterances (the turn-level
+    text envs, :class:`envs_jax.text.turns.TurnEnv`, possibly wrapped);
+    :class:`ConfigError` for any other env."""
+    inner = env.unwrapped
+    if not isinstance(inner, TurnEnv):
+        raise ConfigError(f"StaticConfig.action_head='utterance' needs an env whose actions are utterances (the"
+                          f" '-Turns' text envs); {env.name} is not one")
+    return tuple(tuple(int(t) for t in row) for row in inner.grammar.table_np)
+
+
+def _torso(x: jax.Array, sizes: Sequence[int], act, prefix: str) -> jax.Array:
+    for i, width in enumerate(sizes):
+        x = act(nn.Dense(width, kernel_init=orthogonal(np.sqrt(2)), name=f"{prefix}_{i}")(x))
+    return x
+
+
+class ExchangeBag(nn.Module):
+    """The pooled bag-of-exchanges encoding of dialogue token buffers:
+    ``__call__(tokens [B, L] int) -> [B, 2 * embed_dim + 1]``.
+
+    The buffer is cut into exchanges (see :func:`exchange_starts`; the
+    opening message is exchange 0; from ``max_exchanges - 1`` on they share
+    the last slot). Every non-pad token is embedded by the pair (token, offset
+    within its exchange; from ``max_offset - 1`` on the offsets share one
+    embedding), so "is alive ... yes" and "is big ... yes" differ. An
+    exchange is the sum of its pairs through LayerNorm, Dense and tanh (``[B,
+    S, E]``; the sums are a one-hot matmul, as a running sum is a quadratic
+    window reduction on XLA:CPU). The encoding is the mean over the exchanges,
+    the latest exchange (the partner's latest reply) and ``log(1 + number of
+    exchanges)``.
+    """
+
+    vocab_size: int
+    embed_dim: int = 64
+    max_offset: int = 32
+    max_exchanges: int = 32
+
+    @nn.compact
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        tokens = jnp.clip(tokens.astype(jnp.int32), 0, self.vocab_size - 1)
+        live = tokens != PAD
+        idx = jnp.arange(tokens.shape[-1], dtype=jnp.int32)
+        offset = jnp.clip(idx - exchange_starts(tokens), 0, self.max_offset - 1)
+        is_agent = (tokens == AGENT).astype(jnp.int32)
+        exchange = jnp.minimum(jnp.cumsum(is_agent, axis=-1) - is_agent, self.max_exchanges - 1)  # [B, L]
+        emb = nn.Embed(self.max_offset * self.vocab_size, self.embed_dim, embedding_init=nn.initializers.normal(1.0),
+                       name="pair_embed")(offset * self.vocab_size + tokens)  # [B, L, E]
+        member = jax.nn.one_hot(exchange, self.max_exchanges) * live[..., None]  # [B, L, S]
+        sums = jnp.einsum("bls,ble->bse", member, emb)  # [B, S, E]
+        h = jnp.tanh(nn.Dense(self.embed_dim, name="exchange")(nn.LayerNorm(name="exchange_norm")(sums)))
+        present = jnp.any(member > 0, axis=1)  # [B, S]
+        count = jnp.sum(present, axis=-1, keepdims=True).astype(jnp.float32)  # [B, 1]
+        mean = jnp.sum(h * present[..., None], axis=1) / jnp.maximum(count, 1.0)
+        last = jnp.max(jnp.where(live, exchange, 0), axis=-1)  # [B]
+        latest = jnp.einsum("bs,bse->be", jax.nn.one_hot(last, self.max_exchanges), h)
+        return jnp.concatenate([mean, latest, jnp.log1p(count)], axis=-1)
+
+
+class BagActorCritic(nn.Module):
+    """Bag-of-exchanges actor-critic over dialogue token buffers:
+    ``__call__(obs [..., L] int) -> (logits [..., A], value [...] or [..., 2], features [..., H])``.
+
+    :class:`ExchangeBag` encodes the buffer (``encoder``); separate actor and
+    critic MLPs (``hidden_sizes``, as :class:`ActorCritic`) read the encoding,
+    and ``features`` is the actor's last hidden layer.
+
+    With ``action_tokens`` (``[A][U]`` token ids of each action's utterance,
+    pad-filled; see :func:`utterance_tokens`; ``StaticConfig.action_head =
+    "utterance"``) the logit of an utterance adds the scores of its tokens,
+    ``logits = Dense_A(f) + scores @ counts.T`` (``counts [A, V]``), so what is
+    learned about one word carries over to every utterance that says it (the
+    144 Booking proposals share their 14 slot values). A word's score is
+    ``Dense_V(f) + g_user(f) * said_by_user + g_agent(f) * said_by_agent``
+    (:func:`said_by`; the gates ``g [V]`` are Dense layers of the features,
+    zero at init): a copy mechanism that can learn to repeat the partner's
+    words or not to repeat its own (gates of the features rather than free
+    per-word weights, as Adam moves one weight by about ``lr`` per step).
+    """
+
+    num_actions: int
+    vocab_size: int
+    embed_dim: int = 64
+    hidden_sizes: Sequence[int] = (64, 64)
+    activation: str = "tanh"
+    value_heads: int = 1
+    action_tokens: tuple = ()
+
+    @nn.compact
+    def __call__(self, obs):
+        batch, length = obs.shape[:-1], obs.shape[-1]
+        z = ExchangeBag(self.vocab_size, self.embed_dim, name="encoder")(obs.reshape(-1, length))
+        act = _act(self.activation)
+        features = _torso(z, self.hidden_sizes, act, "actor")
+        logits = nn.Dense(self.num_actions, kernel_init=orthogonal(0.01), name="actor_out")(features)
+        if self.action_tokens:
+            counts = utterance_counts(self.action_tokens, self.vocab_size)  # [A, V]
+            word = lambda name, init: nn.Dense(self.vocab_size, kernel_init=init, name=name)(features)  # [B, V]
+            user, agent = said_by(obs.reshape(-1, length), self.vocab_size)
+            zeros = nn.initializers.zeros
+            scores = word("actor_tokens", orthogonal(0.01)) + word("copy_user", zeros) * user \
+                + word("copy_agent", zeros) * agent
+            logits = logits + scores @ counts.T
+        v = _torso(z, self.hidden_sizes, act, "critic")
+        value = nn.Dense(self.value_heads, kernel_init=orthogonal(1.0), name="critic_out")(v)
+        value = value[..., 0] if self.value_heads == 1 else value
+        return (logits.reshape(batch + logits.shape[-1:]), value.reshape(batch + value.shape[1:]),
+                features.reshape(batch + features.shape[-1:]))
+
+
+class UtteranceTransformer(TransformerActorCritic):
+    """The transformer with the utterance head: ``logits = Dense_A(h) + Dense_V(h) @ counts.T``
+    on the final hidden state ``h`` (``action_tokens`` as in :class:`BagActorCritic`,
+    without the copy gates: attention can read what was said). Every scoring path
+    (full pass, packed windows, cached decoding) goes through ``_heads``."""
+
+    action_tokens: tuple = ()
+
+    def setup(self):
+        super().setup()
+        self.word_head = nn.Dense(self.vocab_size, kernel_init=nn.initializers.normal(0.01 / np.sqrt(self.d_model)))
+
+    def _heads(self, feats):
+        logits, value = super()._heads(feats)
+        return logits + self.word_head(feats) @ utterance_counts(self.action_tokens, self.vocab_size).T, value
+
+
 def make_policy_network(static: StaticConfig, env, env_params) -> nn.Module:
-    """The policy for ``env``: a causal transformer for integer token observations
-    (``static.network='auto'``), else the MLP actor-critic."""
+    """The policy for ``env`` (``static.network``): ``"auto"`` is a causal
+    transformer for integer token observations, else the MLP actor-critic;
+    ``"bag"`` is :class:`BagActorCritic` (token observations only). With
+    ``static.action_head = "utterance"`` (turn-level text envs) the logits of
+    the bag or the transformer also score each utterance's words."""
     num_actions = env.action_space(env_params).n
     space = env.observation_space(env_params)
-    use_tf = static.network == "transformer" or (
-        static.network == "auto" and jnp.issubdtype(space.dtype, jnp.integer)
-    )
+    tokens = jnp.issubdtype(space.dtype, jnp.integer)
+    use_tf = static.network == "transformer" or (static.network == "auto" and tokens)
+    if static.action_head == "utterance" and not (use_tf or static.network == "bag"):
+        raise ConfigError(f"StaticConfig.action_head='utterance' needs the transformer or network='bag', got"
+                          f" network={static.network!r} on {env.name}")
+    action_tokens = utterance_tokens(env) if static.action_head == "utterance" else ()
+    if static.network == "bag":
+        if not tokens or len(space.shape) != 1:
+            raise ConfigError(f"StaticConfig.network='bag' reads token buffers [L]; {env.name} observations are"
+                              f" {jnp.dtype(space.dtype).name} {tuple(space.shape)}")
+        return BagActorCritic(num_actions, vocab_size=int(space.high) + 1, embed_dim=static.d_model,
+                              hidden_sizes=tuple(static.hidden_sizes), activation=static.activation,
+                              value_heads=static.value_heads, action_tokens=action_tokens)
     if use_tf:
-        from coevo_jax.transformer import TransformerActorCritic
-
-        return TransformerActorCritic(
+        extra = {"action_tokens": action_tokens} if action_tokens else {}
+        return (UtteranceTransformer if action_tokens else TransformerActorCritic)(
+            **extra,
             num_actions=num_actions,
             vocab_size=int(space.high) + 1,
             d_model=static.d_model,

@@ -161,13 +161,21 @@ class Booking(TextEnv):
     def expert_action(self, state, params=None):
         return booking_expert_action(state, params)
 
+    def expert_utterance(self, state, params=None):
+        return booking_expert_utterance(state, params)
 
-def booking_expert_action(state: BookingState, params=None) -> jax.Array:
-    """Ask each slot not yet revealed (in order), then propose the revealed goal."""
+
+def booking_expert_utterance(state: BookingState, params=None) -> jax.Array:
+    """The expert's next utterance (int32 index into ``BOOKING_GRAMMAR``): ask
+    each slot not yet revealed (in order), then propose the revealed goal."""
     unrevealed = jnp.logical_not(state.revealed)
     ask = jnp.argmax(unrevealed).astype(jnp.int32)
     idx = jnp.int32(0)
     for g, n in zip(range(4), NUM_VALUES):
         idx = idx * n + state.goal[g]
-    utt = jnp.where(jnp.any(unrevealed), ask, 5 + idx)
-    return BOOKING_GRAMMAR.emit(utt, state.turn_toks, state.turn_len)
+    return jnp.where(jnp.any(unrevealed), ask, 5 + idx).astype(jnp.int32)
+
+
+def booking_expert_action(state: BookingState, params=None) -> jax.Array:
+    """The expert's next token: :func:`booking_expert_utterance`, one token per step."""
+    return BOOKING_GRAMMAR.emit(booking_expert_utterance(state, params), state.turn_toks, state.turn_len)

@@ -1,4 +1,5 @@
-"""Shared machinery of the token-level text environments.
+"""Shared machinery of the token-level text environments (and, through
+:meth:`TextEnv.end_turn`, of their turn-level variants in :mod:`envs_jax.text.turns`).
 
 A text environment is a dialogue between the agent and a simulated partner (the
 "user"), written into a fixed-length int32 token buffer ``[L]``:
@@ -208,6 +209,30 @@ class TurnOutcome:
     success: Array      # bool
 
 
+@struct.dataclass
+class TurnEnd:
+    """What :meth:`TextEnv.end_turn` returns: a finished agent turn, answered."""
+
+    state: Any          # the state after the reply (task fields, buf, pos, turn counters; time unchanged)
+    end_pos: Array      # int32 write position after the reply, unclipped (> L: the buffer cut the reply)
+    reward: Array       # float32
+    dense_reward: Array  # float32, the reward plus the env's shaping
+    terminated: Array   # bool
+    success: Array      # bool (only when terminated)
+
+
+def advance_time(time: Array, new_pos: Array, room: int, buffer_len: int, terminated: Array,
+                 max_steps: Array) -> Array:
+    """``time + 1``, or ``max_steps`` (so that the base class truncates) when a
+    running episode's buffer has fewer than ``room`` free slots left after
+    writing up to ``new_pos`` (``room`` = the most tokens the next step may
+    write before any reply: 1 token at token level, the longest utterance at
+    turn level). All int32 ``()``."""
+    overflow = (new_pos + room > buffer_len) & jnp.logical_not(terminated)
+    nxt = time + 1
+    return jnp.where(overflow, jnp.maximum(nxt, jnp.asarray(max_steps, jnp.int32)), nxt).astype(jnp.int32)
+
+
 def pack(tokens: Sequence[Any], length: int) -> tuple[Array, Array]:
     """``(int32 [length] pad-filled, count)`` from a short list of scalar ids."""
     if len(tokens) > length:
@@ -233,7 +258,9 @@ class TextEnv(Environment):
     longest partner reply, role markers excluded) and ``buffer_len``, and
     implement ``_init_task(key, params) -> (fields, words, n)`` (the task fields
     of the state and the opening user message) and
-    ``_on_turn(key, state, utt, valid, params) -> TurnOutcome``.
+    ``_on_turn(key, state, utt, valid, params) -> TurnOutcome``; each also has
+    ``expert_utterance(state, params)`` (its scripted expert's next utterance
+    index) and ``expert_action`` (that utterance, one token per step).
     """
 
     vocab: Vocab
@@ -291,8 +318,42 @@ class TextEnv(Environment):
         )
         return buf, state
 
+    def end_turn(self, key: Array, state: TextState, buf: Array, pos: Array, utt: Array, valid: Array,
+                 params: TextParams) -> TurnEnd:
+        """The partner's answer to a finished agent turn, shared by the token-level
+        step and the turn-level envs (:mod:`envs_jax.text.turns`).
+
+        ``buf`` [L] already holds the turn's tokens (``<eot>`` included) and ``pos``
+        is the write position after them; ``utt`` is the utterance index the turn
+        matched and ``valid`` whether it matched one. Counts the turn, applies
+        ``_on_turn`` and writes the reply ``<user> ... [<agent>]`` at ``pos``.
+        ``state.time`` is left to the caller."""
+        counted = state.replace(
+            turns=state.turns + 1,
+            invalid_turns=state.invalid_turns + jnp.where(valid, 0, 1).astype(jnp.int32),
+        )
+        out: TurnOutcome = self._on_turn(key, counted, jnp.maximum(utt, 0), valid, params)
+        terminated = jnp.asarray(out.terminated, jnp.bool_)
+        reward = jnp.asarray(out.reward, jnp.float32)
+        reply, k = self._reply_tokens(out.words, out.num_words, terminated)
+        end_pos = (pos + k).astype(jnp.int32)
+        new = out.state.replace(
+            buf=write_tokens(buf, pos, reply, k),
+            pos=jnp.minimum(end_pos, self.buffer_len).astype(jnp.int32),
+            turn_toks=jnp.zeros_like(state.turn_toks),
+            turn_len=jnp.int32(0),
+        )
+        return TurnEnd(
+            state=new,
+            end_pos=end_pos,
+            reward=reward,
+            dense_reward=(jnp.asarray(out.dense_reward, jnp.float32) + reward).astype(jnp.float32),
+            terminated=terminated,
+            success=jnp.asarray(out.success, jnp.bool_) & terminated,
+        )
+
     def step_env(self, key: Array, state: TextState, action: Array, params: TextParams):
-        L, U, V = self.buffer_len, self.grammar.max_len, self.vocab.size
+        L, V = self.buffer_len, self.vocab.size
         a = jnp.asarray(action, jnp.int32)
         bad = (a < 0) | (a >= V) | (a == PAD) | (a == USER) | (a == AGENT)
         tok = jnp.where(bad, UNK, a).astype(jnp.int32)
@@ -301,39 +362,23 @@ class TextEnv(Environment):
         pos = state.pos + 1
         turn_toks = _set(state.turn_toks, state.turn_len, tok)
         turn_len = state.turn_len + 1
-        cap = jnp.clip(jnp.asarray(params.max_turn_tokens, jnp.int32), 1, U)
+        cap = jnp.clip(jnp.asarray(params.max_turn_tokens, jnp.int32), 1, self.grammar.max_len)
         turn_end = (tok == EOT) | (turn_len >= cap)
 
         utt = self.grammar.match(turn_toks)
         valid = utt >= 0
-        counted = state.replace(
-            turns=state.turns + 1,
-            invalid_turns=state.invalid_turns + jnp.where(valid, 0, 1).astype(jnp.int32),
-        )
-        out: TurnOutcome = self._on_turn(key, counted, jnp.maximum(utt, 0), valid, params)
-        terminated = turn_end & jnp.asarray(out.terminated, jnp.bool_)
-        success = turn_end & jnp.asarray(out.success, jnp.bool_) & terminated
-        reward = jnp.where(turn_end, jnp.asarray(out.reward, jnp.float32), 0.0)
-        dense = jnp.where(turn_end, jnp.asarray(out.dense_reward, jnp.float32), 0.0) + reward
+        ended = self.end_turn(key, state, buf, pos, utt, valid, params)
+        mid = state.replace(buf=buf, pos=jnp.minimum(pos, L).astype(jnp.int32), turn_toks=turn_toks,
+                            turn_len=turn_len.astype(jnp.int32))
+        new = jax.tree.map(lambda t, s: jnp.where(turn_end, t, s), ended.state, mid)
+        terminated = turn_end & ended.terminated
+        success = turn_end & ended.success
+        reward = jnp.where(turn_end, ended.reward, 0.0)
+        dense = jnp.where(turn_end, ended.dense_reward, 0.0)
+        new_pos = jnp.where(turn_end, ended.end_pos, pos)
+        new = new.replace(time=advance_time(state.time, new_pos, 1, L, terminated, params.max_steps))
 
-        reply, k = self._reply_tokens(out.words, out.num_words, terminated)
-        buf_turn = write_tokens(buf, pos, reply, k)
-        pos_turn = pos + k
-
-        new = jax.tree.map(lambda t, s: jnp.where(turn_end, t, s), out.state, state)
-        new_pos = jnp.where(turn_end, pos_turn, pos)
-        overflow = (new_pos >= L) & jnp.logical_not(terminated)
-        time = state.time + 1
-        time = jnp.where(overflow, jnp.maximum(time, jnp.asarray(params.max_steps, jnp.int32)), time)
-        new = new.replace(
-            time=time.astype(jnp.int32),
-            buf=jnp.where(turn_end, buf_turn, buf),
-            pos=jnp.minimum(new_pos, L).astype(jnp.int32),
-            turn_toks=jnp.where(turn_end, jnp.zeros_like(turn_toks), turn_toks),
-            turn_len=jnp.where(turn_end, 0, turn_len).astype(jnp.int32),
-        )
-
-        ends = terminated | (time >= jnp.asarray(params.max_steps, jnp.int32))
+        ends = terminated | (new.time >= jnp.asarray(params.max_steps, jnp.int32))
         mask = jnp.where(ends, jnp.asarray(self.grammar.start_mask_np), self.grammar.legal(new.turn_toks, new.turn_len))
         mask = jnp.where(jnp.asarray(params.use_legal_mask), mask, jnp.ones_like(mask))
         info = {

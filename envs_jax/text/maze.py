@@ -174,6 +174,9 @@ class TextMaze(TextEnv):
     def expert_action(self, state, params=None):
         return maze_expert_action(state, params)
 
+    def expert_utterance(self, state, params=None):
+        return maze_expert_utterance(state, params)
+
     def render(self, state, params=None) -> str:
         cell = int(np.asarray(state.cell))
         x, y = CELLS[cell]
@@ -184,10 +187,15 @@ class TextMaze(TextEnv):
         return super().render(state, params) + "\n" + grid
 
 
-def maze_expert_action(state: MazeState, params=None) -> jax.Array:
-    """Move along a shortest path to the goal (uses the true position)."""
+def maze_expert_utterance(state: MazeState, params=None) -> jax.Array:
+    """The expert's next utterance (int32 index into ``MAZE_GRAMMAR``, i.e. the
+    direction): a move along a shortest path to the goal (uses the true position)."""
     nxt = jnp.asarray(NEXT_CELL)[state.cell]
     dist = jnp.asarray(DIST_TO_GOAL)[nxt]
     dist = jnp.where(jnp.asarray(BLOCKED)[state.cell], 10**6, dist)
-    utt = jnp.argmin(dist).astype(jnp.int32)
-    return MAZE_GRAMMAR.emit(utt, state.turn_toks, state.turn_len)
+    return jnp.argmin(dist).astype(jnp.int32)
+
+
+def maze_expert_action(state: MazeState, params=None) -> jax.Array:
+    """The expert's next token: :func:`maze_expert_utterance`, one token per step."""
+    return MAZE_GRAMMAR.emit(maze_expert_utterance(state, params), state.turn_toks, state.turn_len)

@@ -139,10 +139,14 @@ class TwentyQuestions(TextEnv):
     def expert_action(self, state, params=None):
         return twenty_questions_expert_action(state, params)
 
+    def expert_utterance(self, state, params=None):
+        return twenty_questions_expert_utterance(state, params)
 
-def twenty_questions_expert_action(state: TwentyQuestionsState, params=None) -> jax.Array:
-    """Ask the attribute splitting the remaining candidates most evenly; guess
-    when one candidate is left (at most 6 questions)."""
+
+def twenty_questions_expert_utterance(state: TwentyQuestionsState, params=None) -> jax.Array:
+    """The expert's next utterance (int32 index into ``TWENTY_QUESTIONS_GRAMMAR``):
+    ask the attribute splitting the remaining candidates most evenly; guess when
+    one candidate is left (at most 6 questions)."""
     table = jnp.asarray(ATTR_TABLE)
     cands = state.candidates
     yes = jnp.sum(cands[:, None] & table, axis=0)
@@ -150,5 +154,10 @@ def twenty_questions_expert_action(state: TwentyQuestionsState, params=None) -> 
     split = jnp.minimum(yes, no)
     attr = jnp.argmax(split).astype(jnp.int32)
     done = jnp.sum(cands) <= 1
-    utt = jnp.where(done, NUM_ATTRS + jnp.argmax(cands), attr)
+    return jnp.where(done, NUM_ATTRS + jnp.argmax(cands), attr).astype(jnp.int32)
+
+
+def twenty_questions_expert_action(state: TwentyQuestionsState, params=None) -> jax.Array:
+    """The expert's next token: :func:`twenty_questions_expert_utterance`, one token per step."""
+    utt = twenty_questions_expert_utterance(state, params)
     return TWENTY_QUESTIONS_GRAMMAR.emit(utt, state.turn_toks, state.turn_len)

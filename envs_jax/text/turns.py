@@ -1,0 +1,168 @@
+"""Turn-level variants of the dialogue tasks: one action = one whole utterance.
+
+``Booking-Turns``, ``TwentyQuestions-Turns`` and ``TextMaze-Turns`` wrap the
+token-level env (``env.token_env``) of :mod:`envs_jax.text`:
+
+* the action is an index into the token-level env's utterance table
+  (``Discrete(len(env.grammar.utterances))``, in the order of
+  ``env.grammar.utterances``; indices outside the range are clipped);
+* the observation is the same dialogue token buffer: one step writes the
+  utterance's tokens (``<eot>`` included) and the partner's reply, exactly what
+  the token-level env writes after being fed those tokens one per step;
+* the partner, the rewards, ``success`` and ``dense_reward`` are the
+  token-level env's (:meth:`TextEnv.end_turn` runs the same ``_on_turn``), so
+  returns and success rates are comparable across the two levels; only the
+  discounting differs (one step per turn instead of one per token);
+* ``params`` are the token-level env's params class, with ``max_steps``
+  counted in turns; ``max_turn_tokens`` and ``use_legal_mask`` do not apply
+  (every turn is a whole utterance). The default ``max_steps`` is the number of
+  turns the default buffer holds in the worst case (see
+  :func:`turns_that_fit`): Booking 12, TwentyQuestions 10, TextMaze 12, so the
+  tasks' own limits (Booking's ``max_turns = 10``, TwentyQuestions'
+  ``max_questions = 6``) end episodes first and the buffer never fills up
+  with the defaults; only TextMaze episodes end by truncation at 12 turns (its
+  longest shortest path is 7 moves).
+
+A step whose writes would leave fewer free slots than the longest utterance is
+truncated (as at token level, where it is one slot for the next token).
+
+``info`` holds the token-level keys: ``success``, ``dense_reward``,
+``turn_end`` (always True), ``invalid_turn`` (always False), ``turns`` and
+``legal_mask``. The token-level legal mask encodes grammaticality, and every
+utterance is grammatical, so at turn level the mask is all True (declared so
+the optional outputs match the token-level env's). ``env.expert_action(state,
+params)`` is the token-level expert's choice as an utterance index (jittable).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from envs_jax.core import Box, Discrete, Environment
+from envs_jax.text.booking import Booking
+from envs_jax.text.common import PAD, TextEnv, TextParams, TextState, advance_time, write_tokens
+from envs_jax.text.maze import TextMaze
+from envs_jax.text.twenty_questions import TwentyQuestions
+
+Array = jax.Array
+
+
+def tokens_per_turn(token_env: TextEnv) -> int:
+    """The most tokens one turn-level step writes: the longest utterance
+    (``<eot>`` included) plus the longest reply with its ``<user>`` /
+    ``<agent>`` markers (a fresh opening message is shorter)."""
+    return token_env.grammar.max_len + token_env.reply_words + 2
+
+
+def turns_that_fit(token_env: TextEnv) -> int:
+    """The most turns ``token_env``'s buffer holds in the worst case: the
+    longest opening message (``reply_words + 2`` tokens), then
+    :func:`tokens_per_turn` per turn."""
+    return (token_env.buffer_len - (token_env.reply_words + 2)) // tokens_per_turn(token_env)
+
+
+class TurnEnv(Environment):
+    """The turn-level variant of a token-level :class:`TextEnv` (see the module
+    docstring). ``max_steps``: the default ``params.max_steps`` in turns
+    (``None``: :func:`turns_that_fit`)."""
+
+    optional_outputs = TextEnv.optional_outputs
+
+    def __init__(self, token_env: TextEnv, max_steps: int | None = None):
+        if not isinstance(token_env, TextEnv):
+            raise TypeError(f"TurnEnv wraps a token-level TextEnv, got {type(token_env).__name__}")
+        fit = turns_that_fit(token_env)
+        if fit < 1:
+            raise ValueError(f"buffer_len={token_env.buffer_len} holds no whole turn of {token_env.name}")
+        self.token_env = token_env
+        self.name = f"{token_env.name}-Turns"
+        self.max_steps = fit if max_steps is None else int(max_steps)
+        if self.max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1 turn, got {max_steps}")
+        table = token_env.grammar.table_np
+        self._lengths_np = (table != PAD).sum(axis=1).astype(np.int32)  # [N] tokens per utterance, <eot> included
+
+    # -- what the token-level env defines
+    @property
+    def vocab(self):
+        return self.token_env.vocab
+
+    @property
+    def vocab_size(self) -> int:
+        return self.token_env.vocab_size
+
+    @property
+    def grammar(self):
+        return self.token_env.grammar
+
+    @property
+    def buffer_len(self) -> int:
+        return self.token_env.buffer_len
+
+    @property
+    def num_utterances(self) -> int:
+        return len(self.token_env.grammar.utterances)
+
+    @property
+    def max_tokens_per_step(self) -> int:
+        """:func:`tokens_per_turn`."""
+        return tokens_per_turn(self.token_env)
+
+    @property
+    def default_params(self) -> TextParams:
+        return self.token_env.default_params.replace(max_steps=self.max_steps)
+
+    def action_space(self, params=None) -> Discrete:
+        return Discrete(self.num_utterances)
+
+    def observation_space(self, params=None) -> Box:
+        return self.token_env.observation_space(params)
+
+    def legal_mask(self, state: TextState, params: TextParams | None = None) -> Array:
+        """Bool ``[N]``, all True: every utterance is a well-formed turn."""
+        return jnp.ones(self.num_utterances, jnp.bool_)
+
+    def render(self, state: TextState, params=None) -> str:
+        return self.token_env.render(state, params)
+
+    def expert_action(self, state: TextState, params=None) -> Array:
+        """The token-level env's scripted expert as an int32 utterance index."""
+        return self.token_env.expert_utterance(state, params)
+
+    # -- reset / step
+    def reset_env(self, key: Array, params: TextParams):
+        return self.token_env.reset_env(key, params)
+
+    def step_env(self, key: Array, state: TextState, action: Array, params: TextParams):
+        utt = jnp.clip(jnp.asarray(action, jnp.int32), 0, self.num_utterances - 1)
+        n = jnp.asarray(self._lengths_np)[utt]
+        buf = write_tokens(state.buf, state.pos, self.grammar.table[utt], n)
+        ended = self.token_env.end_turn(key, state, buf, state.pos + n, utt, jnp.bool_(True), params)
+        time = advance_time(state.time, ended.end_pos, self.grammar.max_len, self.buffer_len, ended.terminated,
+                            params.max_steps)
+        new = ended.state.replace(time=time)
+        info = {
+            "success": ended.success,
+            "dense_reward": ended.dense_reward,
+            "turn_end": jnp.bool_(True),
+            "invalid_turn": jnp.bool_(False),
+            "turns": new.turns.astype(jnp.int32),
+            "legal_mask": self.legal_mask(new, params),
+        }
+        return new.buf, new, ended.reward, ended.terminated, info
+
+
+def booking_turns(buffer_len: int = 128, max_steps: int | None = None) -> TurnEnv:
+    """``Booking-Turns``."""
+    return TurnEnv(Booking(buffer_len=buffer_len), max_steps)
+
+
+def twenty_questions_turns(buffer_len: int = 64, max_steps: int | None = None) -> TurnEnv:
+    """``TwentyQuestions-Turns``."""
+    return TurnEnv(TwentyQuestions(buffer_len=buffer_len), max_steps)
+
+
+def text_maze_turns(partial: bool = False, buffer_len: int = 192, max_steps: int | None = None) -> TurnEnv:
+    """``TextMaze-Turns`` (``partial=True``: the turn-level ``TextMaze-PO``)."""
+    return TurnEnv(TextMaze(partial=partial, buffer_len=buffer_len), max_steps)
