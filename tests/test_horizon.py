@@ -386,28 +386,5 @@ def test_make_and_wrapper_arguments(keydoor):
         FixedHorizon(envs_jax.DelayedReward(env.unwrapped, 3), 10)
 
 
-# ----------------------------------------------------------------------------- measurement (not a test)
-def random_success_rate(name: str, horizon: int, episodes: int = 4096, seed: int = 0) -> float:
-    """Fraction of uniform-random episodes of ``make(name, fixed_horizon=horizon)`` that succeed."""
-    env, params = envs_jax.make(name, fixed_horizon=horizon)
-    space = env.action_space(params)
-
-    def episode(key):
-        k0, key = jax.random.split(key)
-        _, state = env.reset(k0, params)
-
-        def body(state, k):
-            ka, ks = jax.random.split(k)
-            _, state, _, _, _, info = env.step(ks, state, space.sample(ka), params)
-            return state, info["success"]
-
-        return jax.lax.scan(body, state, jax.random.split(key, horizon))[1][-1]
-
-    return float(jax.jit(jax.vmap(episode))(jax.random.split(jax.random.PRNGKey(seed), episodes)).mean())
-
-
-if __name__ == "__main__":
-    for name, horizons in (("KeyDoor-5x5", (30, 40, 60)), ("KeyDoor-8x8", (60, 100))):
-        for h in horizons:
-            p = random_success_rate(name, h)
-            print(f"{name} H={h}: uniform-random success {p:.4f} (+- {np.sqrt(p * (1 - p) / 4096):.4f}, 4096 episodes)")
+# The random success rate of a fixed-horizon task is measured by sweeps/random_success.py, e.g.
+#   python sweeps/random_success.py --tasks "KeyDoor-5x5:fixed_horizon=40;KeyDoor-8x8:fixed_horizon=100"
