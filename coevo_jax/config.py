@@ -75,6 +75,9 @@ class StaticConfig:
     potential_episode_len: int = 128  # the last this-many steps of each replayed episode are kept
     ensemble_size: int = 1
     ensemble_combine: str = "mean"  # or "min"
+    # compute-matched K: a refit takes reward_steps x K (potential_steps x K) steps, so R_phi / Phi get the same
+    # gradient steps per env step whatever the update period K (hp.k; a traced count, fit.fit_traced_steps)
+    refit_steps_per_k: bool = False
     credit_nstep: int = 1  # > 1: each step's credit spread back over n steps (policy invariance exact only at 1)
     # ICM
     icm_feature_dim: int = 32

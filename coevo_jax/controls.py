@@ -58,15 +58,14 @@ def uniform_random_curves(static: StaticConfig, env, env_params, key: jax.Array)
     return curves
 
 
-def random_row(study, num_seeds: int | None = None) -> dict:
-    """The uniform-random control of a :class:`~coevo_jax.experiment.Study`, as a
-    summary row: its curves on the first arm's rollout shape and budget, scored
-    by the same metrics and statistics as every arm (``num_seeds`` default: the study's)."""
+def random_scores(study, num_seeds: int | None = None) -> dict:
+    """Per-seed scores (:func:`coevo_jax.experiment.metrics.run_scores`) of the
+    uniform-random policy on a :class:`~coevo_jax.experiment.Study`'s first arm's
+    rollout shape and budget, with its env steps under ``"env_steps"``."""
     import numpy as np
 
     from coevo_jax.experiment import metrics
     from coevo_jax.experiment.plan import make_env
-    from coevo_jax.experiment.results import score_columns
 
     static = study.arms[0].static
     env, params = make_env(study)
@@ -75,9 +74,22 @@ def random_row(study, num_seeds: int | None = None) -> dict:
     curves = jax.device_get(jax.jit(jax.vmap(lambda k: uniform_random_curves(static, env, params, k)))(keys))
     curves = {k: np.asarray(v) for k, v in curves.items()}
     scores = metrics.run_scores(curves, np.arange(n), static.num_iterations, study.threshold, study.threshold_metric)
+    return {**scores, "env_steps": float(curves["env_steps"][0, -1])}
+
+
+def random_row(study, num_seeds: int | None = None, scores: dict | None = None) -> dict:
+    """The uniform-random control of a :class:`~coevo_jax.experiment.Study`, as a
+    summary row: :func:`random_scores` (or the given ``scores``), summarised by the
+    same statistics as every arm (``num_seeds`` default: the study's)."""
+    from coevo_jax.experiment.results import score_columns
+
+    scores = scores or random_scores(study, num_seeds)
+    n = len(scores["final_success"])
+    static = study.arms[0].static
     return {"env": study.env, "arm": "random", "method": "random", "n_seeds": n, "n_diverged": 0,
-            **score_columns(scores, study.threshold, static.steps_per_iteration, seed=7),
-            "env_steps": float(curves["env_steps"][0, -1])}
+            **score_columns({k: v for k, v in scores.items() if k != "env_steps"}, study.threshold,
+                            static.steps_per_iteration, seed=7),
+            "env_steps": scores["env_steps"]}
 
 
 class _Episodes(NamedTuple):

@@ -12,7 +12,8 @@
 * **drawn steps** (``data`` a function ``key -> minibatch``, with ``steps``):
   each of ``steps`` steps draws its own minibatch with its own key (a replay
   draw: SIOP's potential; ``lambda _: batch`` for full-batch steps: the
-  co-evolving R_phi).
+  co-evolving R_phi). ``steps`` may be traced (:func:`fit_traced_steps`: the
+  compute-matched K study scales a refit's steps with ``hp.k``).
 
 LIRPG's look-ahead (:func:`coevo_jax.signals.meta.inner_update`) takes
 :func:`fit_step` s of its own: full-batch steps it differentiates through,
@@ -85,6 +86,8 @@ def fit(loss_fn: Callable, params, opt_state, optimizer: optax.GradientTransform
     if callable(data):
         if steps is None:
             raise ValueError("fit: a sampler (callable data) needs steps")
+        if not isinstance(steps, int):  # a traced count
+            return fit_traced_steps(loss_fn, params, opt_state, optimizer, data, key, steps)
         (params, opt_state), metrics = jax.lax.scan(lambda c, k: body(c, data(k)), (params, opt_state),
                                                     jax.random.split(key, steps))
         return params, opt_state, metrics
@@ -103,3 +106,32 @@ def fit(loss_fn: Callable, params, opt_state, optimizer: optax.GradientTransform
 
     (params, opt_state), metrics = jax.lax.scan(epoch, (params, opt_state), jax.random.split(key, epochs))
     return params, opt_state, jax.tree.map(flatten_time, metrics)  # [epochs, num_minibatches] -> one step axis
+
+
+def fit_traced_steps(loss_fn: Callable, params, opt_state, optimizer: optax.GradientTransformation,
+                     sample: Callable, key: jax.Array, steps: jax.Array):
+    """:func:`fit` 's drawn steps for a *traced* ``steps >= 1`` (int32 scalar):
+    a ``lax.while_loop``, step ``i`` drawing with ``jax.random.fold_in(key, i)``.
+    Under ``vmap`` a batch runs as many steps as its largest count (the others
+    masked), so a refit's cost follows the runs that take it. Returns
+    ``(params, opt_state, metrics)`` with metrics stacked as ``[2]``: the first
+    step's and the last step's (no per-step history: its length is not static).
+    """
+    params, opt_state, first = fit_step(loss_fn, optimizer, params, opt_state, sample(jax.random.fold_in(key, 0)))
+
+    def cond(carry):
+        return carry[0] < steps
+
+    def body(carry):
+        i, p, o, _ = carry
+        p, o, m = fit_step(loss_fn, optimizer, p, o, sample(jax.random.fold_in(key, i)))
+        return i + 1, p, o, m
+
+    _, params, opt_state, last = jax.lax.while_loop(cond, body, (jnp.int32(1), params, opt_state, first))
+    return params, opt_state, jax.tree.map(lambda a, b: jnp.stack([a, b]), first, last)
+
+
+def refit_steps(steps: int, static, hp):
+    """Steps of one refit of a learned reward or potential: ``steps`` (static), or
+    ``steps * hp.k`` (traced) under ``static.refit_steps_per_k`` (compute-matched K)."""
+    return steps * hp.k if static.refit_steps_per_k else steps

@@ -35,9 +35,12 @@ from coevo_jax.config import ConfigError, StaticConfig  # noqa: E402
 from coevo_jax.experiment import Arm, Study, cli, options  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# name -> (env, env_kwargs, env steps per run, num_envs, rollout_len)
+# name -> (env, env_kwargs, env steps per run, num_envs, rollout_len[, (num_minibatches, update_epochs)])
+# (PPO passes 4 x 4 where not given)
 CANDIDATES = {
     "doorkey5-t60": ("KeyDoor-5x5", {"max_steps": 60}, 32_768, 16, 64),
+    # the main job's shape (sweeps/k_sensitivity.py): 128 iterations of 8 envs x 16 steps, 2 x 2 PPO passes
+    "doorkey5-t60-16k": ("KeyDoor-5x5", {"max_steps": 60}, 16_384, 8, 16, (2, 2)),
     "doorkey5-h40": ("KeyDoor-5x5", {"fixed_horizon": 40}, 32_768, 16, 64),  # reward paid at step 40 only
     "doorkey6-t60": ("KeyDoor-6x6", {"max_steps": 60}, 65_536, 16, 64),
     "doorkey8-t100": ("KeyDoor-8x8", {"max_steps": 100}, 131_072, 16, 64),
@@ -69,10 +72,11 @@ def build_parser():
 
 
 def candidate_static(method: str, task: str, scale: float) -> StaticConfig:
-    _, _, steps, num_envs, rollout_len = CANDIDATES[task]
+    _, _, steps, num_envs, rollout_len, *ppo = CANDIDATES[task]
+    minibatches, epochs = ppo[0] if ppo else (4, 4)
     per_it = num_envs * rollout_len
-    return StaticConfig(method=method, num_envs=num_envs, rollout_len=rollout_len, num_minibatches=4, update_epochs=4,
-                        total_steps=max(1, round(steps * scale / per_it)) * per_it)
+    return StaticConfig(method=method, num_envs=num_envs, rollout_len=rollout_len, num_minibatches=minibatches,
+                        update_epochs=epochs, total_steps=max(1, round(steps * scale / per_it)) * per_it)
 
 
 def tune_studies(args, earlier) -> list:
@@ -125,6 +129,21 @@ def verdict(result) -> dict:
     return admit(random_row(result.study)["final_success_iqm"], *(result.scores(m)["final_success"] for m in METHODS))
 
 
+def write_admitted(path: str, admitted: list, evaluated: list, num_seeds: int) -> None:
+    """Write the admitted tasks to ``path``: this run's verdicts replace those of the
+    same tasks; tasks admitted by an earlier run and not ``evaluated`` now are kept."""
+    from coevo_jax.experiment.folder import atomic_write_text
+
+    kept = []
+    if os.path.exists(path):
+        with open(path) as f:
+            kept = [t for t in json.load(f).get("tasks", []) if t["task"] not in evaluated]
+    order = {name: i for i, name in enumerate(CANDIDATES)}
+    tasks = sorted(kept + admitted, key=lambda t: order.get(t["task"], len(order)))
+    rule = {"random_max": RANDOM_MAX, "ppo_max": PPO_MAX, "poi_ci_low_min": POI_LOW_MIN}
+    atomic_write_text(path, json.dumps({"rule": rule, "num_seeds": num_seeds, "tasks": tasks}, indent=1) + "\n")
+
+
 def report(args, stages) -> str:
     from coevo_jax.analysis.tables import ci
     from coevo_jax.experiment import format_table
@@ -148,14 +167,13 @@ def report(args, stages) -> str:
         if v["admitted"]:
             admitted.append({"task": t, "env": res.study.env, "env_kwargs": dict(res.study.env_kwargs),
                              "total_steps": st.total_steps, "num_envs": st.num_envs, "rollout_len": st.rollout_len,
+                             "num_minibatches": st.num_minibatches, "update_epochs": st.update_epochs,
                              "tuned": hp, "random_success": v["random"], "ppo_success_iqm": v["ppo"],
                              "dense_success_iqm": v["dense"], "p_dense_over_ppo": v["poi"]})
     table = format_table(rows, markdown=True)
     atomic_write_text(os.path.join(args.out, "calibration.md"), table + "\n")
     if not args.replot:
-        atomic_write_text(args.admitted, json.dumps({"rule": {"random_max": RANDOM_MAX, "ppo_max": PPO_MAX,
-                                                              "poi_ci_low_min": POI_LOW_MIN},
-                                                     "num_seeds": args.num_seeds, "tasks": admitted}, indent=1) + "\n")
+        write_admitted(args.admitted, admitted, [res.study.name for res in stages[1]], args.num_seeds)
     return (f"Calibration: admitted when random <= {RANDOM_MAX}, ppo IQM <= {PPO_MAX} and P(dense > ppo) CI low >"
             f" {POI_LOW_MIN}; final = episodes finished in the last 10% of env steps; {args.num_seeds} paired seeds,"
             f" lr/ent tuned on {args.tune_seeds} separate seeds per grid point\n{table}\n\n"

@@ -1,23 +1,34 @@
 #!/usr/bin/env python
-"""Compare every registered method on a set of environments, with controls.
+"""Every reward method, with controls, on the tasks calibration admitted.
 
-For each environment, every reward source -- sparse PPO, PPO on the dense
-reward, ICM curiosity, co-evolved internal rewards (regression / ranking /
-novelty), SIOP and the meta-gradient reward (LIRPG) -- runs with the same
-(paired) seeds and budget as one study through the runner
-(:mod:`coevo_jax.experiment`). Every env also gets the uniform-random row
-(:mod:`coevo_jax.controls`); an arm whose final success is below it is
-flagged. Reported per (env, method): final success IQM with its 95%
-stratified-bootstrap CI, return IQM, AUC, the probability of improvement over
-PPO with its CI (rliable), and the steps to a fixed success threshold with the
-fraction of seeds that reach it (definitions: :mod:`coevo_jax.experiment.metrics`).
+The tasks, budgets, rollout shapes and tuned lr / entropy coefficients come from
+``sweeps/admitted_tasks.json`` (written by ``sweeps/calibrate.py``): dense runs
+at its own tuned values, every other method at sparse PPO's (the learned reward
+adds to PPO; its own hyperparameters stay at the library defaults). Arms, all on
+the same paired seeds and budget, one study per task through the one runner:
 
-    python sweeps/compare_methods.py --envs KeyDoor-5x5,FourRooms --num-seeds 8
+* the methods: ppo, dense (oracle), icm, coevo-regression, coevo-ranking,
+  coevo-novelty, siop, meta;
+* the controls (:mod:`coevo_jax.signals.placebo`): a constant reward of
+  ``+c`` and of ``-c`` per step mixed like R_phi (a living bonus, a step
+  penalty), ``coevo-frozen`` (coevo-regression with ``reward_lr = 0``: R_phi
+  never refit) and ``siop-shuffled`` (SIOP's credit moved to random steps of the
+  same episode: the placebo);
+* the uniform-random row (:func:`coevo_jax.controls.random_row`).
+
+Reported per task and arm: final success IQM with its 95% stratified-bootstrap
+CI, AUC, P(> ppo) with its CI (rliable, paired seeds), the steps until success
+stays >= 0.8 (fixed in advance) with the fraction of seeds reaching it, and a
+flag on any arm below the random row (definitions:
+:mod:`coevo_jax.experiment.metrics`).
+
+    python sweeps/compare_methods.py                               # the default tasks, 20 seeds
+    python sweeps/compare_methods.py --tasks all --no-controls
+    python sweeps/compare_methods.py --tasks doorkey8-t100 --methods ppo,dense,siop
 
 Outputs (``--out``, default ``results/compare_methods``): one study folder per
-env (``<out>/<env>/``), ``comparison.csv``, ``comparison.md``,
-``sample_efficiency.png`` (IQM success vs env steps, 95% bands) and
-``final_success.png`` (interval estimates).
+task, ``comparison.csv`` / ``.md``, ``sample_efficiency.png`` (IQM success vs
+env steps, 95% bands) and ``final_success.png`` (interval estimates).
 """
 from __future__ import annotations
 
@@ -26,87 +37,87 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from coevo_jax.config import ConfigError, StaticConfig  # noqa: E402
+from coevo_jax.config import StaticConfig  # noqa: E402
 from coevo_jax.experiment import Arm, Study, cli, format_table, options  # noqa: E402
+from coevo_jax.experiment.admitted import load_admitted  # noqa: E402
 from coevo_jax.experiment.folder import atomic_write_text  # noqa: E402
 from coevo_jax.experiment.results import rows_to_csv  # noqa: E402
 
-DEFAULT_ENVS = ("KeyDoor-5x5", "FourRooms")
-NUM_ENVS, ROLLOUT_LEN = 8, 16
-DEFAULT_TOTAL_STEPS = NUM_ENVS * ROLLOUT_LEN * 128
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_TASKS = ("doorkey5-t60", "doorkey5-h40")
+METHODS = ("ppo", "dense", "icm", "coevo-regression", "coevo-ranking", "coevo-novelty", "siop", "meta")
+C = 0.02  # |c| of the constant control: a learned decomposition's per-step reward here (return ~1 over tens of steps)
+CONTROLS = {  # label -> (method, HParams overrides)
+    "constant+c": ("constant", {"constant_reward": C}),
+    "constant-c": ("constant", {"constant_reward": -C}),
+    "coevo-frozen": ("coevo-regression", {"reward_lr": 0.0}),
+    "siop-shuffled": ("siop-shuffled", {}),
+}
 THRESHOLD = 0.8  # success rate, fixed in advance
 
 
 def build_parser():
-    from coevo_jax.registry import registered_methods
-
     p = cli.study_parser("compare_methods.py", __doc__.split("\n\n")[0], os.path.join("results", "compare_methods"))
-    p.add_argument("--envs", default=",".join(DEFAULT_ENVS),
-                   help=f"comma list of registered environments (default: {','.join(DEFAULT_ENVS)})")
-    p.add_argument("--methods", default="all",
-                   help=f"comma list of methods, or 'all' (default: all = {','.join(registered_methods())})")
-    p.add_argument("--total-steps", type=int, default=DEFAULT_TOTAL_STEPS, metavar="S",
-                   help=f"env steps per run, >= {NUM_ENVS * ROLLOUT_LEN} (default: {DEFAULT_TOTAL_STEPS})")
-    options.add_study_options(p, 8, THRESHOLD)
+    p.add_argument("--tasks", default=",".join(DEFAULT_TASKS),
+                   help=f"comma list of admitted tasks, or 'all' (default: {','.join(DEFAULT_TASKS)})")
+    p.add_argument("--methods", default=",".join(METHODS), help=f"comma list of methods (default: {','.join(METHODS)})")
+    p.add_argument("--no-controls", action="store_true", help="leave out the control arms (default: run them)")
+    p.add_argument("--admitted", default=os.path.join(HERE, "admitted_tasks.json"),
+                   help="the admitted-task file (default: sweeps/admitted_tasks.json)")
+    options.add_study_options(p, 20, THRESHOLD)
     return p
 
 
-def static_for(method: str, total_steps: int) -> StaticConfig:
-    return StaticConfig(method=method, num_envs=NUM_ENVS, rollout_len=ROLLOUT_LEN, total_steps=total_steps,
-                        num_minibatches=2, update_epochs=2, buffer_episodes=32, max_episode_len=128,
-                        reward_steps=4, potential_steps=4)
+def task_arm(task, method: str, label: str = "", overrides=None) -> Arm:
+    static = StaticConfig(method=method, num_envs=task.num_envs, rollout_len=task.rollout_len,
+                          num_minibatches=task.num_minibatches, update_epochs=task.update_epochs,
+                          total_steps=task.total_steps, max_episode_len=64)
+    return Arm(static, fixed={**task.hparams(method), **(overrides or {})}, label=label)
 
 
 def studies(args) -> list:
-    """One study per env with every requested method that can run there (the others skipped with a notice)."""
-    from coevo_jax.experiment.plan import make_env
-    from coevo_jax.registry import method_spec, registered_methods
-    from envs_jax.core import provides
+    from coevo_jax.registry import registered_methods
 
-    envs = [e.strip() for e in args.envs.split(",") if e.strip()]
-    methods = registered_methods() if args.methods == "all" else [m.strip() for m in args.methods.split(",")]
-    if not envs or not methods:
-        raise ConfigError("--envs and --methods need at least one entry each")
-    if args.total_steps < NUM_ENVS * ROLLOUT_LEN:
-        raise ConfigError(f"--total-steps={args.total_steps} must be >= {NUM_ENVS * ROLLOUT_LEN}")
+    admitted = load_admitted(args.admitted)
+    tasks = options.names(",".join(admitted) if args.tasks == "all" else args.tasks, "--tasks", list(admitted))
+    methods = options.names(args.methods, "--methods", registered_methods())
+    controls = {} if args.no_controls else CONTROLS
     out = []
-    for env in envs:
-        env_obj, _ = make_env(Study(env, (), 1))
-        arms = []
-        for m in methods:
-            missing = [o for o in method_spec(m).requires if not provides(env_obj, o)]
-            if missing:  # a method the env cannot serve (e.g. dense without a dense reward) is skipped
-                print(f"notice: skipping {m} on {env}: the env does not provide {', '.join(missing)}")
-                continue
-            arms.append(Arm(static_for(m, args.total_steps)))
-        out.append(Study(env, tuple(arms), args.num_seeds, base_seed=args.seed, num_chunks=args.num_chunks,
-                         threshold=args.threshold, name=env))
+    for name in tasks:
+        task = admitted[name]
+        arms = [task_arm(task, m) for m in methods]
+        arms += [task_arm(task, m, label, hp) for label, (m, hp) in controls.items()]
+        out.append(Study(task.env, tuple(arms), args.num_seeds, env_kwargs=dict(task.env_kwargs), base_seed=args.seed,
+                         num_chunks=args.num_chunks, threshold=args.threshold, name=name))
     return out
 
 
 def report(args, results) -> str:
     from coevo_jax.analysis import plots, stats
+    from coevo_jax.analysis.tables import ci
     from coevo_jax.controls import random_row
 
     rows, panels, finals = [], {}, {}
     for res in results:
-        env = res.study.env
+        task = res.study.name
         labels = [a.name for a in res.study.arms]
-        finals[env] = {lab: res.scores(lab)["final_success"] for lab in labels}
-        panels[env] = {lab: (res.curves["env_steps"][res.select(lab)[0]], res.curves["success_rate"][res.select(lab)])
-                       for lab in labels}
+        finals[task] = {lab: res.scores(lab)["final_success"] for lab in labels}
+        panels[task] = {lab: (res.curves["env_steps"][res.select(lab)[0]],
+                              res.curves["success_rate"][res.select(lab)]) for lab in labels}
         floor = random_row(res.study)
         for r in [floor] + res.summary:
-            row = {"env": env, "method": r["arm"], "seeds": r["n_seeds"], "diverged": r["n_diverged"],
-                   "success IQM": r["final_success_iqm"],
-                   "95% CI": f"[{r['final_success_ci_low']:.3f}, {r['final_success_ci_high']:.3f}]",
-                   "return IQM": r["final_return_iqm"], "AUC success": r["auc_success_iqm"],
-                   f"steps to {res.study.threshold:g}": r["steps_to_threshold_median"],
-                   "reached": r["reached_fraction"]}
-            if "ppo" in finals[env] and r["arm"] in finals[env]:
-                poi = stats.probability_of_improvement(finals[env][r["arm"]], finals[env]["ppo"])
-                row["P(> ppo)"] = f"{poi['p']:.2f} [{poi['ci_low']:.2f}, {poi['ci_high']:.2f}]"
-            row["below random"] = "yes" if r["final_success_iqm"] < floor["final_success_iqm"] else ""
+            row = {"task": task, "arm": r["arm"], "control": "yes" if r["arm"] in CONTROLS else "",
+                   "seeds": r["n_seeds"], "diverged": r["n_diverged"],
+                   "success IQM [95% CI]": ci(r, "final_success"), "AUC success": f"{r['auc_success_iqm']:.3f}",
+                   f"steps to {res.study.threshold:g} (reached)":
+                       f"{r['steps_to_threshold_median']:,.0f} ({r['reached_fraction']:.0%})"
+                       if r["reached_fraction"] > 0.5 else f"never ({r['reached_fraction']:.0%})"}
+            if "ppo" in finals[task] and r["arm"] in finals[task] and r["arm"] != "ppo":
+                poi = stats.probability_of_improvement(finals[task][r["arm"]], finals[task]["ppo"])
+                row["P(> ppo) [95% CI]"] = f"{poi['p']:.2f} [{poi['ci_low']:.2f}, {poi['ci_high']:.2f}]"
+            else:
+                row["P(> ppo) [95% CI]"] = "-"
+            row["below random"] = "BELOW" if r["final_success_iqm"] < floor["final_success_iqm"] else ""
             rows.append(row)
     os.makedirs(args.out, exist_ok=True)
     atomic_write_text(os.path.join(args.out, "comparison.csv"), rows_to_csv(rows))
@@ -117,7 +128,8 @@ def report(args, results) -> str:
     plots.plot_interval_estimates(finals, os.path.join(args.out, "final_success.png"), xlabel="final success",
                                   title="final success (episodes of the last 10% of env steps)")
     return ("final = episodes finished in the last 10% of env steps; IQM, 95% stratified-bootstrap CIs and"
-            " P(> ppo) from rliable over paired seeds\n" + table)
+            " P(> ppo) from rliable over paired seeds; steps to threshold: median over the seeds that reach it\n"
+            + table)
 
 
 def main(argv=None) -> int:

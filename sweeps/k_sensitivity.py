@@ -7,12 +7,24 @@ reward R_phi (co-evolution by regression, as in RUDDER's return decomposition,
 Arjona-Medina et al. 2019; or by pairwise ranking, Christiano et al. 2017) or
 of the self-induced outcome potential (SIOP) -- with sparse PPO and PPO on the
 hand-designed dense reward as reference lines and the uniform-random policy as
-the floor. All runs go through the one runner (:mod:`coevo_jax.experiment`);
-metrics are defined in :mod:`coevo_jax.experiment.metrics`, statistics are
-rliable's IQMs with 95% stratified-bootstrap CIs.
+the floor, on a task calibration admitted (``sweeps/admitted_tasks.json``: random
+success <= 0.2, room above sparse PPO, the dense oracle beats PPO), with the
+lr / entropy coefficient tuned there (dense its own, every other method ppo's).
+
+**Compute-matched** by default (``StaticConfig.refit_steps_per_k``): a refit
+takes ``reward_steps x K`` (``potential_steps x K``) gradient steps, so R_phi and
+the potential get the same gradient steps per env step at every K, and K
+measures only *how stale* the reward is, not how much it was trained. SIOP is
+crossed with normalisation (``siop``: raw credit, ``siop-norm``: divided by a
+running RMS of its return).
+
+All runs go through the one runner (:mod:`coevo_jax.experiment`); metrics are
+defined in :mod:`coevo_jax.experiment.metrics`, statistics are rliable's IQMs
+with 95% stratified-bootstrap CIs.
 
     python sweeps/k_sensitivity.py                       # the defaults (>= 300 runs)
-    python sweeps/k_sensitivity.py --k 1,4,16 --num-seeds 8 --env FourRooms
+    python sweeps/k_sensitivity.py --k 1,4,16 --num-seeds 8 --task doorkey8-t100
+    python sweeps/k_sensitivity.py --env FourRooms         # any env, the default task's shape
 
 Outputs (``--out``, default ``results/k_sensitivity``): ``summary.csv``,
 ``k_table.md``, ``k_sensitivity.png`` (final success vs K with CI bands and
@@ -37,12 +49,15 @@ from coevo_jax.experiment import cli, metrics, options  # noqa: E402
 
 SWEPT_METHODS = ("coevo-regression", "coevo-ranking", "siop")
 REFERENCE_METHODS = ("ppo", "dense")
-DEFAULT_KS = (1, 2, 4, 8, 16, 64)
+# crossed with normalisation: a second line with the credit divided by a running RMS of its return
+# (hp.normalize_int = 1; siop's default is 0; R_phi's decomposition is never normalised, so only siop has one)
+NORMALISED = {"siop": "siop-norm"}
+DEFAULT_KS = (1, 4, 16, 64)
 MIN_RUNS = 300
-# one iteration = 8 envs x 16 steps; 128 iterations, so even K = 64 refits twice; sized so that the default
-# >= 300 runs fit in about 5 minutes on 2 CPU cores
-NUM_ENVS, ROLLOUT_LEN = 8, 16
-DEFAULT_TOTAL_STEPS = NUM_ENVS * ROLLOUT_LEN * 128
+# an admitted task (sweeps/calibrate.py) whose budget and rollout shape fit >= 300 runs in <= 10 minutes on 2 CPU
+# cores: 128 iterations of 8 envs x 16 steps (so even K = 64 refits twice), 2 x 2 PPO passes
+DEFAULT_TASK = "doorkey5-t60-16k"
+HERE = os.path.dirname(os.path.abspath(__file__))
 THRESHOLD = 0.8  # success rate that steps-to-threshold waits for, fixed in advance
 
 
@@ -53,11 +68,23 @@ def build_parser():
     p.add_argument("--methods", default=",".join(SWEPT_METHODS + REFERENCE_METHODS), metavar="M1,M2,...",
                    help="methods; ppo and dense are reference lines, the rest are swept over K"
                         f" (default: {','.join(SWEPT_METHODS + REFERENCE_METHODS)})")
-    p.add_argument("--env", default="KeyDoor-5x5", help="any registered environment (default: KeyDoor-5x5)")
+    p.add_argument("--task", default=DEFAULT_TASK,
+                   help="an admitted task of --admitted: its env, time limit, budget, rollout shape and tuned lr /"
+                        f" ent_coef (default: {DEFAULT_TASK})")
+    p.add_argument("--env", default=None,
+                   help="instead of --task: any registered environment, with the default task's budget and shape"
+                        " and the library's default hyperparameters (default: none)")
+    p.add_argument("--admitted", default=os.path.join(HERE, "admitted_tasks.json"),
+                   help="the admitted-task file (default: sweeps/admitted_tasks.json)")
+    p.add_argument("--not-compute-matched", action="store_true",
+                   help="every refit takes the same steps whatever K (default: compute-matched, a refit takes"
+                        " reward_steps x K / potential_steps x K steps)")
+    p.add_argument("--no-normalised", action="store_true",
+                   help=f"leave out the normalised lines ({', '.join(NORMALISED.values())}) (default: run them)")
     p.add_argument("--num-seeds", type=int, default=None, metavar="N",
                    help=f"seeds per setting, >= 1 (default: enough for {MIN_RUNS} runs in all, at least 15)")
-    p.add_argument("--total-steps", type=int, default=DEFAULT_TOTAL_STEPS, metavar="S",
-                   help=f"env steps per run, >= {NUM_ENVS * ROLLOUT_LEN} (default: {DEFAULT_TOTAL_STEPS})")
+    p.add_argument("--total-steps", type=int, default=None, metavar="S",
+                   help="env steps per run, at least one iteration (default: the task's budget)")
     options.add_study_options(p, None, THRESHOLD)
     return p
 
@@ -77,25 +104,46 @@ def parse_ks(text: str) -> tuple:
     return tuple(sorted(ks))
 
 
-def static_for(method: str, total_steps: int) -> StaticConfig:
-    """The same policy, rollout and PPO sizes for every method."""
-    return StaticConfig(method=method, num_envs=NUM_ENVS, rollout_len=ROLLOUT_LEN, total_steps=total_steps,
-                        num_minibatches=2, update_epochs=2, hidden_sizes=(64, 64), reward_hidden=(64, 64),
-                        buffer_episodes=16, max_episode_len=64, reward_steps=4, potential_steps=4)
+def static_for(method: str, task, total_steps: int, matched: bool) -> StaticConfig:
+    """The task's policy, rollout and PPO sizes for every method; ``matched``: compute-matched refits."""
+    return StaticConfig(method=method, num_envs=task.num_envs, rollout_len=task.rollout_len, total_steps=total_steps,
+                        num_minibatches=task.num_minibatches, update_epochs=task.update_epochs,
+                        hidden_sizes=(64, 64), reward_hidden=(64, 64), buffer_episodes=16, max_episode_len=64,
+                        reward_steps=4, potential_steps=4, refit_steps_per_k=matched)
 
 
 def studies(args) -> list:
+    import dataclasses
+
+    from coevo_jax.experiment.admitted import load_admitted
+
     ks = parse_ks(args.k)
     methods = list(dict.fromkeys(m.strip() for m in args.methods.split(",") if m.strip()))
     if not methods:
         raise ConfigError("--methods needs at least one method")
-    if args.total_steps < NUM_ENVS * ROLLOUT_LEN:
-        raise ConfigError(f"--total-steps={args.total_steps} must be >= {NUM_ENVS * ROLLOUT_LEN} (one iteration)")
-    arms = tuple(Arm(static_for(m, args.total_steps), {} if m in REFERENCE_METHODS else {"k": ks}) for m in methods)
+    admitted = load_admitted(args.admitted)
+    task = admitted[options.names(args.task, "--task", list(admitted))[0]]
+    if args.env is not None:  # any env, the task's shape, library defaults (no tuned values carried over)
+        task = dataclasses.replace(task, task=args.env, env=args.env, env_kwargs={}, tuned={"ppo": {}, "dense": {}})
+    per_iteration = task.num_envs * task.rollout_len
+    total_steps = task.total_steps if args.total_steps is None else args.total_steps
+    if total_steps < per_iteration:
+        raise ConfigError(f"--total-steps={total_steps} must be >= {per_iteration} (one iteration)")
+    matched = not args.not_compute_matched
+    arms = []
+    for m in methods:
+        static = static_for(m, task, total_steps, matched and m not in REFERENCE_METHODS)
+        if m in REFERENCE_METHODS:
+            arms.append(Arm(static, fixed=task.hparams(m)))
+            continue
+        arms.append(Arm(static, {"k": ks}, fixed=task.hparams(m)))
+        if m in NORMALISED and not args.no_normalised:
+            arms.append(Arm(static, {"k": ks}, fixed={**task.hparams(m), "normalize_int": 1.0}, label=NORMALISED[m]))
+    arms = tuple(arms)
     settings = sum(1 if not a.grid else len(ks) for a in arms)
     num_seeds = args.num_seeds if args.num_seeds is not None else max(15, math.ceil(MIN_RUNS / settings))
-    return [Study(args.env, arms, num_seeds, base_seed=args.seed, num_chunks=args.num_chunks,
-                  threshold=args.threshold, name="k_sensitivity")]
+    return [Study(task.env, arms, num_seeds, env_kwargs=dict(task.env_kwargs), base_seed=args.seed,
+                  num_chunks=args.num_chunks, threshold=args.threshold, name=task.task)]
 
 
 def _signal_metric(names, *needles):
@@ -103,7 +151,7 @@ def _signal_metric(names, *needles):
     return next((n for needle in needles for n in sorted(names) if n.startswith("signal/") and needle in n), None)
 
 
-def k_plots(result, ks, final) -> None:
+def k_plots(result, ks, final, random_final) -> None:
     """``k_sensitivity.png`` and ``k_diagnostics.png`` in the results folder."""
     from coevo_jax.analysis import plots
 
@@ -111,11 +159,12 @@ def k_plots(result, ks, final) -> None:
     labels = list(dict.fromkeys(runs["label"].tolist()))
     swept = [lab for lab in labels if lab not in REFERENCE_METHODS]
     refs = {lab: final[runs["label"] == lab] for lab in labels if lab in REFERENCE_METHODS}
+    refs["uniform random"] = random_final
     lines = {lab: [final[(runs["label"] == lab) & (runs["hp/k"] == k)] for k in ks] for lab in swept}
     plots.plot_metric_vs_hparam(list(ks), lines, os.path.join(out, "k_sensitivity.png"), references=refs,
                                 xlabel="K (iterations between refits)", ylabel="final success",
                                 logx=len(ks) > 1 and max(ks) / min(ks) >= 4,
-                                title=f"{result.study.env}: final success vs K (episodes of the last 10% of steps)")
+                                title=f"{result.study.name}: final success vs K (episodes of the last 10% of steps)")
     shown = sorted({ks[0], ks[len(ks) // 2], ks[-1]})
     rows, notes = {}, {}
     for lab in swept:
@@ -135,9 +184,10 @@ def k_plots(result, ks, final) -> None:
 
 
 def report(args, results) -> str:
-    from coevo_jax.controls import random_row
+    from coevo_jax.controls import random_row, random_scores
 
     result = results[0]
+    random = random_scores(result.study)
     ks = tuple(sorted({int(k) for a in result.study.arms for k in a.grid.get("k", ())}))
     final = np.full(len(result.runs["arm"]), np.nan)
     osc = np.full_like(final, np.nan)
@@ -145,9 +195,9 @@ def report(args, results) -> str:
         idx = result.select(label)
         final[idx] = result.scores(label)["final_success"]
         osc[idx] = metrics.oscillation(result.curves["episode_return"][idx])
-    k_plots(result, ks, final)
+    k_plots(result, ks, final, random["final_success"])
     rows = []
-    for r in [random_row(result.study)] + result.summary:
+    for r in [random_row(result.study, scores=random)] + result.summary:
         swept = r["arm"] not in REFERENCE_METHODS + ("random",)
         idx = result.select(r["arm"], **({"k": r["k"]} if swept else {}))
         rows.append({"method": r["arm"], "K": int(r["k"]) if swept else "-", "seeds": r["n_seeds"],
@@ -160,7 +210,10 @@ def report(args, results) -> str:
     table = format_table(rows, markdown=True)
     with open(os.path.join(result.out, "k_table.md"), "w") as f:
         f.write(table + "\n")
-    return (f"\nK sensitivity on {result.study.env}: final = episodes finished in the last 10% of env steps; IQM and"
+    matched = any(a.static.refit_steps_per_k for a in result.study.arms)
+    return (f"\nK sensitivity on {result.study.name} ({result.study.env},"
+            f" {'compute-matched: steps per refit x K' if matched else 'fixed steps per refit'}):"
+            " final = episodes finished in the last 10% of env steps; IQM and"
             f" 95% stratified-bootstrap CI over seeds (rliable); steps to success {result.study.threshold:g}"
             f" (resolution {result.summary[0]['steps_resolution']} env steps); oscillation = variance of"
             " the return curve over the last 25% of iterations\n" + table)

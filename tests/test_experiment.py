@@ -308,6 +308,7 @@ def _k_sensitivity():
     (["--k", "4,-1"], "K=-1"),
     (["--methods", "ppo,nonsense"], "StaticConfig.method='nonsense' is not one of ppo, dense"),
     (["--env", "NoSuchEnv"], "unknown environment 'NoSuchEnv'"),
+    (["--task", "doorkey99"], "--task: unknown 'doorkey99'; choose from"),
     (["--total-steps", "-5"], "--total-steps=-5"),
     (["--num-seeds", "0"], "--num-seeds=0"),
     (["--max-parallel", "0"], "--max-parallel=0"),
@@ -344,9 +345,17 @@ def test_k_sensitivity_default_config_has_at_least_300_runs():
     (config,) = ks.studies(args)
     runs = sum(config.num_seeds * max(1, len(a.settings())) for a in config.arms)
     assert runs >= 300
-    assert config.env == "KeyDoor-5x5"
+    # an admitted task, with its tuned lr / ent_coef (dense its own), compute-matched refits, siop crossed with
+    # normalisation
+    assert config.name == ks.DEFAULT_TASK and config.env == "KeyDoor-5x5" and config.env_kwargs == {"max_steps": 60}
+    from coevo_jax.experiment.admitted import load_admitted
+    task = load_admitted(os.path.join(ROOT, "sweeps", "admitted_tasks.json"))[ks.DEFAULT_TASK]
+    arms = {a.name: a for a in config.arms}
+    assert dict(arms["dense"].fixed) == task.tuned["dense"] and dict(arms["coevo-ranking"].fixed) == task.tuned["ppo"]
+    assert arms["siop-norm"].fixed["normalize_int"] == 1.0 and "normalize_int" not in arms["siop"].fixed
     swept = [a for a in config.arms if a.grid]
-    assert all(tuple(a.grid["k"]) == (1, 2, 4, 8, 16, 64) for a in swept)
+    assert all(tuple(a.grid["k"]) == (1, 4, 16, 64) and a.static.refit_steps_per_k for a in swept)
+    assert not arms["ppo"].static.refit_steps_per_k and config.threshold == 0.8
     # every K refits at least twice within the default budget
     assert all(a.static.num_iterations >= 2 * 64 for a in config.arms)
 

@@ -1,5 +1,7 @@
 """The one learned reward network R_phi (coevo and meta): its output at
 initialisation, and what a frozen R_phi reads (policy features drift, observations do not)."""
+import functools
+
 import jax
 import jax.flatten_util
 import jax.numpy as jnp
@@ -11,6 +13,9 @@ import envs_jax
 from coevo_jax import reward_net as RN
 from coevo_jax.signals import learned as L
 from coevo_jax.signals.base import flat_obs
+from xla_options import OPT0
+
+jit0 = functools.partial(jax.jit, compiler_options=OPT0)  # semantic checks: compile fast
 
 SMALL = dict(num_envs=4, rollout_len=8, total_steps=4 * 8 * 4, num_minibatches=1, update_epochs=1,
              hidden_sizes=(16, 16), reward_hidden=(16, 16), action_embed_dim=4, reward_steps=2,
@@ -23,7 +28,7 @@ def _realistic_obs(name, num=32, steps=4):
     env, params = envs_jax.make(name)
     n_act = int(env.action_space(params).n)
 
-    @jax.jit
+    @jit0
     def collect(key):
         k0, k1 = jax.random.split(key)
         obs, state = jax.vmap(env.reset, (0, None))(jax.random.split(k0, num), params)
@@ -55,11 +60,11 @@ def test_reward_net_starts_near_zero_on_realistic_inputs(name, reward_input):
                          else 0)
     if reward_input == "features":
         policy = cj.make_policy_network(static, env, params)
-        x = jax.jit(policy.apply)(policy.init(jax.random.PRNGKey(1), obs[:1]), obs)[2]
+        x = jit0(policy.apply)(policy.init(jax.random.PRNGKey(1), obs[:1]), obs)[2]
     else:
         x = flat_obs(obs, len(env.observation_space(params).shape))
 
-    @jax.jit
+    @jit0
     def outputs(keys):
         return jax.vmap(lambda k: net.apply(net.init(k, x[:1], act[:1]), x, act)[0])(keys)
 
@@ -106,7 +111,7 @@ def test_frozen_reward_of_a_fixed_observation_stays_fixed_with_obs_input():
             x = obs if reward_input == "obs" else trainer.network.apply(state.params, obs)[2]
             return net.apply(state.signal_state.params, x, act)[0]
 
-        @jax.jit
+        @jit0
         def run(key):
             s0 = trainer.init(key, hp)
             s1, m = trainer.run_chunk(s0, hp, 4)

@@ -10,7 +10,8 @@ from coevo_jax.experiment import options
 from coevo_jax.config import ConfigError, default_hparams
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = ("siop_learning", "coevo_learning", "meta_gradient", "text_learning", "ppo_learning", "calibrate")
+SCRIPTS = ("siop_learning", "coevo_learning", "meta_gradient", "text_learning", "ppo_learning", "calibrate",
+           "compare_methods")
 
 
 def load(name):
@@ -46,6 +47,9 @@ def test_help_lists_a_default_for_every_own_option(name):
     ("ppo_learning", ["--tasks", "keydoor", "--num-seeds", "0"], "--num-seeds=0 must be >= 1"),
     ("calibrate", ["--tasks", "atari"], "--tasks: unknown 'atari'"),
     ("calibrate", ["--grid", "lr=fast"], "--grid: lr='fast' is not a number"),
+    ("compare_methods", ["--tasks", "doorkey5-t60,KeyDoor-5x5"], "--tasks: unknown 'KeyDoor-5x5'; choose from"),
+    ("compare_methods", ["--methods", "ppo,lirpg"], "--methods: unknown 'lirpg'"),
+    ("compare_methods", ["--admitted", "/nonexistent/admitted.json"], "run sweeps/calibrate.py first"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(name, argv, msg, tmp_path, capsys):
     out = str(tmp_path / "x")
@@ -76,6 +80,16 @@ def test_default_studies_keep_each_protocol():
     assert [s.env for s in text] == ["Booking", "TwentyQuestions"] and all(s.save_final for s in text)
     assert all(s.env_kwargs == {"use_legal_mask": False} for s in text)
     assert [s.name for s in built("ppo_learning")] == ["cartpole", "keydoor"]
+    compare = built("compare_methods")
+    assert [s.name for s in compare] == ["doorkey5-t60", "doorkey5-h40"] and all(s.num_seeds == 20 for s in compare)
+    arms = {a.name: a for a in compare[0].arms}
+    assert tuple(arms)[:8] == load("compare_methods").METHODS and "meta" in arms
+    tuned = load("compare_methods").load_admitted(os.path.join(ROOT, "sweeps", "admitted_tasks.json"))["doorkey5-t60"]
+    assert dict(arms["dense"].fixed) == tuned.tuned["dense"] and dict(arms["siop"].fixed) == tuned.tuned["ppo"]
+    assert arms["constant+c"].fixed["constant_reward"] == -arms["constant-c"].fixed["constant_reward"] > 0
+    assert arms["coevo-frozen"].static.method == "coevo-regression" and arms["coevo-frozen"].fixed["reward_lr"] == 0
+    assert arms["siop-shuffled"].static.method == "siop-shuffled" and compare[0].env_kwargs == {"max_steps": 60}
+    assert arms["ppo"].static.total_steps == tuned.total_steps and compare[0].threshold == 0.8
 
 
 def test_option_parsing():

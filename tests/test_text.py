@@ -18,6 +18,9 @@ from hypothesis import strategies as st
 import envs_jax
 from envs_jax import make
 from envs_jax.text import EOT, PAD, USER, AGENT, decode, encode
+from xla_options import OPT0
+
+jit0 = functools.partial(jax.jit, compiler_options=OPT0)  # these tests check semantics: compile fast
 
 ENVS = ["Booking", "TwentyQuestions", "TextMaze", "TextMaze-PO"]
 B, T = 32, 64
@@ -59,7 +62,7 @@ def rollout_fn(name):
         _, outs = jax.lax.scan(body, carry, (jax.random.split(k1, T), numbers))
         return obs0, st0, outs
 
-    return jax.jit(jax.vmap(one, in_axes=(0, 0, 0, None)))
+    return jit0(jax.vmap(one, in_axes=(0, 0, 0, None)))
 
 
 def run(name, mode, numbers=None, seed=0, params=None):
@@ -401,10 +404,10 @@ def test_transformer_shapes_and_score_sequence():
     # every prefix of the final buffer, as the policy saw it token by token
     prefixes = np.where(np.arange(L)[None, :] <= np.arange(L)[:, None], final[None, :], PAD).astype(np.int32)
     prefixes = np.concatenate([prefixes, prefixes[:2]])  # [L + 2, L] = [2, (L + 2) // 2, L]
-    logits, value, feats = jax.jit(model.apply)(mp, jnp.asarray(prefixes.reshape(2, -1, L)))
+    logits, value, feats = jit0(model.apply)(mp, jnp.asarray(prefixes.reshape(2, -1, L)))
     assert logits.shape == (2, (L + 2) // 2, A) and value.shape == logits.shape[:2] and feats.shape == logits.shape[:2] + (32,)
     logits, value, feats = (x.reshape((L + 2,) + x.shape[2:])[:L] for x in (logits, value, feats))
-    s_logits, s_value, s_feats = jax.jit(functools.partial(model.apply, method=model.score_sequence))(mp, jnp.asarray(final))
+    s_logits, s_value, s_feats = jit0(functools.partial(model.apply, method=model.score_sequence))(mp, jnp.asarray(final))
     assert s_logits.shape == (L, A) and s_value.shape == (L,) and s_feats.shape == (L, 32)
     np.testing.assert_allclose(logits[:n], s_logits[:n], atol=1e-5, rtol=1e-4)
     np.testing.assert_allclose(value[:n], s_value[:n], atol=1e-5, rtol=1e-4)
@@ -421,7 +424,7 @@ def test_transformer_kv_cache_matches_full_buffer():
     assert (out["term"][0] | out["trunc"][0]).sum() >= 2 and out_e["term"][0].sum() >= 2
     chunk = env.max_tokens_per_step
 
-    @jax.jit
+    @jit0
     def both(obs_seq):
         def body(cache, obs):
             res, cache = model.apply(mp, cache, obs, chunk=chunk, method=model.decode_step)
@@ -449,7 +452,7 @@ def test_cached_rollout_equals_plain_rollout():
     obs, st = jax.vmap(env_s.reset, (0, None))(jax.random.split(jax.random.PRNGKey(3), 4), params)
     chunk = env.max_tokens_per_step
 
-    @jax.jit
+    @jit0
     def both(key):
         ro = RolloutState(st, obs)
         return (rollout(model, mp, env_s, params, ro, key, 40)[1],
@@ -473,7 +476,7 @@ def _two_rollouts(model, mp, name="TwentyQuestions", n=4, length=40, use_legal_m
     env_s = EpisodeStats(env)
     obs, st = jax.vmap(env_s.reset, (0, None))(jax.random.split(jax.random.PRNGKey(3), n), params)
 
-    @jax.jit
+    @jit0
     def go(key):
         k1, k2 = jax.random.split(key)
         ro, first = rollout(model, mp, env_s, params, RolloutState(st, obs), k1, length, env.max_tokens_per_step)
@@ -502,8 +505,8 @@ def test_packed_windows_score_every_step_like_the_per_step_policy():
         np.testing.assert_array_equal(
             jnp.take_along_axis(packed.tokens, packed.query, axis=1),
             jnp.take_along_axis(traj.obs, last[..., None], axis=-1)[..., 0].T)
-        p_logits, p_value, p_feats = jax.jit(functools.partial(model.apply, method=model.score_packed))(mp, packed)
-        f_logits, f_value, f_feats = jax.jit(model.apply)(mp, traj.obs)
+        p_logits, p_value, p_feats = jit0(functools.partial(model.apply, method=model.score_packed))(mp, packed)
+        f_logits, f_value, f_feats = jit0(model.apply)(mp, traj.obs)
         np.testing.assert_allclose(p_logits, jnp.swapaxes(f_logits, 0, 1), atol=1e-5, rtol=1e-4)
         np.testing.assert_allclose(p_value, f_value.T, atol=1e-5, rtol=1e-4)
         np.testing.assert_allclose(p_feats, jnp.swapaxes(f_feats, 0, 1), atol=1e-5, rtol=1e-4)
@@ -519,7 +522,7 @@ def test_packed_ppo_loss_and_gradient_equal_the_flat_update():
     env, model, mp = small_model()
     env, (_, traj) = _two_rollouts(model, mp, use_legal_mask=True)
     adv = jax.random.normal(jax.random.PRNGKey(1), traj.value.shape)
-    grad = jax.jit(jax.value_and_grad(lambda p, b: ppo_loss(p, model, b, 0.2, 0.5, 0.01)[0]))
+    grad = jit0(jax.value_and_grad(lambda p, b: ppo_loss(p, model, b, 0.2, 0.5, 0.01)[0]))
     loss_p, g_p = grad(mp, ppo_batch(traj, adv, traj.value + adv, env.max_tokens_per_step))
     loss_f, g_f = grad(mp, ppo_batch(traj, adv, traj.value + adv, None))
     assert abs(float(loss_p) - float(loss_f)) < 1e-5

@@ -20,6 +20,7 @@ from coevo_jax.signals import icm  # noqa: F401  icm
 from coevo_jax.signals import learned  # noqa: F401  coevo-regression, coevo-ranking, coevo-novelty
 from coevo_jax.signals import potential  # noqa: F401  siop
 from coevo_jax.signals import meta  # noqa: F401  meta
+from coevo_jax.signals import placebo  # noqa: F401  constant, siop-shuffled (controls)
 
 
 def make_signal(static, network, env, env_params) -> Signal:

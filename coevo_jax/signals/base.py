@@ -197,7 +197,9 @@ def gated_update(signal: Signal, do_update: jax.Array, state, traj, policy: Poli
         state, metrics = jax.lax.cond(do_update, run, skip, state)
     else:
         def run_selected(s):
-            new, metrics = run(s)
+            # a run that does not refit now is computed at K = 1 (its result is discarded): under compute-matched
+            # refits (steps x K in a while loop as long as the batch's longest) it then adds no steps
+            new, metrics = signal.update(s, traj, policy, hp.replace(k=jnp.where(do_update, hp.k, 1)), key)
             keep = lambda a, b: jnp.where(do_update, a, b)  # noqa: E731
             return jax.tree.map(keep, new, s), jax.tree.map(lambda m: keep(m, jnp.zeros_like(m)), metrics)
 

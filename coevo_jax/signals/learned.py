@@ -68,7 +68,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from coevo_jax.episodes import VAL_EVERY, EpisodeReplay, add_rollout, buffer_mask, episode_sum, init_replay
-from coevo_jax.fit import fit, init_optimizer, make_optimizer
+from coevo_jax.fit import fit, init_optimizer, make_optimizer, refit_steps
 from coevo_jax.registry import MethodSpec, Param, grad_clip, register_method, unit, weight
 from coevo_jax.reward_net import (
     REWARD_NET_STATIC_CHECKS, check_reward_net_static, make_reward_net, make_rnd_net, reward_inputs, rnd_error,
@@ -275,7 +275,7 @@ def make_learned(static, network, env, env_params) -> Signal:
 
         # full-batch steps: every step reads the whole buffer
         params, opt_state, ms = fit(loss_fn, state.params, state.opt_state, tx, lambda _: (x, actions), key,
-                                    steps=static.reward_steps)
+                                    steps=refit_steps(static.reward_steps, static, hp))
         ms = {**{k: v for k, v in ms.items() if k not in ("loss", "grad_norm")}, "reward_grad_norm": ms["grad_norm"]}
         metrics = {"first_reward_loss": ms["reward_loss"][0], **{k: v[-1] for k, v in ms.items()}}
         r_new, _ = net.apply(params, x, actions)

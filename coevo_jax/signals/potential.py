@@ -95,7 +95,7 @@ import jax.numpy as jnp
 
 from coevo_jax import episodes as ep
 from coevo_jax.config import check_choice, check_sizes
-from coevo_jax.fit import fit, init_optimizer, make_optimizer
+from coevo_jax.fit import fit, init_optimizer, make_optimizer, refit_steps
 from coevo_jax.registry import INF, MethodSpec, Param, grad_clip, register_method, unit, weight
 from coevo_jax.signals.base import (
     ReturnScale, RewardStreams, Signal, flat_obs, init_return_scale, return_rms, scale_normalise,
@@ -258,9 +258,9 @@ def combine_loss(terms: dict, hp):
     return hp.w_fit * terms["fit"] + hp.w_cons * terms["consistency"] + hp.w_reg * terms["l2"]
 
 
-def refit(network, params, opt_state, buf: ep.EpisodeBuffer, hp, key, steps: int, batch_size: int):
-    """``steps`` Adam steps of one member on ``batch_size`` transitions drawn
-    from the replay each. Returns ``(params, opt_state, per-step terms [steps])``."""
+def refit(network, params, opt_state, buf: ep.EpisodeBuffer, hp, key, steps, batch_size: int):
+    """``steps`` Adam steps of one member on ``batch_size`` transitions drawn from the replay
+    each. Returns ``(params, opt_state, per-step terms [steps])`` (``[2]``, first and last, for a traced count)."""
     g0, boot = replay_targets(buf, hp.gamma)
     value = lambda p, x: network.apply(p, flat_obs(x, x.ndim - 1))  # noqa: E731
 
@@ -329,8 +329,8 @@ def make_potential(static, network=None, env=None, env_params=None) -> Signal:
                        "episodes_committed": replay.committed.astype(jnp.float32)}
 
     def update(state, traj, policy, hp, key):
-        buf = state.replay.train
-        member = lambda p, o, k: refit(vnet, p, o, buf, hp, k, static.potential_steps, static.minibatch_size)  # noqa
+        buf, steps = state.replay.train, refit_steps(static.potential_steps, static, hp)
+        member = lambda p, o, k: refit(vnet, p, o, buf, hp, k, steps, static.minibatch_size)  # noqa: E731
         params, opt_state, terms = jax.vmap(member)(state.params, state.opt_state, jax.random.split(key, size))
         metrics = {f"potential_{k}": v[:, -1].mean() for k, v in terms.items()}
         metrics["potential_first_loss"] = terms["loss"][:, 0].mean()

@@ -1,0 +1,45 @@
+"""The admitted-task file that ``sweeps/calibrate.py`` writes and the method
+studies read: which tasks and budgets can tell the reward methods apart, with
+the rollout shape and the lr / entropy coefficient tuned for ppo and dense."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Mapping
+
+from coevo_jax.config import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class AdmittedTask:
+    task: str  # the calibration candidate's name, e.g. "doorkey5-t60"
+    env: str
+    env_kwargs: Mapping[str, float]
+    total_steps: int
+    num_envs: int
+    rollout_len: int
+    tuned: Mapping[str, Mapping[str, float]]  # "ppo" / "dense" -> {"lr": ..., "ent_coef": ...}
+    random_success: float
+    ppo_success_iqm: float
+    dense_success_iqm: float
+    num_minibatches: int = 4  # PPO's passes at calibration
+    update_epochs: int = 4
+
+    def hparams(self, method: str) -> dict:
+        """The tuned lr / ent_coef a method runs with: dense its own, every other method ppo's."""
+        return dict(self.tuned["dense" if method == "dense" else "ppo"])
+
+
+def load_admitted(path: str) -> dict[str, AdmittedTask]:
+    """``{task name: AdmittedTask}`` from the file, in its order. A missing or
+    empty file is a :class:`ConfigError` that says how to make one."""
+    if not os.path.exists(path):
+        raise ConfigError(f"no admitted-task file at {path}: run sweeps/calibrate.py first")
+    with open(path) as f:
+        data = json.load(f)
+    fields = {f.name for f in dataclasses.fields(AdmittedTask)}
+    tasks = {t["task"]: AdmittedTask(**{k: v for k, v in t.items() if k in fields}) for t in data.get("tasks", [])}
+    if not tasks:
+        raise ConfigError(f"{path} admits no task: nothing can tell the methods apart at these budgets")
+    return tasks

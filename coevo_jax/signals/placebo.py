@@ -1,0 +1,110 @@
+"""Control reward sources: what a method's reward would be without its information.
+
+A learned reward that "helps" might help for a reason that has nothing to do
+with what it learned: a shift of every step's reward (a living bonus or a step
+penalty changes which episodes are long), or the mere magnitude of an extra
+reward. Two controls separate those explanations from credit assignment:
+
+* ``constant`` pays ``beta_ext * r_ext + beta_int * c`` with a fixed
+  ``hp.constant_reward = c``, mixed like ``coevo-regression``'s ``R_phi`` (the
+  same episodic stream, the same ``beta_int`` default, unnormalised). With
+  ``c > 0`` it is a living bonus, with ``c < 0`` a step penalty; the default
+  ``|c| = 0.02`` is the size of a learned decomposition's per-step reward on
+  the grid tasks (a return of ~1 spread over tens of steps). An arm that beats
+  PPO by as much as ``+c`` or ``-c`` does has not shown that it learned credit.
+* ``siop-shuffled`` (placebo) is ``siop`` with each step's credit moved to a
+  uniformly random step of the *same episode segment* of the rollout: every
+  segment's credit sums to the same total, and the credit keeps its values,
+  scale and sign balance, but carries no information about *which* step
+  earned it. It is not potential-based any more (that is the point): if it
+  learns as fast as ``siop``, SIOP's gain is not the timing of its credit.
+
+The frozen co-evolved reward, the third control, needs no module: it is
+``coevo-regression`` with ``reward_lr = 0`` (``R_phi`` stays the small random
+function of its initialisation, :mod:`coevo_jax.reward_net`).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from coevo_jax.registry import INF, MethodSpec, Param, method_spec, register_method
+from coevo_jax.signals.base import RewardStreams, Signal, no_observe, no_update
+from coevo_jax.signals.potential import make_potential
+
+
+# ----------------------------------------------------------------------------- constant reward
+def make_constant(static, network, env, env_params) -> Signal:
+    """``episodic = beta_ext * r_ext + beta_int * constant_reward`` every step (method ``constant``)."""
+
+    def init(key, traj, hp):
+        return ()
+
+    def rewards(state, traj, hp):
+        c = jnp.full(traj.reward.shape, hp.constant_reward, jnp.float32)
+        return state, RewardStreams(hp.beta_ext * traj.reward + hp.beta_int * c), {}
+
+    return Signal(init, no_observe, no_update, rewards)
+
+
+register_method(MethodSpec(
+    "constant", make_constant,
+    {"constant_reward": Param(0.02, -INF, INF, False, False,
+                              doc="the reward c added (times beta_int) at every step: > 0 a living bonus, < 0 a"
+                                  " step penalty")},
+    {"beta_ext": 1.0, "beta_int": 0.5}, off={"beta_int": 0.0},
+    doc="control: a constant reward per step in the episodic stream, mixed like coevo-regression's R_phi",
+))
+
+
+# ----------------------------------------------------------------------------- shuffled credit
+def shuffle_within_episodes(x: jax.Array, done: jax.Array, key: jax.Array) -> jax.Array:
+    """``x [T, N]`` with each column's entries permuted uniformly at random
+    within each episode segment (the steps between two ``done [T, N]`` ends;
+    a step with ``done`` closes its segment). Segment sums are unchanged."""
+    done = done.astype(jnp.int32)
+    segment = (jnp.cumsum(done, axis=0) - done).astype(jnp.float32)  # episode ends strictly before t
+    order = jnp.argsort(segment + jax.random.uniform(key, x.shape), axis=0)
+    return jnp.take_along_axis(x, order, axis=0)
+
+
+class ShuffledState(NamedTuple):
+    potential: Any  # the siop state (PotentialState)
+    key: jax.Array  # drawn from for each rollout's permutation
+
+
+def make_shuffled_potential(static, network=None, env=None, env_params=None) -> Signal:
+    """SIOP with its credit shuffled in time within each episode segment (method
+    ``siop-shuffled``): the potential trains exactly as ``siop``'s."""
+    inner = make_potential(static, network, env, env_params)
+
+    def init(key, traj, hp):
+        k_inner, k_shuffle = jax.random.split(key)
+        return ShuffledState(inner.init(k_inner, traj, hp), k_shuffle)
+
+    def observe(state, traj, hp, key):
+        potential, metrics = inner.observe(state.potential, traj, hp, key)
+        return state._replace(potential=potential), metrics
+
+    def update(state, traj, policy, hp, key):
+        potential, metrics = inner.update(state.potential, traj, policy, hp, key)
+        return state._replace(potential=potential), metrics
+
+    def rewards(state, traj, hp):
+        # with beta_ext = 0 and beta_int = 1 siop's episodic stream is exactly its (scaled, clipped) credit
+        potential, streams, metrics = inner.rewards(state.potential, traj, hp.replace(beta_ext=0.0, beta_int=1.0))
+        key, k = jax.random.split(state.key)
+        credit = shuffle_within_episodes(streams.episodic, jnp.logical_or(traj.terminated, traj.truncated), k)
+        out = RewardStreams(hp.beta_ext * traj.reward + hp.beta_int * credit)
+        return ShuffledState(potential, key), out, metrics
+
+    return Signal(init, observe, update, rewards)
+
+
+register_method(dataclasses.replace(
+    method_spec("siop"), name="siop-shuffled", factory=make_shuffled_potential,
+    doc="placebo: siop with each step's credit moved to a random step of the same episode segment",
+))
