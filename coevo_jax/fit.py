@@ -86,7 +86,7 @@ def fit(loss_fn: Callable, params, opt_state, optimizer: optax.GradientTransform
     if callable(data):
         if steps is None:
             raise ValueError("fit: a sampler (callable data) needs steps")
-        if not isinstance(steps, int):  # a traced count
+        if isinstance(steps, jax.Array):  # a count computed in the traced program (e.g. from hp.k)
             return fit_traced_steps(loss_fn, params, opt_state, optimizer, data, key, steps)
         (params, opt_state), metrics = jax.lax.scan(lambda c, k: body(c, data(k)), (params, opt_state),
                                                     jax.random.split(key, steps))
