@@ -11,7 +11,7 @@ from coevo_jax.config import ConfigError, default_hparams
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = ("siop_learning", "coevo_learning", "meta_gradient", "text_learning", "ppo_learning", "calibrate",
-           "compare_methods")
+           "turn_learning", "compare_methods")
 
 
 def load(name):
