@@ -37,8 +37,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from coevo_jax.config import StaticConfig  # noqa: E402
-from coevo_jax.experiment import Arm, Study, cli, format_table, options  # noqa: E402
+from coevo_jax.experiment import Study, cli, format_table, options  # noqa: E402
 from coevo_jax.experiment.admitted import load_admitted  # noqa: E402
 from coevo_jax.experiment.folder import atomic_write_text  # noqa: E402
 from coevo_jax.experiment.results import rows_to_csv  # noqa: E402
@@ -68,13 +67,6 @@ def build_parser():
     return p
 
 
-def task_arm(task, method: str, label: str = "", overrides=None) -> Arm:
-    static = StaticConfig(method=method, num_envs=task.num_envs, rollout_len=task.rollout_len,
-                          num_minibatches=task.num_minibatches, update_epochs=task.update_epochs,
-                          total_steps=task.total_steps, max_episode_len=64)
-    return Arm(static, fixed={**task.hparams(method), **(overrides or {})}, label=label)
-
-
 def studies(args) -> list:
     from coevo_jax.registry import registered_methods
 
@@ -85,8 +77,8 @@ def studies(args) -> list:
     out = []
     for name in tasks:
         task = admitted[name]
-        arms = [task_arm(task, m) for m in methods]
-        arms += [task_arm(task, m, label, hp) for label, (m, hp) in controls.items()]
+        arms = [task.arm(m) for m in methods]
+        arms += [task.arm(m, label, hp) for label, (m, hp) in controls.items()]
         out.append(Study(task.env, tuple(arms), args.num_seeds, env_kwargs=dict(task.env_kwargs), base_seed=args.seed,
                          num_chunks=args.num_chunks, threshold=args.threshold, name=name))
     return out

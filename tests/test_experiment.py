@@ -40,7 +40,7 @@ STATIC = cj.StaticConfig(method="ppo", num_envs=4, rollout_len=8, total_steps=4 
                          num_minibatches=2, update_epochs=2)
 BAD_VF = 3e38  # inside HParams' range, but the value loss times 3e38 overflows: the run diverges
 CONFIG = Study("CartPole-v1", (Arm(STATIC, {"vf_coef": (0.5, BAD_VF)}),), num_seeds=2, num_chunks=2, threshold=20.0,
-               threshold_metric="episode_return", save_final=True)
+               threshold_metric="episode_return", save_final=True, save_chunks=True)
 GOOD_RUNS, BAD_RUNS = [0, 1], [2, 3]  # run r: setting r // 2, seed r % 2
 # 4 seeds (8 runs) over 4 devices: 2 runs per device, the per-device shape of the reference's batches of 2;
 # its runs 0, 1 (setting 0) and 4, 5 (setting 1) have the keys and HParams of the reference's runs 0..3
@@ -199,6 +199,11 @@ def test_stop_and_resume_equals_uninterrupted_and_mismatch_is_refused(reference,
     res = run_study(CONFIG, out, processes=1, max_parallel=2, progress=False, compile_cache=CACHE)
     _assert_same_curves(res.curves, reference.curves)
     assert os.path.exists(os.path.join(out, "FINISHED"))
+    # the state snapshot saved before the interruption and the one after it equal the uninterrupted run's
+    for chunk in (1, 2):
+        for a, b in zip(jax.tree.leaves(res.chunk_states("ppo", chunk)),
+                        jax.tree.leaves(reference.chunk_states("ppo", chunk))):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_sharded_over_four_devices_equals_unsharded(reference, sharded_job):
@@ -263,6 +268,17 @@ def test_final_states_are_the_solo_runs_final_states(reference, solo):
     for seed, run in enumerate(GOOD_RUNS):
         for a, b in zip(jax.tree.leaves(jax.tree.map(lambda x: x[run], final)), jax.tree.leaves(states[seed])):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-6)
+
+
+def test_chunk_states_end_at_the_final_states_and_differ_over_training(reference):
+    final, first, last = (reference.final_states("ppo"), reference.chunk_states("ppo", 1),
+                          reference.chunk_states("ppo", 2))
+    for a, b in zip(jax.tree.leaves(last), jax.tree.leaves(final)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    np.testing.assert_array_equal(np.asarray(first.iteration), 2)  # 4 iterations in 2 chunks
+    assert not np.allclose(jax.tree.leaves(first.params)[0], jax.tree.leaves(last.params)[0])
+    with pytest.raises(StudyError, match="after chunk 3"):
+        reference.chunk_states("ppo", 3)
 
 
 def test_unwritable_out_is_one_line_error(tmp_path, capsys):

@@ -11,7 +11,7 @@ from coevo_jax.config import ConfigError, default_hparams
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = ("siop_learning", "coevo_learning", "meta_gradient", "text_learning", "ppo_learning", "calibrate",
-           "turn_learning", "compare_methods")
+           "turn_learning", "compare_methods", "credit_quality")
 
 
 def load(name):
@@ -50,6 +50,8 @@ def test_help_lists_a_default_for_every_own_option(name):
     ("compare_methods", ["--tasks", "doorkey5-t60,KeyDoor-5x5"], "--tasks: unknown 'KeyDoor-5x5'; choose from"),
     ("compare_methods", ["--methods", "ppo,lirpg"], "--methods: unknown 'lirpg'"),
     ("compare_methods", ["--admitted", "/nonexistent/admitted.json"], "run sweeps/calibrate.py first"),
+    ("credit_quality", ["--task", "doorkey5-h40"], "exact advantages are computed on KeyDoor only"),
+    ("credit_quality", ["--task", "tetris"], "--task: unknown 'tetris'"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(name, argv, msg, tmp_path, capsys):
     out = str(tmp_path / "x")
@@ -90,6 +92,11 @@ def test_default_studies_keep_each_protocol():
     assert arms["coevo-frozen"].static.method == "coevo-regression" and arms["coevo-frozen"].fixed["reward_lr"] == 0
     assert arms["siop-shuffled"].static.method == "siop-shuffled" and compare[0].env_kwargs == {"max_steps": 60}
     assert arms["ppo"].static.total_steps == tuned.total_steps and compare[0].threshold == 0.8
+    (credit,) = built("credit_quality")
+    from coevo_jax.analysis.credit_quality import arm_signals
+
+    assert credit.save_chunks and credit.num_seeds == 20 and credit.env == "KeyDoor-5x5"
+    assert all(arm_signals(a.static.method) for a in credit.arms) and credit.arms[0].name == "ppo"
 
 
 def test_option_parsing():

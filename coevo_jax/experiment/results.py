@@ -67,15 +67,40 @@ class StudyResult:
     def final_states(self, label: str):
         """The stacked final :class:`~coevo_jax.train.TrainState` of arm ``label``'s runs
         (a study run with ``save_final=True``)."""
+        ai, arm = self.arm(label)
+        with np.load(os.path.join(self.out, "final_states.npz")) as z:
+            leaves = [z[k] for k in sorted((k for k in z.files if k.startswith(f"a{ai}/")),
+                                           key=lambda k: int(k.split("/")[1]))]
+        return self._states(arm, leaves)
+
+    def chunk_states(self, label: str, chunk: int):
+        """The stacked :class:`~coevo_jax.train.TrainState` of arm ``label``'s runs after
+        ``chunk`` of their chunks (``1 .. num_chunks``; a study run with ``save_chunks=True``)."""
+        import glob
+
+        ai, arm = self.arm(label)
+        num_runs = len(arm.settings()) * self.study.num_seeds
+        paths = glob.glob(os.path.join(self.out, "checkpoints", "w*", f"a{ai}_b*_c{chunk}.npz"))
+        leaves, covered = None, np.zeros(num_runs, bool)
+        for path in paths:
+            with np.load(path) as z:
+                keys = sorted((k for k in z.files if k.startswith("state/")), key=lambda k: int(k[6:]))
+                leaves = leaves or [np.zeros((num_runs,) + z[k].shape[1:], z[k].dtype) for k in keys]
+                for leaf, k in zip(leaves, keys):
+                    leaf[z["runs"]] = z[k]
+                covered[z["runs"]] = True
+        if not covered.all():
+            raise StudyError(f"{self.out} holds no state of every {label!r} run after chunk {chunk}"
+                             " (was the study run with save_chunks=True, and has it that many chunks?)")
+        return self._states(arm, leaves)
+
+    def _states(self, arm, leaves: list):
+        """Stacked TrainState leaves ``[runs, ...]`` of ``arm`` back into a TrainState."""
         import jax
 
         from coevo_jax.experiment.plan import make_env
         from coevo_jax.train import Trainer
 
-        ai, arm = self.arm(label)
-        with np.load(os.path.join(self.out, "final_states.npz")) as z:
-            leaves = [z[k] for k in sorted((k for k in z.files if k.startswith(f"a{ai}/")),
-                                           key=lambda k: int(k.split("/")[1]))]
         shape = jax.eval_shape(Trainer(arm.static, *make_env(self.study)).init, jax.random.PRNGKey(0),
                                arm_hparams(arm))
         return jax.tree.unflatten(jax.tree.structure(shape), leaves)

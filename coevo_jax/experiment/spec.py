@@ -82,7 +82,9 @@ class Study:
     ``num_chunks``: checkpointed chunks per run (the chunk length is the
     divisor of the iteration count nearest ``iterations / num_chunks``).
     ``save_final``: keep every run's final :class:`~coevo_jax.train.TrainState`
-    (for reports that evaluate the trained policies).
+    (for reports that evaluate the trained policies). ``save_chunks``: also keep
+    every run's state after each chunk (for reports over training;
+    :meth:`~coevo_jax.experiment.results.StudyResult.chunk_states`).
     ``xla_flags``: extra ``XLA_FLAGS`` for the processes that run it (part of
     the config: flags can change low-order bits; runs then always happen in
     worker subprocesses).
@@ -98,6 +100,7 @@ class Study:
     threshold_metric: str = "success_rate"
     name: str = "study"
     save_final: bool = False
+    save_chunks: bool = False
     xla_flags: str = ""
 
     def to_json(self) -> dict:

@@ -137,6 +137,13 @@ def restore_or_init(program: Program, mngr, record, study: Study, seeds: np.ndar
     return program.init(jax.device_put(run_keys(study.base_seed, seeds), program.sharding), hp), None, None, 0
 
 
+def state_arrays(host_state, real: int) -> dict:
+    """``{"state/i": leaf i [real, ...]}``: the TrainState leaves of a batch's real runs."""
+    import jax
+
+    return {f"state/{i}": np.asarray(x)[:real] for i, x in enumerate(jax.tree.leaves(host_state))}
+
+
 def finish_batch(path: str, curves: np.ndarray, names, runs: np.ndarray, state, save_final: bool) -> None:
     """Write the batch's real runs: curves ``[M, R, I]``, names, run indices,
     divergence flags (and, with ``save_final``, the final TrainState leaves)."""
@@ -147,7 +154,7 @@ def finish_batch(path: str, curves: np.ndarray, names, runs: np.ndarray, state, 
     arrays = {"curves": curves[:, :real], "names": np.asarray(names), "runs": np.asarray(runs),
               "diverged": np.asarray(host.diverged)[:real]}
     if save_final:
-        arrays.update({f"state/{i}": np.asarray(x)[:real] for i, x in enumerate(jax.tree.leaves(host))})
+        arrays.update(state_arrays(host, real))
     atomic_savez(path, **arrays)
 
 
@@ -251,6 +258,8 @@ def run_batch(study: Study, plan, program: Program, runs: np.ndarray, b: int, cd
         block = np.stack([np.asarray(metrics[n], np.float32) for n in names])
         curves = block if curves is None else np.concatenate([curves, block], axis=-1)
         done, chunks_run = done + 1, chunks_run + 1
+        if study.save_chunks:  # before the checkpoint: a resumed chunk rewrites its snapshot identically
+            atomic_savez(f"{cdir}_c{done}.npz", runs=np.asarray(runs), **state_arrays(jax.device_get(state), real))
         checkpoint.save(mngr, done, state, curves, record.meta(names, plan.chunk_len), host_local)
         if chunks_run == _sigkill_after_chunks():  # a crash test: die with no clean-up at all
             os.kill(os.getpid(), signal.SIGKILL)
