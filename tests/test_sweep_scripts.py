@@ -50,7 +50,7 @@ def test_help_lists_a_default_for_every_own_option(name):
     ("compare_methods", ["--tasks", "doorkey5-t60,KeyDoor-5x5"], "--tasks: unknown 'KeyDoor-5x5'; choose from"),
     ("compare_methods", ["--methods", "ppo,lirpg"], "--methods: unknown 'lirpg'"),
     ("compare_methods", ["--admitted", "/nonexistent/admitted.json"], "run sweeps/calibrate.py first"),
-    ("credit_quality", ["--task", "doorkey5-h40"], "exact advantages are computed on KeyDoor only"),
+    ("credit_quality", ["--task", "doorkey5-h40"], "exact advantages are computed on KeyDoor with its time limit only"),
     ("credit_quality", ["--task", "tetris"], "--task: unknown 'tetris'"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(name, argv, msg, tmp_path, capsys):
