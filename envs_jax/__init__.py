@@ -17,11 +17,13 @@ from envs_jax.core import (
     register,
     registered,
 )
+from envs_jax.give_up import GiveUp, GiveUpState
 from envs_jax.horizon import FixedHorizon, FixedHorizonParams, FixedHorizonState
 
 __all__ = [
     "Box", "DelayedReward", "DelayedRewardParams", "Discrete", "EnvParams", "EnvState",
     "Environment", "EpisodeStats", "FixedHorizon", "FixedHorizonParams", "FixedHorizonState",
+    "GiveUp", "GiveUpState",
     "OPTIONAL_OUTPUTS", "Wrapper", "adapters", "make", "minigrid", "provides", "register",
     "registered",
 ]

@@ -367,6 +367,8 @@ def make(name: str, **kwargs) -> tuple[Environment, Any]:
     one); ``fixed_horizon=H`` wraps it in
     :class:`~envs_jax.horizon.FixedHorizon` (every episode exactly ``H`` steps;
     ``max_steps``, if also given, must equal ``H``; a delay wraps outside it);
+    ``give_up=True`` adds :class:`~envs_jax.give_up.GiveUp`'s action that ends
+    the episode with reward 0 (innermost);
     other keyword arguments go to the environment's constructor.
     """
     _load_builtin()
@@ -375,6 +377,9 @@ def make(name: str, **kwargs) -> tuple[Environment, Any]:
     reward_freq = kwargs.pop("reward_freq", None)
     max_steps = kwargs.pop("max_steps", None)
     fixed_horizon = kwargs.pop("fixed_horizon", None)
+    give_up = kwargs.pop("give_up", False)
+    if give_up not in (True, False, 0, 1):
+        raise ValueError(f"give_up must be True or False, got {give_up!r}")
     if fixed_horizon is not None:
         from envs_jax.horizon import FixedHorizon, check_horizon  # horizon imports this module
 
@@ -390,6 +395,10 @@ def make(name: str, **kwargs) -> tuple[Environment, Any]:
         if int(max_steps) != max_steps or max_steps < 1:
             raise ValueError(f"max_steps must be an integer >= 1, got {max_steps}")
         params = params.replace(max_steps=int(max_steps))
+    if give_up:
+        from envs_jax.give_up import GiveUp  # give_up imports this module
+
+        env = GiveUp(env)
     if fixed_horizon is not None:
         env = FixedHorizon(env, fixed_horizon)
         params = env.wrap_params(params)

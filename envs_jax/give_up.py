@@ -1,0 +1,117 @@
+"""A "give up" action for any episodic environment: one more action that, taken
+twice in a row, ends the episode with reward 0.
+
+Why: on the grid worlds an episode ends only at the goal or at the time limit,
+so a shorter episode is always a better one, and a learned reward that simply
+pays for ending early (a step penalty) looks aligned with the return. With a
+way to end the episode *without* success, episode length no longer predicts
+the return: a step penalty then pays for quitting, and a learned reward that
+colludes with the policy shows as a decoupling of its summed reward from the
+external return. (A dialogue agent's "hang up" is the same action.)
+
+:class:`GiveUp` adds action ``n`` (the inner env has actions ``0 .. n-1``).
+The first time it is taken it does nothing but *arm* (the inner state is not
+stepped, the episode clock advances); taken again at once, it ends the episode
+(``terminated``) with reward 0; any other action disarms. The confirmation
+keeps a uniformly random policy from quitting every 7 steps (it quits after
+about 49 steps on average), so exploration is not swamped, while a policy that
+wants to end early can in two steps. On both give-up steps the observation
+returned is the current one and the reward 0;
+
+* ``info["success"]`` (when declared) is False on them;
+* ``info["dense_reward"]`` (when declared) is the inner env's potential
+  shaping: ``gamma * Phi(s) - Phi(s)`` on the arming step (the state does not
+  change) and ``0 - Phi(s)`` on the quitting one (``Phi(terminal) = 0``; the
+  inner env must define ``potential(state, params)`` and its
+  ``params.shaping_gamma``), so the shaped return of every episode still
+  telescopes to ``return - Phi(s_0)`` and the dense oracle's optimal policies
+  are unchanged;
+* ``info["legal_mask"]`` (when declared) gets ``True`` appended: giving up is
+  always legal; every other ``info`` key takes the inner env's value for the
+  step it would have taken with action 0 (the keys must be the same each step).
+
+:func:`envs_jax.make` with ``give_up=True`` wraps the env (inside any delay).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from envs_jax.core import Discrete, Environment, EnvState, Wrapper, provides
+
+Array = jax.Array
+
+
+@struct.dataclass
+class GiveUpState(EnvState):
+    """``env_state``: the inner state; ``obs``: its latest observation (returned on
+    the give-up steps); ``armed``: bool ``()`` the last action was the first give-up;
+    ``time``: the inner state's step count (mirrored)."""
+
+    env_state: Any
+    obs: Array
+    armed: Array
+
+
+class GiveUp(Wrapper):
+    """``env`` plus a last action that, taken twice in a row, ends the episode with reward 0
+    (see the module docstring)."""
+
+    def __init__(self, env: Environment):
+        if type(env).step_env is Environment.step_env or type(env).reset_env is Environment.reset_env:
+            raise ValueError(f"GiveUp steps the inner environment's reset_env/step_env, which {env.name} "
+                             f"({type(env).__name__}) does not implement")
+        if provides(env, "dense_reward") and not hasattr(env, "potential"):  # and params.shaping_gamma
+            raise ValueError(f"GiveUp needs {env.name}'s potential(state, params) to shape the give-up step's "
+                             "dense reward")
+        super().__init__(env)
+        self.name = f"{env.name}-GiveUp"
+
+    @property
+    def give_up_action(self) -> int:
+        """The index of the added action (the inner env's action count)."""
+        return self._env.action_space(self._env.default_params).n
+
+    def action_space(self, params=None) -> Discrete:
+        return Discrete(self._env.action_space(params).n + 1)
+
+    def _inner_state(self, state: GiveUpState):
+        return state.env_state
+
+    def reset_env(self, key: Array, params):
+        obs, env_state = self._env.reset_env(key, params)
+        return obs, GiveUpState(time=env_state.time, env_state=env_state, obs=obs, armed=jnp.bool_(False))
+
+    def step_env(self, key: Array, state: GiveUpState, action: Array, params):
+        give_up = jnp.asarray(action) == self.give_up_action
+        quit_ = jnp.logical_and(give_up, state.armed)
+        obs, env_state, reward, terminated, info = self._env.step_env(
+            key, state.env_state, jnp.where(give_up, 0, action), params)
+        held = state.env_state.replace(time=state.env_state.time + 1)
+        env_state = jax.tree.map(lambda a, b: jnp.where(give_up, a, b), held, env_state)
+        obs = jnp.where(give_up, state.obs, obs)
+        info = dict(info)
+        if provides(self._env, "success"):
+            info["success"] = jnp.logical_and(jnp.logical_not(give_up), info["success"])
+        if provides(self._env, "dense_reward"):
+            phi = jnp.asarray(self._env.potential(state.env_state, params), jnp.float32)
+            still = jnp.where(quit_, 0.0, params.shaping_gamma * phi) - phi  # Phi(terminal) = 0
+            info["dense_reward"] = jnp.where(give_up, still, info["dense_reward"]).astype(jnp.float32)
+        new = GiveUpState(time=env_state.time, env_state=env_state, obs=obs,
+                          armed=jnp.logical_and(give_up, jnp.logical_not(state.armed)))
+        if provides(self._env, "legal_mask"):
+            info["legal_mask"] = self.legal_mask(new, params)
+        reward = jnp.where(give_up, 0.0, jnp.asarray(reward, jnp.float32)).astype(jnp.float32)
+        terminated = jnp.logical_and(jnp.logical_not(give_up), jnp.asarray(terminated, jnp.bool_))
+        return obs, new, reward, jnp.logical_or(quit_, terminated), info
+
+    def legal_mask(self, state: GiveUpState, params=None) -> Array:
+        """Bool ``(n + 1,)``: the inner env's mask, and giving up (always legal)."""
+        params = self.default_params if params is None else params
+        return jnp.concatenate([self._env.legal_mask(state.env_state, params), jnp.ones((1,), jnp.bool_)])
+
+    def render(self, state: GiveUpState, params=None) -> str:
+        return self._env.render(state.env_state, params) + f"\n(action {self.give_up_action}: give up)"
