@@ -42,7 +42,7 @@ import numpy as np  # noqa: E402
 
 from coevo_jax.config import ConfigError  # noqa: E402
 from coevo_jax.experiment import Study, cli, format_table, metrics, options  # noqa: E402
-from coevo_jax.experiment.admitted import load_admitted  # noqa: E402
+from coevo_jax.experiment.admitted import add_admitted_option, chosen_task  # noqa: E402
 from coevo_jax.experiment.folder import atomic_write_text  # noqa: E402
 from coevo_jax.experiment.results import rows_to_csv  # noqa: E402
 
@@ -58,15 +58,13 @@ def build_parser():
     p = cli.study_parser("collusion.py", __doc__.split("\n\n")[0], os.path.join("results", "collusion"))
     p.add_argument("--task", default=DEFAULT_TASK,
                    help=f"an admitted KeyDoor task whose shape and budget to use (default: {DEFAULT_TASK})")
-    p.add_argument("--admitted", default=os.path.join(HERE, "admitted_tasks.json"),
-                   help="the admitted-task file (default: sweeps/admitted_tasks.json)")
+    add_admitted_option(p, os.path.join(HERE, "admitted_tasks.json"))
     options.add_study_options(p, 20, THRESHOLD)
     return p
 
 
 def studies(args) -> list:
-    admitted = load_admitted(args.admitted)
-    task = admitted[options.names(args.task, "--task", list(admitted))[0]]
+    task, _ = chosen_task(args)
     if "fixed_horizon" in task.env_kwargs:
         raise ConfigError(f"--task {task.task} has a fixed horizon: episodes cannot end early there, so giving up"
                           " would change nothing; choose a task with a time limit")

@@ -38,7 +38,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from coevo_jax.experiment import Study, cli, format_table, options  # noqa: E402
-from coevo_jax.experiment.admitted import load_admitted  # noqa: E402
+from coevo_jax.experiment.admitted import add_admitted_option, load_admitted  # noqa: E402
 from coevo_jax.experiment.folder import atomic_write_text  # noqa: E402
 from coevo_jax.experiment.results import rows_to_csv  # noqa: E402
 
@@ -61,8 +61,7 @@ def build_parser():
                    help=f"comma list of admitted tasks, or 'all' (default: {','.join(DEFAULT_TASKS)})")
     p.add_argument("--methods", default=",".join(METHODS), help=f"comma list of methods (default: {','.join(METHODS)})")
     p.add_argument("--no-controls", action="store_true", help="leave out the control arms (default: run them)")
-    p.add_argument("--admitted", default=os.path.join(HERE, "admitted_tasks.json"),
-                   help="the admitted-task file (default: sweeps/admitted_tasks.json)")
+    add_admitted_option(p, os.path.join(HERE, "admitted_tasks.json"))
     options.add_study_options(p, 20, THRESHOLD)
     return p
 

@@ -40,7 +40,7 @@ import numpy as np  # noqa: E402
 
 from coevo_jax.config import ConfigError  # noqa: E402
 from coevo_jax.experiment import Study, cli, format_table, options  # noqa: E402
-from coevo_jax.experiment.admitted import load_admitted  # noqa: E402
+from coevo_jax.experiment.admitted import add_admitted_option, chosen_task  # noqa: E402
 from coevo_jax.experiment.folder import atomic_savez, atomic_write_text  # noqa: E402
 from coevo_jax.experiment.results import rows_to_csv  # noqa: E402
 
@@ -53,8 +53,7 @@ THRESHOLD = 0.8
 def build_parser():
     p = cli.study_parser("credit_quality.py", __doc__.split("\n\n")[0], os.path.join("results", "credit_quality"))
     p.add_argument("--task", default=DEFAULT_TASK, help=f"an admitted KeyDoor task (default: {DEFAULT_TASK})")
-    p.add_argument("--admitted", default=os.path.join(HERE, "admitted_tasks.json"),
-                   help="the admitted-task file (default: sweeps/admitted_tasks.json)")
+    add_admitted_option(p, os.path.join(HERE, "admitted_tasks.json"))
     options.add_study_options(p, 20, THRESHOLD)
     return p
 
@@ -65,8 +64,7 @@ def keydoor_task(task) -> bool:
 
 
 def studies(args) -> list:
-    admitted = load_admitted(args.admitted)
-    task = admitted[options.names(args.task, "--task", list(admitted))[0]]
+    task, admitted = chosen_task(args)
     if not keydoor_task(task):
         raise ConfigError(f"--task {task.task} runs on {task.env} {dict(task.env_kwargs)}: exact advantages are"
                           " computed on KeyDoor with its time limit only; such tasks: "

@@ -46,6 +46,7 @@ import numpy as np  # noqa: E402
 from coevo_jax.config import ConfigError, StaticConfig  # noqa: E402
 from coevo_jax.experiment import Arm, Study, format_table  # noqa: E402
 from coevo_jax.experiment import cli, metrics, options  # noqa: E402
+from coevo_jax.experiment.admitted import add_admitted_option, chosen_task  # noqa: E402
 
 SWEPT_METHODS = ("coevo-regression", "coevo-ranking", "siop")
 REFERENCE_METHODS = ("ppo", "dense")
@@ -74,8 +75,7 @@ def build_parser():
     p.add_argument("--env", default=None,
                    help="instead of --task: any registered environment, with the default task's budget and shape"
                         " and the library's default hyperparameters (default: none)")
-    p.add_argument("--admitted", default=os.path.join(HERE, "admitted_tasks.json"),
-                   help="the admitted-task file (default: sweeps/admitted_tasks.json)")
+    add_admitted_option(p, os.path.join(HERE, "admitted_tasks.json"))
     p.add_argument("--not-compute-matched", action="store_true",
                    help="every refit takes the same steps whatever K (default: compute-matched, a refit takes"
                         " reward_steps x K / potential_steps x K steps)")
@@ -115,14 +115,11 @@ def static_for(method: str, task, total_steps: int, matched: bool) -> StaticConf
 def studies(args) -> list:
     import dataclasses
 
-    from coevo_jax.experiment.admitted import load_admitted
-
     ks = parse_ks(args.k)
     methods = list(dict.fromkeys(m.strip() for m in args.methods.split(",") if m.strip()))
     if not methods:
         raise ConfigError("--methods needs at least one method")
-    admitted = load_admitted(args.admitted)
-    task = admitted[options.names(args.task, "--task", list(admitted))[0]]
+    task, _ = chosen_task(args)
     if args.env is not None:  # any env, the task's shape, library defaults (no tuned values carried over)
         task = dataclasses.replace(task, task=args.env, env=args.env, env_kwargs={}, tuned={"ppo": {}, "dense": {}})
     per_iteration = task.num_envs * task.rollout_len

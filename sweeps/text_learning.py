@@ -85,9 +85,7 @@ def report(args, results) -> str:
         mask = "legal tokens only" if res.study.env_kwargs.get("use_legal_mask") else "free tokens"
         texts.append(study_report(res, f"## {res.study.env} ({mask}), transformer policy", references=[expert])
                      + f"\n\n{dialogue}")
-    os.makedirs(args.out, exist_ok=True)
-    path = plots.plot_learning_curves(plots.arm_panels(results, "success_rate"),
-                                      os.path.join(args.out, "success_curves.png"), ylabel="success rate")
+    path = plots.success_curves(results, args.out)
     return "\n\n".join(texts) + f"\n\nsuccess curves (IQM, 95% bootstrap bands; x = agent tokens): {path}"
 
 

@@ -133,9 +133,7 @@ def report(args, results) -> str:
             credit = turn_credit_report(res, run=0, seed=res.study.base_seed)
             text += f"\n\n{credit}" if credit else ""
         texts.append(text)
-    os.makedirs(args.out, exist_ok=True)
-    path = plots.plot_learning_curves(plots.arm_panels(results, "success_rate"),
-                                      os.path.join(args.out, "success_curves.png"), ylabel="success rate")
+    path = plots.success_curves(results, args.out)
     return "\n\n".join(texts) + f"\n\nsuccess curves (IQM, 95% bootstrap bands; x = agent turns): {path}"
 
 

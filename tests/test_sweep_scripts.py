@@ -11,7 +11,7 @@ from coevo_jax.config import ConfigError, default_hparams
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = ("siop_learning", "coevo_learning", "meta_gradient", "text_learning", "ppo_learning", "calibrate",
-           "turn_learning", "compare_methods", "credit_quality")
+           "turn_learning", "compare_methods", "credit_quality", "collusion")
 
 
 def load(name):
@@ -52,6 +52,7 @@ def test_help_lists_a_default_for_every_own_option(name):
     ("compare_methods", ["--admitted", "/nonexistent/admitted.json"], "run sweeps/calibrate.py first"),
     ("credit_quality", ["--task", "doorkey5-h40"], "exact advantages are computed on KeyDoor with its time limit only"),
     ("credit_quality", ["--task", "tetris"], "--task: unknown 'tetris'"),
+    ("collusion", ["--task", "doorkey5-h40"], "has a fixed horizon"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(name, argv, msg, tmp_path, capsys):
     out = str(tmp_path / "x")
@@ -97,6 +98,11 @@ def test_default_studies_keep_each_protocol():
 
     assert credit.save_chunks and credit.num_seeds == 20 and credit.env == "KeyDoor-5x5"
     assert all(arm_signals(a.static.method) for a in credit.arms) and credit.arms[0].name == "ppo"
+    (collusion,) = built("collusion")
+    arms = {a.name: a for a in collusion.arms}
+    assert collusion.env_kwargs == {"max_steps": 60, "give_up": True} and collusion.num_seeds == 20
+    assert arms["regression-no-anchor"].fixed["anchor_weight"] == 0 and arms["ranking-no-drift"].fixed["drift_weight"] == 0
+    assert arms["ranking-rphi-only"].fixed["beta_ext"] == 0 and arms["ranking"].static.method == "coevo-ranking"
 
 
 def test_option_parsing():

@@ -248,3 +248,10 @@ def arm_panels(results, metric: str = "episode_return", panel=None) -> dict:
             lines[arm.name] = (r.curves["env_steps"][idx[0]], r.curves[metric][idx])
         out[panel(r) if panel else r.study.env] = lines
     return out
+
+
+def success_curves(results, out: str) -> str:
+    """``out/success_curves.png``: every study's success rate per arm (IQM, 95% bands); returns its path."""
+    os.makedirs(out, exist_ok=True)
+    return plot_learning_curves(arm_panels(results, "success_rate"), os.path.join(out, "success_curves.png"),
+                                ylabel="success rate")

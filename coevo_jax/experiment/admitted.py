@@ -54,3 +54,17 @@ def load_admitted(path: str) -> dict[str, AdmittedTask]:
     if not tasks:
         raise ConfigError(f"{path} admits no task: nothing can tell the methods apart at these budgets")
     return tasks
+
+
+def add_admitted_option(parser, path: str) -> None:
+    """The ``--admitted FILE`` option of the scripts that read calibration's verdicts (default ``path``)."""
+    parser.add_argument("--admitted", default=path, help="the admitted-task file (default: sweeps/admitted_tasks.json)")
+
+
+def chosen_task(args) -> tuple[AdmittedTask, dict[str, AdmittedTask]]:
+    """``(the task named by args.task, every admitted task)`` from ``args.admitted``;
+    an unknown name is a :class:`ConfigError` listing the admitted ones."""
+    from coevo_jax.experiment import options
+
+    admitted = load_admitted(args.admitted)
+    return admitted[options.names(args.task, "--task", list(admitted))[0]], admitted
