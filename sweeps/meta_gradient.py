@@ -12,7 +12,13 @@ paired seeds each, through the one runner (:mod:`coevo_jax.experiment`):
                      intrinsic stream ``R_phi`` (its advantage weighted by ``r_int_coef``);
 * ``meta-rint-only`` LIRPG, the intrinsic stream ``R_phi`` alone (``r_ext_coef = 0``);
 * (optional controls ``meta-frozen``, ``meta-rint-only-frozen``: the same with
-  ``meta_lr = 0``, i.e. a fixed random ``R_phi``.)
+  ``meta_lr = 0``, i.e. a fixed random ``R_phi``;
+* ``meta-episodic``, ``meta-rint-only-episodic``: R_phi paid in the *episodic*
+  return (``r_int_episodic = 1``), as in LIRPG's own code, where a positive
+  R_phi is also a survival bonus;
+* ``constant``, ``constant-only``: the survival-bonus controls, a constant
+  reward of the largest size R_phi can pay (``r_int_coef x 1`` per step) added
+  to the external reward, and alone (``beta_ext = 0``).)
 
 ``--meta-lr`` defaults to 1e-3: LIRPG takes one meta step of 1e-4 per PPO
 minibatch (16 per iteration with 4 epochs x 4 minibatches); this library takes
@@ -46,6 +52,11 @@ SETTINGS = {  # arm label -> (method, HParams overrides)
     # controls (not run by default): the same reward mixing with phi frozen at its random init
     "meta-frozen": ("meta", {"r_ext_coef": 1.0, "meta_lr": 0.0}),
     "meta-rint-only-frozen": ("meta", {"r_ext_coef": 0.0, "meta_lr": 0.0}),
+    "meta-episodic": ("meta", {"r_ext_coef": 1.0, "r_int_episodic": 1.0}),
+    "meta-rint-only-episodic": ("meta", {"r_ext_coef": 0.0, "r_int_episodic": 1.0}),
+    # "r_int_coef": the value of --r-int-coef (the constant pays what a saturated R_phi would)
+    "constant": ("constant", {"constant_reward": 1.0, "beta_ext": 1.0, "beta_int": "r_int_coef"}),
+    "constant-only": ("constant", {"constant_reward": 1.0, "beta_ext": 0.0, "beta_int": 1.0}),
 }
 DEFAULT_SETTINGS = ("ppo", "meta", "meta-rint-only")
 THRESHOLDS = {"CartPole-v1": ("episode_return", 400.0)}  # others: success stays >= 0.9 (fixed in advance)
@@ -87,6 +98,7 @@ def studies(args) -> list:
                               total_steps=args.total_steps, num_minibatches=4, update_epochs=4,
                               hidden_sizes=(args.hidden,) * 2, reward_hidden=(args.hidden,) * 2,
                               meta_inner_steps=args.meta_inner_steps)
+        overrides = {k: args.r_int_coef if v == "r_int_coef" else v for k, v in overrides.items()}
         arms.append(Arm(static, fixed={**base, **(meta if method == "meta" else {}), **overrides}, label=label))
     return [Study(env, tuple(arms), args.num_seeds, env_kwargs={"reward_freq": args.reward_freq},
                   base_seed=args.seed, num_chunks=args.num_chunks, name=env,

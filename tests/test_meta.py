@@ -283,6 +283,11 @@ def test_meta_rewards_r_phi_is_the_intrinsic_stream_scaled_not_shifted():
         else:
             np.testing.assert_allclose(ratio, 1.0, rtol=1e-6)
         assert set(metrics) == {"r_int_mean", "r_int_std", "int_return_rms"}
+    # LIRPG's own construction: R_phi paid in the episodic return, the intrinsic stream weighted 0
+    r_phi, streams, _, _ = run(hp0.replace(r_int_episodic=1.0))
+    np.testing.assert_allclose(np.asarray(streams.episodic),
+                               0.5 * np.asarray(d["traj"].reward) + 2.0 * np.asarray(r_phi), rtol=1e-5, atol=1e-7)
+    assert float(streams.intrinsic_coef) == 0.0
 
 
 @_jit

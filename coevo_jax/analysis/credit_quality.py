@@ -25,12 +25,12 @@ against that policy's own advantage ``A^pi`` (Spearman over the pooled pairs):
 
 Next to SIOP's credit and ``R_phi`` alone, ``<signal>+r`` scores the reward
 PPO actually receives per step, ``beta_ext * r + beta_int * signal`` (``r``
-the external reward at episode time 0). Which signal an arm gets follows its
-method (:func:`arm_signals`). Each is
-scored twice: centred like ``A^pi`` (minus its mean under ``pi`` in each
-state, so only how it ranks a state's actions counts: a per-state offset does
-not change PPO's expected gradient) under the signal's name, and as it is
-(``"<name> raw"``), where a per-state offset, e.g. a critic's error, counts.
+the external reward at episode time 0). Which signals an arm gets follows its
+method (:func:`arm_signals`). Each is scored twice: centred like ``A^pi``
+(minus its mean under ``pi`` in each state, so only how it ranks a state's
+actions counts: a per-state offset does not change PPO's expected gradient)
+under the signal's name, and as it is (``"<name> raw"``), where a per-state
+offset, e.g. a critic's error, counts.
 """
 from __future__ import annotations
 

@@ -19,7 +19,8 @@ streams (:class:`~coevo_jax.signals.base.RewardStreams`):
 R_phi pays on every step: in the episodic stream a positive R_phi would be a
 living reward (a time-out bootstraps it forever, "never finish" collects it);
 in its own non-episodic return it is worth the same whether episodes end or
-not. The default is ``normalize_int = 0``: the untrained R_phi is ~0
+not. ``hp.r_int_episodic = 1`` pays it in the episodic return instead, as
+LIRPG's code does (the study that separates the two uses it). The default is ``normalize_int = 0``: the untrained R_phi is ~0
 (``|r| < 0.01``) and dividing it by its own tiny return scale would turn it into
 unit-scale noise.
 
@@ -64,7 +65,7 @@ import optax
 from coevo_jax.config import ConfigError
 from coevo_jax.fit import fit, fit_step, init_optimizer, make_optimizer
 from coevo_jax.ppo import PPOBatch, gae, ppo_loss, stream_advantages
-from coevo_jax.registry import MethodSpec, grad_clip, register_method, unit, weight
+from coevo_jax.registry import MethodSpec, Param, grad_clip, register_method, unit, weight
 from coevo_jax.reward_net import (
     REWARD_NET_STATIC_CHECKS, RewardNet, apply_reward, check_reward_net_static, make_reward_net, reward_inputs,
 )
@@ -106,7 +107,10 @@ def intrinsic_reward(reward_net: RewardNet, phi, traj) -> jax.Array:
 
 def meta_streams(r_int: jax.Array, traj, scale: ReturnScale, hp):
     """The policy's rewards from ``r_int = R_phi [T, N]``: ``(scale, RewardStreams(
-    r_ext_coef * r_ext, n(r_int), r_int_coef))`` (see the module docstring).
+    r_ext_coef * r_ext, n(r_int), r_int_coef))`` (see the module docstring); with
+    ``hp.r_int_episodic = 1``, ``RewardStreams(r_ext_coef * r_ext + r_int_coef *
+    n(r_int), n(r_int), 0)``: R_phi paid in the episodic return, as in LIRPG's
+    own code (the intrinsic head then trains on a stream of weight 0).
 
     ``scale`` is updated with ``r_int``'s non-episodic returns; the divisor is
     held constant in derivatives w.r.t. ``r_int``.
@@ -114,7 +118,9 @@ def meta_streams(r_int: jax.Array, traj, scale: ReturnScale, hp):
     f32 = jnp.float32  # the running statistics are float32 (also under jax_enable_x64)
     scale = update_return_scale(scale, jax.lax.stop_gradient(r_int).astype(f32), hp.gamma.astype(f32), None)
     factor = jax.lax.stop_gradient(hp.normalize_int / return_rms(scale) + (1.0 - hp.normalize_int))
-    return scale, RewardStreams(hp.r_ext_coef * traj.reward, r_int * factor, hp.r_int_coef)
+    r_int, e = r_int * factor, hp.r_int_episodic
+    return scale, RewardStreams(hp.r_ext_coef * traj.reward + e * hp.r_int_coef * r_int, r_int,
+                                (1.0 - e) * hp.r_int_coef)
 
 
 def mixed_batch(phi, traj, reward_net: RewardNet, hp, scale: ReturnScale | None = None) -> PPOBatch:
@@ -346,6 +352,8 @@ def make_meta(static, network, env, env_params) -> Signal:
 META_PARAMS = {  # the mixing weights, then phi's optimiser
     "r_ext_coef": weight(1.0, doc="weight of the external reward"),
     "r_int_coef": weight(1.0, doc="advantage weight of the R_phi stream"),
+    "r_int_episodic": Param(0.0, 0.0, 1.0, doc="1: R_phi is paid in the episodic return (LIRPG's construction;"
+                                               " a positive R_phi is then a living reward), 0: its own stream"),
     "meta_lr": unit(1e-4, doc="phi's Adam step (annealed with the policy's lr)"),
     "meta_max_grad_norm": grad_clip(1.0, doc="global-norm clip of phi's step"),
 }
