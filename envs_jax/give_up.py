@@ -64,7 +64,7 @@ class GiveUp(Wrapper):
         if type(env).step_env is Environment.step_env or type(env).reset_env is Environment.reset_env:
             raise ValueError(f"GiveUp steps the inner environment's reset_env/step_env, which {env.name} "
                              f"({type(env).__name__}) does not implement")
-        if provides(env, "dense_reward") and not hasattr(env, "potential"):  # and params.shaping_gamma
+        if provides(env, "dense_reward") and not hasattr(env, "potential"):
             raise ValueError(f"GiveUp needs {env.name}'s potential(state, params) to shape the give-up step's "
                              "dense reward")
         super().__init__(env)
