@@ -66,8 +66,8 @@ def build_parser():
 def studies(args) -> list:
     task, _ = chosen_task(args)
     if "fixed_horizon" in task.env_kwargs:
-        raise ConfigError(f"--task {task.task} has a fixed horizon: episodes cannot end early there, so giving up"
-                          " would change nothing; choose a task with a time limit")
+        raise ConfigError(f"--task {task.task} has a fixed horizon: every episode lasts the same, so there is no"
+                          " episode length for R_phi to exploit; choose a task with a time limit")
     arms = [task.arm("ppo"), task.arm("dense")]
     arms += [task.arm(method, f"{short}{suffix}", hp) for short, method in METHODS.items()
              for suffix, hp in VARIANTS.items()]
