@@ -12,13 +12,11 @@ from envs_jax.core import (
     OPTIONAL_OUTPUTS,
     EpisodeStats,
     Wrapper,
-    make,
     provides,
-    register,
-    registered,
 )
 from envs_jax.give_up import GiveUp, GiveUpState
 from envs_jax.horizon import FixedHorizon, FixedHorizonParams, FixedHorizonState
+from envs_jax.registry import make, register, registered
 
 __all__ = [
     "Box", "DelayedReward", "DelayedRewardParams", "Discrete", "EnvParams", "EnvState",

@@ -20,7 +20,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from envs_jax.core import Box, Discrete, Environment, register
+from envs_jax.core import Box, Discrete, Environment
+from envs_jax.registry import register
 from envs_jax.minigrid import from_xminigrid  # noqa: F401  (public name: envs_jax.adapters.from_xminigrid)
 
 

@@ -65,7 +65,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from envs_jax.core import Box, Discrete, EnvState, Environment, register
+from envs_jax.core import Box, Discrete, EnvState, Environment
+from envs_jax.registry import register
 from envs_jax.grid._common import potential, shaped_reward
 
 Array = jax.Array

@@ -6,7 +6,7 @@ recorded steps in :mod:`envs_jax.grid.ground_truth`).
 
 Registered names: ``KeyDoor-5x5``, ``KeyDoor-6x6``, ``KeyDoor-8x8``, ``FourRooms``.
 """
-from envs_jax.core import register
+from envs_jax.registry import register
 from envs_jax.grid._common import ShapedParams, optimal_advantage
 from envs_jax.grid.fourrooms import FourRooms, FourRoomsParams, FourRoomsState
 from envs_jax.grid.keydoor import (

@@ -12,7 +12,7 @@ also have ``env.expert_utterance(state, params)``, the utterance it is saying.
 Every token-level constructor takes ``use_legal_mask`` (default ``False``), the default of
 ``params.use_legal_mask``: ``envs_jax.make("Booking", use_legal_mask=True)``.
 """
-from envs_jax.core import register
+from envs_jax.registry import register
 from envs_jax.text.booking import (
     BOOKING_VOCAB,
     Booking,
