@@ -107,16 +107,17 @@ def layout_permutation(models, seed: int = 0) -> np.ndarray:
     return np.concatenate([s + rng.permutation(n) for s, n in zip(starts, sizes)])
 
 
-def exact_targets(pi, models, max_steps: int, gamma: float, values=None, gae_lambda: float = 0.95):
-    """Per run: ``(A^pi [R, C, 6], E[GAE] [R, C, 6] or None)`` over the stacked layouts."""
+def exact_targets(pi, models, max_steps: int, gamma: float, values=None, gae_lambdas=()):
+    """Per run: ``(A^pi [R, C, 6], [E[GAE(lambda)] [R, C, 6] for each of gae_lambdas])`` over
+    the stacked layouts (the expected GAEs need the critic's ``values [R, C]``)."""
     offsets = np.cumsum([0] + [len(m.flat) for m in models])
-    adv, gae = np.zeros(pi.shape), None if values is None else np.zeros(pi.shape)
+    adv, gaes = np.zeros(pi.shape), [np.zeros(pi.shape) for _ in gae_lambdas]
     for r in range(pi.shape[0]):
         for m, a, b in zip(models, offsets[:-1], offsets[1:]):
             adv[r, a:b] = policy_advantages(pi[r, a:b], m, max_steps, gamma)
-            if values is not None:
-                gae[r, a:b] = expected_gae(pi[r, a:b], values[r, a:b], m, max_steps, gamma, gae_lambda)
-    return adv, gae
+            for gae, lam in zip(gaes, gae_lambdas):
+                gae[r, a:b] = expected_gae(pi[r, a:b], values[r, a:b], m, max_steps, gamma, lam)
+    return adv, gaes
 
 
 def score_states(trainer, states, hp, models, max_steps: int) -> dict:
@@ -127,12 +128,9 @@ def score_states(trainer, states, hp, models, max_steps: int) -> dict:
     gamma, lam = float(np.asarray(hp.gamma)[0]), float(np.asarray(hp.gae_lambda)[0])
     obs, nxt, goal = _goal_next(models)
     pi, values, features = network_outputs(trainer, states.params, obs)
-    critic = np.asarray(values) if "gae" in signals else None
-    adv, gae = exact_targets(np.asarray(pi, np.float64), models, max_steps, gamma, critic, lam)
-    got = {}
-    if "gae" in signals:
-        got["td"] = exact_targets(np.asarray(pi, np.float64), models, max_steps, gamma, critic, 0.0)[1]
-        got["gae"] = gae
+    lambdas = (0.0, lam) if "gae" in signals else ()  # "td" is GAE at lambda = 0
+    adv, gaes = exact_targets(np.asarray(pi, np.float64), models, max_steps, gamma, np.asarray(values), lambdas)
+    got = dict(zip(("td", "gae"), gaes))
     if "siop" in signals:
         sig = states.signal_state
         potential = sig.potential if trainer.static.method == "siop-shuffled" else sig  # the placebo wraps siop's

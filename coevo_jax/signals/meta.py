@@ -20,9 +20,9 @@ R_phi pays on every step: in the episodic stream a positive R_phi would be a
 living reward (a time-out bootstraps it forever, "never finish" collects it);
 in its own non-episodic return it is worth the same whether episodes end or
 not. ``hp.r_int_episodic = 1`` pays it in the episodic return instead, as
-LIRPG's code does (the study that separates the two uses it). The default is ``normalize_int = 0``: the untrained R_phi is ~0
-(``|r| < 0.01``) and dividing it by its own tiny return scale would turn it into
-unit-scale noise.
+LIRPG's code does (the study that separates the two uses it). The default is
+``normalize_int = 0``: the untrained R_phi is ~0 (``|r| < 0.01``) and dividing
+it by its own tiny return scale would turn it into unit-scale noise.
 
 1. inner update: from ``theta`` (the policy's params) take
    ``static.meta_inner_steps`` steps of the policy's real optimiser (global-norm
