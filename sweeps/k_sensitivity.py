@@ -55,6 +55,7 @@ REFERENCE_METHODS = ("ppo", "dense")
 NORMALISED = {"siop": "siop-norm"}
 DEFAULT_KS = (1, 4, 16, 64)
 MIN_RUNS = 300
+MIN_SEEDS = 20  # per setting: the paired seeds every table of the benchmark reports at least
 # an admitted task (sweeps/calibrate.py) whose budget and rollout shape fit >= 300 runs in <= 10 minutes on 2 CPU
 # cores: 128 iterations of 8 envs x 16 steps (so even K = 64 refits twice), 2 x 2 PPO passes
 DEFAULT_TASK = "doorkey5-t60-16k"
@@ -82,7 +83,7 @@ def build_parser():
     p.add_argument("--no-normalised", action="store_true",
                    help=f"leave out the normalised lines ({', '.join(NORMALISED.values())}) (default: run them)")
     p.add_argument("--num-seeds", type=int, default=None, metavar="N",
-                   help=f"seeds per setting, >= 1 (default: enough for {MIN_RUNS} runs in all, at least 15)")
+                   help=f"seeds per setting, >= 1 (default: {MIN_SEEDS}, more if needed for {MIN_RUNS} runs in all)")
     p.add_argument("--total-steps", type=int, default=None, metavar="S",
                    help="env steps per run, at least one iteration (default: the task's budget)")
     options.add_study_options(p, None, THRESHOLD)
@@ -138,7 +139,7 @@ def studies(args) -> list:
             arms.append(Arm(static, {"k": ks}, fixed={**task.hparams(m), "normalize_int": 1.0}, label=NORMALISED[m]))
     arms = tuple(arms)
     settings = sum(1 if not a.grid else len(ks) for a in arms)
-    num_seeds = args.num_seeds if args.num_seeds is not None else max(15, math.ceil(MIN_RUNS / settings))
+    num_seeds = args.num_seeds if args.num_seeds is not None else max(MIN_SEEDS, math.ceil(MIN_RUNS / settings))
     return [Study(task.env, arms, num_seeds, env_kwargs=dict(task.env_kwargs), base_seed=args.seed,
                   num_chunks=args.num_chunks, threshold=args.threshold, name=task.task)]
 

@@ -71,22 +71,18 @@ def studies(args) -> list:
 def report(args, results) -> str:
     from coevo_jax.analysis import plots
     from coevo_jax.analysis.tables import arm_finals, study_report
-    from coevo_jax.analysis.text_report import best_dialogue, expert_success
+    from coevo_jax.analysis.text_report import best_dialogue, expert_row
     from coevo_jax.experiment.folder import atomic_write_text
-    from coevo_jax.experiment.plan import make_env
 
     texts = []
     for res in results:
-        succ = expert_success(*make_env(res.study), episodes=args.expert_episodes, seed=res.study.base_seed)
-        expert = {"method": "expert (scripted)", "seeds": f"{args.expert_episodes} episodes",
-                  "final success IQM [95% CI]": f"{succ:.3f} (success rate)"}
+        expert = expert_row(res.study, args.expert_episodes)
         dialogue = best_dialogue(res, arm_finals(res), seed=res.study.base_seed)
         atomic_write_text(os.path.join(res.out, "dialogue.txt"), dialogue + "\n")
         mask = "legal tokens only" if res.study.env_kwargs.get("use_legal_mask") else "free tokens"
         texts.append(study_report(res, f"## {res.study.env} ({mask}), transformer policy", references=[expert])
                      + f"\n\n{dialogue}")
-    path = plots.success_curves(results, args.out)
-    return "\n\n".join(texts) + f"\n\nsuccess curves (IQM, 95% bootstrap bands; x = agent tokens): {path}"
+    return "\n\n".join(texts + [plots.success_curves(results, args.out, "agent tokens")])
 
 
 def main(argv=None) -> int:

@@ -103,17 +103,14 @@ def dialogues_to_threshold(res, label: str) -> np.ndarray:
 def report(args, results) -> str:
     from coevo_jax.analysis import plots, stats
     from coevo_jax.analysis.tables import arm_finals, study_report
-    from coevo_jax.analysis.text_report import expert_success
+    from coevo_jax.analysis.text_report import expert_row
     from coevo_jax.analysis.turn_credit import maze_credit_spearman, turn_credit_report
     from coevo_jax.analysis.credit_report import median_iqr
-    from coevo_jax.experiment.plan import make_env
 
     texts = []
     for res in results:
         labels = [a.name for a in res.study.arms]
-        succ = expert_success(*make_env(res.study), episodes=args.expert_episodes, seed=res.study.base_seed)
-        expert = {"method": "expert (scripted)", "seeds": f"{args.expert_episodes} episodes",
-                  "final success IQM [95% CI]": f"{succ:.3f} (success rate)"}
+        expert = expert_row(res.study, args.expert_episodes)
         finals = arm_finals(res)
         dialogues = {lab: np.median(dialogues_to_threshold(res, lab)) for lab in labels}
         spear = maze_credit_spearman(res) if res.study.env == "TextMaze-Turns" and "siop" in labels else None
@@ -133,8 +130,7 @@ def report(args, results) -> str:
             credit = turn_credit_report(res, run=0, seed=res.study.base_seed)
             text += f"\n\n{credit}" if credit else ""
         texts.append(text)
-    path = plots.success_curves(results, args.out)
-    return "\n\n".join(texts) + f"\n\nsuccess curves (IQM, 95% bootstrap bands; x = agent turns): {path}"
+    return "\n\n".join(texts + [plots.success_curves(results, args.out, "agent turns")])
 
 
 def main(argv=None) -> int:

@@ -32,6 +32,7 @@ from coevo_jax.experiment import Arm, Study, StudyError, load_result, run_study
 from coevo_jax.experiment.folder import check_out
 from coevo_jax.experiment.metrics import final_score
 from coevo_jax.experiment.plan import batch_size
+from coevo_jax.experiment.runner import covered_seconds
 from coevo_jax.experiment.spec import chunk_length, config_text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -281,6 +282,27 @@ def test_chunk_states_end_at_the_final_states_and_differ_over_training(reference
         reference.chunk_states("ppo", 3)
 
 
+def test_arms_differing_only_in_hparam_values_share_one_compiled_program(reference, workdir):
+    """A second arm with the same static config and batch shape (siop and siop-norm in the main
+    job) runs the program compiled for the first (0 s compiling) and gives its own runs' results."""
+    twin = Study("CartPole-v1", (Arm(STATIC, fixed={"vf_coef": 0.5}), Arm(STATIC, fixed={"vf_coef": 0.5}, label="twin")),
+                 num_seeds=2, num_chunks=2, threshold=20.0, threshold_metric="episode_return")
+    res = run_study(twin, os.path.join(workdir, "twin"), processes=1, max_parallel=2, progress=False,
+                    compile_cache=CACHE)
+    compile_s = res.info["workers"]["0"]["compile_s"]
+    assert compile_s["twin"] == 0.0 and compile_s["ppo"] > 0.0
+    assert res.info["compile_wall_s"] == pytest.approx(compile_s["ppo"], rel=0.05, abs=0.5)
+    ppo, copy = (res.runs["label"] == "ppo"), (res.runs["label"] == "twin")
+    for name in ("episode_return", "loss"):
+        np.testing.assert_array_equal(res.curves[name][copy], res.curves[name][ppo])
+        np.testing.assert_array_equal(res.curves[name][ppo], reference.curves[name][GOOD_RUNS])
+
+
+def test_covered_seconds_counts_overlapping_compiles_once():
+    assert covered_seconds([]) == 0.0
+    assert covered_seconds([[0.0, 10.0], [5.0, 12.0], [20.0, 21.0], [1.0, 2.0]]) == pytest.approx(13.0)
+
+
 def test_unwritable_out_is_one_line_error(tmp_path, capsys):
     # a folder that cannot be created (its parent is a file: refused even for root, unlike a read-only mode)
     parent = tmp_path / "a_file"
@@ -360,7 +382,7 @@ def test_k_sensitivity_default_config_has_at_least_300_runs():
     args = ks.build_parser().parse_args([])
     (config,) = ks.studies(args)
     runs = sum(config.num_seeds * max(1, len(a.settings())) for a in config.arms)
-    assert runs >= 300
+    assert runs >= 300 and config.num_seeds >= 20
     # an admitted task, with its tuned lr / ent_coef (dense its own), compute-matched refits, siop crossed with
     # normalisation
     assert config.name == ks.DEFAULT_TASK and config.env == "KeyDoor-5x5" and config.env_kwargs == {"max_steps": 60}

@@ -250,8 +250,10 @@ def arm_panels(results, metric: str = "episode_return", panel=None) -> dict:
     return out
 
 
-def success_curves(results, out: str) -> str:
-    """``out/success_curves.png``: every study's success rate per arm (IQM, 95% bands); returns its path."""
+def success_curves(results, out: str, x_unit: str) -> str:
+    """``out/success_curves.png``: every study's success rate per arm (IQM, 95% bands);
+    returns the report's line naming it (``x_unit``: what the x axis counts)."""
     os.makedirs(out, exist_ok=True)
-    return plot_learning_curves(arm_panels(results, "success_rate"), os.path.join(out, "success_curves.png"),
+    path = plot_learning_curves(arm_panels(results, "success_rate"), os.path.join(out, "success_curves.png"),
                                 ylabel="success rate")
+    return f"success curves (IQM, 95% bootstrap bands; x = {x_unit}): {path}"

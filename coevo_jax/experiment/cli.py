@@ -146,6 +146,8 @@ def staged_main(parser: OneLineParser, stages, report, argv=None) -> int:
         return 0
     runs = sum(r.info.get("total_runs", 0) for stage in done for r in stage)
     compile_s = sum(r.info.get("compile_s_total", 0.0) for stage in done for r in stage)
-    print(f"\n{runs} runs in {time.time() - t0:.0f} s (compiling {compile_s:.0f} s summed over workers);"
+    compile_wall = sum(r.info.get("compile_wall_s", 0.0) for stage in done for r in stage)
+    print(f"\n{runs} runs in {time.time() - t0:.0f} s (compiling {compile_s:.0f} s summed over workers,"
+          f" {compile_wall:.0f} s of wall time);"
           f" results in {args.out}")
     return 0

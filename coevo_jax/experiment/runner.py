@@ -25,6 +25,15 @@ from coevo_jax.experiment.spec import Study, StudyError, config_hash, config_tex
 from coevo_jax.experiment.worker import default_compile_cache, run_worker
 
 
+def covered_seconds(spans) -> float:
+    """Seconds covered by the union of ``[start, end]`` intervals (overlaps counted once)."""
+    total, reach = 0.0, -math.inf
+    for start, end in sorted(spans):
+        total += max(0.0, end - max(start, reach))
+        reach = max(reach, end)
+    return total
+
+
 def _positive(name: str, v) -> None:
     if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1):
         raise ConfigError(f"{name}={v!r} must be an integer >= 1")
@@ -140,10 +149,12 @@ def run_study(study: Study, out: str, *, overwrite: bool = False, processes: int
     wall = time.time() - t_start
     new_steps = sum(d.get("env_steps", 0) - d.get("env_steps_resumed", 0) for d in workers.values())
     compile_s = sum(sum(d.get("compile_s", {}).values()) for d in workers.values())
+    compile_wall = covered_seconds([s for d in workers.values() for s in d.get("compile_spans", [])])
     info = {"wall_s": wall, "backend": jax.default_backend(), "num_hosts": num_hosts,
             "processes_per_host": processes, "devices_per_process": devices, "max_parallel": max_parallel,
             "total_runs": total_runs, "total_env_steps": total_steps, "env_steps_this_call": new_steps,
             "env_steps_per_s_wall": new_steps / wall if wall > 0 else float("nan"), "compile_s_total": compile_s,
+            "compile_wall_s": compile_wall,
             "workers": {str(w): {k: d.get(k) for k in ("compile_s", "exec_s", "peak_rss_mb", "memory", "devices")}
                         for w, d in workers.items()}}
     rows = write_outputs(out, study, plans, curves, runs, per_arm, info)
@@ -152,5 +163,5 @@ def run_study(study: Study, out: str, *, overwrite: bool = False, processes: int
                       for d in workers.values() for arm, m in (d.get("memory") or {}).items()})
         peak = max((d.get("peak_rss_mb") or 0) for d in workers.values())
         log(f"done in {fmt_time(wall)}: {new_steps / wall:,.0f} env steps/s overall; compiling {compile_s:.0f} s"
-            f" (summed over workers); peak RSS per process {peak:.0f} MiB; compiled memory {'; '.join(mem)}")
+            f" summed over workers ({compile_wall:.0f} s of wall time with a compile running); peak RSS per process {peak:.0f} MiB; compiled memory {'; '.join(mem)}")
     return StudyResult(out, study, curves, runs, rows, info)
