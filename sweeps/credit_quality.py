@@ -10,17 +10,20 @@ ranked against it (Spearman over every reachable (configuration, action) pair
 of every layout, at episode time 0) after each of the run's chunks
 (:mod:`coevo_jax.analysis.credit_quality`):
 
-* ``ppo``: its GAE(lambda) advantage, in expectation over the policy (exact);
+* ``ppo``: its GAE(lambda) advantage, in expectation over the policy (exact),
+  and the null row: a uniform-random signal per pair (``random``), the floor;
 * ``siop``: the credit ``gamma Phi(s') - Phi(s)``;
 * ``siop-shuffled`` (placebo): that credit permuted within each layout, and the
   placebo run's potential unshuffled;
-* ``coevo-regression``, ``coevo-ranking``: ``R_phi(s, a)``.
+* ``coevo-regression``, ``coevo-ranking``: ``R_phi(s, a)``;
+* ``dense`` (oracle): the env's hand-designed shaping ``gamma_s Phi(s') - Phi(s)``
+  on the subgoal-distance potential, and the reward it trains on (plus ``r``).
 
-Arms run at the task's budget, shape and tuned lr / entropy (as in
-``compare_methods.py``), on paired seeds, through the one runner with
-``save_chunks``. Reported: per signal and snapshot, the IQM of the per-run
-Spearman correlations with its 95% stratified-bootstrap CI (rliable), and each
-arm's final success.
+Arms run at the task's budget, shape and tuned lr / entropy (dense its own,
+the others ppo's, as in ``compare_methods.py``), on paired seeds, through the
+one runner with ``save_chunks``. Reported: per signal and snapshot, the IQM of
+the per-run Spearman correlations with its 95% stratified-bootstrap CI
+(rliable), and each arm's final success.
 
     python sweeps/credit_quality.py                       # doorkey5-t60-16k, 20 seeds, 8 snapshots
     python sweeps/credit_quality.py --task doorkey6-t80 --num-seeds 8
@@ -45,7 +48,7 @@ from coevo_jax.experiment.folder import atomic_savez, atomic_write_text  # noqa:
 from coevo_jax.experiment.results import rows_to_csv  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ARMS = ("ppo", "siop", "siop-shuffled", "coevo-regression", "coevo-ranking")
+ARMS = ("ppo", "siop", "siop-shuffled", "coevo-regression", "coevo-ranking", "dense")
 DEFAULT_TASK = "doorkey5-t60-16k"
 THRESHOLD = 0.8
 
@@ -120,7 +123,8 @@ def report(args, results) -> str:
         arm = name.split(":")[0]
         final = result.scores(arm)["final_success"]
         row = {"arm: signal": name, "final success IQM": f"{stats.iqm(final):.3f}"}
-        for j in sorted({0, len(steps) // 4 - 1, len(steps) // 2 - 1, len(steps) - 1}):
+        n = len(steps)
+        for j in sorted({0, max(n // 4 - 1, 0), max(n // 2 - 1, 0), n - 1}):  # first, quarter, half, last
             row[f"{steps[j]:,.0f} steps"] = _iqm_ci(rho[:, j], j)
         row[f"raw, {steps[-1]:,.0f} steps"] = _iqm_ci(curves[f"{name} raw"][1][:, -1], 99)
         rows.append(row)

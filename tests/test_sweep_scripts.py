@@ -98,6 +98,9 @@ def test_default_studies_keep_each_protocol():
 
     assert credit.save_chunks and credit.num_seeds == 20 and credit.env == "KeyDoor-5x5"
     assert all(arm_signals(a.static.method) for a in credit.arms) and credit.arms[0].name == "ppo"
+    tuned16k = load("compare_methods").load_admitted(os.path.join(ROOT, "sweeps", "admitted_tasks.json"))[credit.name]
+    assert dict(credit.arms[-1].fixed) == tuned16k.tuned["dense"] and credit.arms[-1].static.method == "dense"
+    assert "random" in arm_signals("ppo") and {"dense", "dense+r"} <= set(arm_signals("dense"))
     (collusion,) = built("collusion")
     arms = {a.name: a for a in collusion.arms}
     assert collusion.env_kwargs == {"max_steps": 60, "give_up": True} and collusion.num_seeds == 20

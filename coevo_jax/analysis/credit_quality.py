@@ -21,16 +21,20 @@ against that policy's own advantage ``A^pi`` (Spearman over the pooled pairs):
                    potential, permuted among the pairs of each layout (as the
                    arm permutes it within each episode)
 ``r_phi``          the co-evolved reward ``R_phi(s, a)``
+``dense``          the oracle: the env's shaping ``gamma_s Phi(s') - Phi(s)``
+                   (``info["dense_reward"]`` less ``r``, :func:`dense_shaping`)
+``random``         the null: uniform draws per pair, per run (fixed seed)
 =================  ===========================================================
 
 Next to SIOP's credit and ``R_phi`` alone, ``<signal>+r`` scores the reward
 PPO actually receives per step, ``beta_ext * r + beta_int * signal`` (``r``
-the external reward at episode time 0). Which signals an arm gets follows its
-method (:func:`arm_signals`). Each is scored twice: centred like ``A^pi``
-(minus its mean under ``pi`` in each state, so only how it ranks a state's
-actions counts: a per-state offset does not change PPO's expected gradient)
-under the signal's name, and as it is (``"<name> raw"``), where a per-state
-offset, e.g. a critic's error, counts.
+the external reward at episode time 0), and the dense arm's ``dense+r`` its
+reward ``r + shaping`` (whatever the betas; its ``td`` is on that reward).
+Which signals an arm gets follows its method (:func:`arm_signals`). Each is
+scored twice: centred like ``A^pi`` (minus its mean under ``pi`` in each
+state, so only how it ranks a state's actions counts: a per-state offset does
+not change PPO's expected gradient) under the signal's name, and as it is
+(``"<name> raw"``), where a per-state offset, e.g. a critic's error, counts.
 """
 from __future__ import annotations
 
@@ -39,10 +43,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from coevo_jax.credit import spearman
+from envs_jax.grid.keydoor import observe
 from envs_jax.grid.policy_evaluation import NUM_ACTIONS, expected_gae, keydoor_layouts, layout_model, policy_advantages
 
-SIGNALS = {"ppo": ("r", "td", "gae"), "siop": ("siop", "siop+r"), "siop-shuffled": ("siop-shuffled+r", "siop"),
-           "coevo-regression": ("r_phi", "r_phi+r"), "coevo-ranking": ("r_phi", "r_phi+r")}
+SIGNALS = {"ppo": ("td", "gae", "r", "random"), "siop": ("siop", "siop+r"),
+           "siop-shuffled": ("siop", "siop-shuffled+r"), "coevo-regression": ("r_phi", "r_phi+r"),
+           "coevo-ranking": ("r_phi", "r_phi+r"), "dense": ("dense", "dense+r", "td", "r")}
 
 
 def arm_signals(method: str) -> tuple:
@@ -62,6 +68,36 @@ def _goal_next(models):
     nxt = np.concatenate([m.nxt + o for m, o in zip(models, offsets)])
     goal = np.concatenate([m.goal for m in models])
     return obs, nxt, goal
+
+
+def config_states(layout, flat: np.ndarray):
+    """The env states (time 0, leaves ``[C, ...]``) of one unbatched ``layout`` at its configurations
+    ``flat [C]`` (indices into the ``(size, size, 4, 2, 2)`` grid, as :attr:`LayoutModel.flat`)."""
+    n, c = layout.walls.shape[0], len(flat)
+    x, y, d, k, o = np.unravel_index(flat, (n, n, 4, 2, 2))
+    tile = lambda v: np.broadcast_to(v, (c,) + np.shape(v))
+    return layout.replace(time=np.zeros(c, np.int32), walls=tile(layout.walls), agent_pos=np.stack([x, y], 1).astype(
+        np.int32), agent_dir=d.astype(np.int32), key_pos=tile(layout.key_pos), has_key=k.astype(bool),
+        door_pos=tile(layout.door_pos), door_open=o.astype(bool), goal_pos=tile(layout.goal_pos))
+
+
+def dense_shaping(env, env_params, models) -> np.ndarray:
+    """The shaping in KeyDoor's ``info["dense_reward"]``, ``gamma_s Phi(s') - Phi(s)`` ``[C, 6]`` on every pair of
+    ``models`` (:func:`keydoor_models` of ``env.size``), ``Phi`` the env's potential of each configuration's state,
+    ``Phi(goal) = 0`` and ``gamma_s = env_params.shaping_gamma``."""
+    states = [config_states(lay, m.flat) for lay, m in zip(keydoor_layouts(env.size), models)]
+    states = jax.tree.map(lambda *x: np.concatenate(x), *states)
+    obs, phi = jax.device_get(jax.jit(jax.vmap(lambda s: (observe(s), env.potential(s, env_params))))(states))
+    model_obs, nxt, goal = _goal_next(models)
+    if not np.array_equal(obs, model_obs):
+        raise ValueError(f"models are not the layouts of a size {env.size} KeyDoor, in order")
+    phi = np.asarray(phi, np.float64)
+    return np.where(goal, 0.0, float(env_params.shaping_gamma) * phi[nxt]) - phi[:, None]
+
+
+def null_signal(shape: tuple, seed: int = 0) -> np.ndarray:
+    """The null row's signal ``[R, C, 6]``: independent uniform ``[0, 1)`` draws per run and pair (fixed ``seed``)."""
+    return np.random.default_rng(seed).random(shape)
 
 
 def network_outputs(trainer, params, obs: np.ndarray):
@@ -120,36 +156,48 @@ def exact_targets(pi, models, max_steps: int, gamma: float, values=None, gae_lam
     return adv, gaes
 
 
-def score_states(trainer, states, hp, models, max_steps: int) -> dict:
-    """``{signal: Spearman [R], "<signal> raw": Spearman [R]}`` of one arm's stacked
-    :class:`~coevo_jax.train.TrainState` (see the module docstring); ``hp`` the arm's
-    HParams (leaves ``[R]``; run 0's ``gamma``, ``gae_lambda``, ``beta_ext``, ``beta_int`` are used)."""
-    signals = arm_signals(trainer.static.method)
-    gamma, lam = float(np.asarray(hp.gamma)[0]), float(np.asarray(hp.gae_lambda)[0])
-    obs, nxt, goal = _goal_next(models)
-    pi, values, features = network_outputs(trainer, states.params, obs)
-    lambdas = (0.0, lam) if "gae" in signals else ()  # "td" is GAE at lambda = 0
-    adv, gaes = exact_targets(np.asarray(pi, np.float64), models, max_steps, gamma, np.asarray(values), lambdas)
-    got = dict(zip(("td", "gae"), gaes))
+def _model_signals(trainer, states, models, gamma: float, features) -> dict:
+    """The signals ``[R, C, 6]`` of the arm's learned models: SIOP's credit (and its placebo permutation), ``R_phi``."""
+    signals, (obs, nxt, goal), got = arm_signals(trainer.static.method), _goal_next(models), {}
     if "siop" in signals:
         sig = states.signal_state
         potential = sig.potential if trainer.static.method == "siop-shuffled" else sig  # the placebo wraps siop's
         got["siop"] = potential_credit(trainer.static, potential, obs, nxt, goal, gamma)
     if "siop-shuffled+r" in signals:
-        perm = layout_permutation(models)
         flat = got["siop"].reshape(got["siop"].shape[0], -1)
-        got["siop-shuffled"] = flat[:, perm].reshape(got["siop"].shape)
+        got["siop-shuffled"] = flat[:, layout_permutation(models)].reshape(got["siop"].shape)
     if "r_phi" in signals:
         x = features if trainer.static.reward_input == "features" else np.broadcast_to(obs, features.shape[:1] + obs.shape)
         got["r_phi"] = learned_reward(trainer, states.signal_state, x)
+    return got
+
+
+def signal_spearmans(name: str, signal, pi, adv) -> dict:
+    """``{name: Spearman [R] of the signal centred per state by pi, "<name> raw": Spearman [R] as it is}`` against
+    ``adv [R, C, 6]`` over the pooled pairs (``signal`` broadcasts to ``[R, C, 6]``, ``pi [R, C, 6]``)."""
+    signal = np.broadcast_to(signal, adv.shape)
+    centred = signal - (pi * signal).sum(-1, keepdims=True)
+    rho = lambda x: np.array([spearman(x[r].reshape(-1), adv[r].reshape(-1)) for r in range(adv.shape[0])])
+    return {name: rho(centred), f"{name} raw": rho(signal)}
+
+
+def score_states(trainer, states, hp, models, max_steps: int) -> dict:
+    """``{signal: Spearman [R], "<signal> raw": Spearman [R]}`` of one arm's stacked
+    :class:`~coevo_jax.train.TrainState` (see the module docstring); ``hp`` the arm's
+    HParams (leaves ``[R]``; run 0's ``gamma``, ``gae_lambda``, ``beta_ext``, ``beta_int`` are used)."""
+    signals = arm_signals(trainer.static.method)
+    gamma, lam, beta_ext, beta_int = (float(np.asarray(getattr(hp, f))[0])
+                                      for f in ("gamma", "gae_lambda", "beta_ext", "beta_int"))
+    obs, _, goal = _goal_next(models)
+    pi, values, features = network_outputs(trainer, states.params, obs)
+    lambdas = (0.0, lam) if "gae" in signals else (0.0,) if "td" in signals else ()  # "td" is GAE at lambda 0
+    adv, gaes = exact_targets(np.asarray(pi, np.float64), models, max_steps, gamma, np.asarray(values), lambdas)
+    got = dict(zip(("td", "gae"), gaes), **_model_signals(trainer, states, models, gamma, features))
     reward = np.where(goal, 1.0 - 0.9 / max_steps, 0.0)  # the external reward of each pair at episode time 0
-    beta_ext, beta_int = float(np.asarray(hp.beta_ext)[0]), float(np.asarray(hp.beta_int)[0])
     got.update({f"{name}+r": beta_ext * reward + beta_int * got[name] for name in list(got) if f"{name}+r" in signals})
-    got["r"] = np.broadcast_to(reward, adv.shape)  # the sparse reward alone: what the "+r" signals add to
-    got = {name: v for name, v in got.items() if name in signals}
-    out = {}
-    for name, v in got.items():
-        centred = v - (pi * v).sum(-1, keepdims=True)
-        out[name] = np.array([spearman(centred[r].reshape(-1), adv[r].reshape(-1)) for r in range(adv.shape[0])])
-        out[f"{name} raw"] = np.array([spearman(v[r].reshape(-1), adv[r].reshape(-1)) for r in range(adv.shape[0])])
-    return out
+    if "dense" in signals:  # the dense method's reward is r + shaping whatever the betas; its critic fits that return
+        got["dense"] = dense_shaping(trainer.env.unwrapped, trainer.env_params, models)
+        got["dense+r"], got["td"] = reward + got["dense"], got["td"] + got["dense"]
+    got["r"] = reward  # the sparse reward alone: what the "+r" signals add to
+    got["random"] = null_signal(adv.shape)  # the null row (scored where the arm lists it)
+    return {k: v for name in signals for k, v in signal_spearmans(name, got[name], pi, adv).items()}

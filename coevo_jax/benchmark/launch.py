@@ -23,6 +23,8 @@ SAFE = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
 DEFAULT_PUREJAXRL = os.path.join(ROOT, "..", "shared", "anchors", "purejaxrl")
 DEFAULT_PUREJAXRL_TOOL = os.path.join(ROOT, "..", "shared", "tools", "purejaxrl_bench.py")
 IMPLS = ("purejaxrl", "coevo-jax")
+# coevo-jax with JAX's own CPU lowering of Threefry (a loop; see envs_jax/_threefry.py), for the A/B of --threefry-ab
+ROLLED = "coevo-jax-rolled"
 
 
 class OutOfTime(RuntimeError):
@@ -68,9 +70,9 @@ def anchor_paths(purejaxrl: str | None, tool: str | None) -> tuple[str | None, s
     return None, None, "PureJaxRL rows skipped: " + why
 
 
-def child_env() -> dict:
+def child_env(extra: dict | None = None) -> dict:
     return {**os.environ, "XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " " + SAFE).strip(),
-            "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+            "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **(extra or {})}
 
 
 def worker_cmd(cfg: dict) -> list:
@@ -78,9 +80,10 @@ def worker_cmd(cfg: dict) -> list:
     return [sys.executable, "-m", "coevo_jax.benchmark.workers", json.dumps(cfg)]
 
 
-def run_processes(cmds: list, timeout: float, budget: Budget | None = None, pin: bool = False) -> list[str]:
+def run_processes(cmds: list, timeout: float, budget: Budget | None = None, pin: bool = False,
+                  env: dict | None = None) -> list[str]:
     """Start ``cmds`` together (process ``i`` pinned to core ``i % cores`` when
-    ``pin``), wait up to ``timeout`` s (capped by ``budget``) for all of them and
+    ``pin``; ``env``: variables added to their environment), wait up to ``timeout`` s (capped by ``budget``) for all of them and
     return their stdouts. A failed process raises ``RuntimeError`` with its last
     stderr lines; running out of time kills them all and raises
     :class:`OutOfTime` (budget spent) or ``TimeoutError``."""
@@ -93,7 +96,7 @@ def run_processes(cmds: list, timeout: float, budget: Budget | None = None, pin:
                 fo, fe = (files.enter_context(open(os.path.join(tmp, f"{i}.{x}"), "w+")) for x in ("out", "err"))
                 cores = {i % ncpu}
                 pre = (lambda: os.sched_setaffinity(0, cores)) if pin and hasattr(os, "sched_setaffinity") else None
-                procs.append((subprocess.Popen(cmd, stdout=fo, stderr=fe, env=child_env(), cwd=ROOT,
+                procs.append((subprocess.Popen(cmd, stdout=fo, stderr=fe, env=child_env(env), cwd=ROOT,
                                                preexec_fn=pre), fo, fe))
             end = time.time() + limit
             for p, _, _ in procs:
@@ -164,8 +167,8 @@ def ppo_batch(impl: str, seeds: int, procs: int, total_steps: int, timeout: floa
               tool: str | None = None, runs: int = 2, budget: Budget | None = None) -> dict:
     """One measurement: ``procs`` fresh processes started together, each with its
     share of ``seeds`` (pinned to one core each when ``procs > 1``). ``impl``:
-    ``"purejaxrl"`` (the harness running PureJaxRL's ppo.py, its JSON parsed) or
-    ``"coevo-jax"`` (the ``ppo`` worker). Env steps/s is the sum over processes of
+    ``"purejaxrl"`` (the harness running PureJaxRL's ppo.py, its JSON parsed),
+    ``"coevo-jax"`` (the ``ppo`` worker) or :data:`ROLLED` (the same with JAX's CPU Threefry). Env steps/s is the sum over processes of
     each one's steady (last) run of its compiled program; compile seconds and peak
     RSS the largest of any process."""
     counts = [seeds // procs + (i < seeds % procs) for i in range(procs)]
@@ -178,7 +181,8 @@ def ppo_batch(impl: str, seeds: int, procs: int, total_steps: int, timeout: floa
         else:
             cmds = [worker_cmd({"kind": "ppo", "seeds": n, "total_steps": total_steps, "seed": 42 + i, "runs": runs})
                     for i, n in enumerate(counts)]
-        outs = run_processes(cmds, timeout, budget, pin=procs > 1)
+        outs = run_processes(cmds, timeout, budget, pin=procs > 1,
+                             env={"COEVO_JAX_ROLLED_THREEFRY": "1"} if impl == ROLLED else None)
         if impl == "purejaxrl":
             results = []
             for path in jsons:
@@ -198,11 +202,11 @@ def ppo_batch(impl: str, seeds: int, procs: int, total_steps: int, timeout: floa
 
 
 def compare_ppo(settings: list, reps: int, total_steps: int, timeout: float, anchor: str | None,
-                tool: str | None, budget: Budget | None = None, log=None) -> tuple[dict, list]:
+                tool: str | None, budget: Budget | None = None, log=None, impls: tuple = IMPLS) -> tuple[dict, list]:
     """This library's PPO vs PureJaxRL's ``ppo.py`` at every ``(seeds, processes)``
     of ``settings``, interleaved: each of ``reps`` repetitions measures every
     setting for both implementations back to back, alternating which goes first.
-    ``anchor=None`` leaves PureJaxRL out. Returns ``(results, notes)``:
+    ``anchor=None`` leaves PureJaxRL out; ``impls`` may add :data:`ROLLED`. Returns ``(results, notes)``:
     ``results[(impl, seeds, procs)]`` is the list of :func:`ppo_batch` results and
     ``notes`` says which PureJaxRL measurements failed, or where the budget ran out."""
     res, notes = {}, []
@@ -211,7 +215,7 @@ def compare_ppo(settings: list, reps: int, total_steps: int, timeout: float, anc
             for seeds, procs in settings:
                 # both programs run twice: allow 1 s per 10,000 env steps on top of the timeout
                 limit = timeout + 2 * seeds * total_steps / 10_000
-                for impl in IMPLS if rep % 2 == 0 else IMPLS[::-1]:
+                for impl in impls if rep % 2 == 0 else impls[::-1]:
                     if impl == "purejaxrl" and anchor is None:
                         continue
                     try:
