@@ -5,8 +5,9 @@ JAX lowers its Threefry-2x32 hash (every ``jax.random.split``, ``uniform``,
 every other backend. Inside an RL rollout that is several tiny ``while`` loops
 per env step (the step key's split, the per-env keys, the action's Gumbel noise,
 the auto-reset's draws), and their loop overhead, not the hashing, dominates
-the step at small batches: PPO on CartPole at 8 seeds ran 1.5x faster unrolled
-(``sweeps/bench.py --sections ppo``; measured side by side, see the README).
+the step at small batches: PPO on CartPole at one seed ran 1.36x faster unrolled,
+at 8-64 seeds 0.97-1.17x (``sweeps/bench.py --sections ppo --threefry-ab``, medians
+of 3 interleaved repetitions; the table is in the README).
 This module registers JAX's own unrolled lowering (the one GPUs get) for CPU
 too. The arithmetic is the same, so every random number is bit for bit what
 the rolled loop gives (tested); only the compiled program's shape changes.

@@ -68,3 +68,21 @@ def test_rliable_statistics_against_hand_values():
     assert np.all(lo <= point + 1e-12) and np.all(point <= hi + 1e-12)
     prof = stats.performance_profile({"a": np.linspace(0, 1, 11)}, np.array([-1.0, 0.5, 2.0]), n_boot=100)
     np.testing.assert_allclose(prof["a"][0], [1.0, 5 / 11, 0.0])
+
+
+def test_bootstrap_cis_are_reproducible_and_leave_the_global_generator_alone():
+    """rliable draws its resamples from NumPy's global generator; seeded per call, the same
+    scores give the same CIs (and a different seed different ones), and the caller's
+    global random stream continues as if no CI had been computed."""
+    rng = np.random.default_rng(0)
+    x, y = rng.random(20), rng.random(20) + 0.1
+    np.random.seed(123)
+    expected_next = np.random.random(3)
+    np.random.seed(123)
+    first = (stats.summarize(x), stats.probability_of_improvement(y, x))
+    assert np.array_equal(np.random.random(3), expected_next)
+    np.random.seed(999)  # another global state must not change the CIs
+    again = (stats.summarize(x), stats.probability_of_improvement(y, x))
+    assert first == again
+    other = stats.bootstrap_ci(x, seed=1)
+    assert other != stats.bootstrap_ci(x, seed=0)

@@ -16,11 +16,21 @@ from scipy.stats import trim_mean
 
 def _interval_estimates(scores: dict, func, n_boot: int, alpha: float, seed: int):
     """rliable's ``get_interval_estimates`` (percentile stratified bootstrap), seeded,
-    without arch's deprecation warning for the ``random_state`` argument rliable passes."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="random_state is deprecated", category=FutureWarning)
-        return rly.get_interval_estimates(scores, func, reps=n_boot, confidence_interval_size=1.0 - alpha,
-                                          random_state=np.random.RandomState(seed))
+    without arch's deprecation warning for the ``random_state`` argument rliable passes.
+
+    rliable 1.2's ``StratifiedBootstrap`` draws its resamples from NumPy's *global*
+    generator (``np.random.choice``), not from ``random_state``, so the global
+    generator is seeded for the call and restored after it: the same scores give
+    the same CI every time, and the caller's global random state is untouched."""
+    saved = np.random.get_state()
+    np.random.seed(seed)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="random_state is deprecated", category=FutureWarning)
+            return rly.get_interval_estimates(scores, func, reps=n_boot, confidence_interval_size=1.0 - alpha,
+                                              random_state=np.random.RandomState(seed))
+    finally:
+        np.random.set_state(saved)
 
 
 def _finite(x) -> np.ndarray:
