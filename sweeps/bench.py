@@ -158,18 +158,29 @@ def section_sweep(args):
            for c, r in rows], notes)
 
 
-def section_scale(args):
-    from k_sensitivity import DEFAULT_TOTAL_STEPS, static_for
+def scale_configs(args) -> tuple[list, int]:
+    """The scale section's measurements: PPO on CartPole-v1 (PureJaxRL's settings) and on
+    KeyDoor-5x5 at the main job's shape (its default admitted task's sizes, at most its
+    budget), at each of ``args.scale_runs``; and that budget."""
+    from k_sensitivity import DEFAULT_TASK, static_for
 
+    from coevo_jax.experiment.admitted import load_admitted
+
+    task = load_admitted(os.path.join(HERE, "admitted_tasks.json"))[DEFAULT_TASK]
+    keydoor = dataclasses.asdict(static_for("ppo", task, task.total_steps, False))
     tasks = {"CartPole-v1": (PPO_STATIC, PPO_HPARAMS, args.total_steps),
-             "KeyDoor-5x5": (dataclasses.asdict(static_for("ppo", 0)), {}, min(args.total_steps, DEFAULT_TOTAL_STEPS))}
-    cfgs = [{"kind": "scale", "env": env, "runs": n, "execs": args.reps, "hparams": hp, "static": {**static,
+             "KeyDoor-5x5": (keydoor, dict(task.tuned["ppo"]), min(args.total_steps, task.total_steps))}
+    return [{"kind": "scale", "env": env, "runs": n, "execs": args.reps, "hparams": hp, "static": {**static,
              "total_steps": scale_steps(n, args.scale_budget, cap, static["num_envs"] * static["rollout_len"])}}
-            for env, (static, hp, cap) in tasks.items() for n in args.scale_runs]
+            for env, (static, hp, cap) in tasks.items() for n in args.scale_runs], task.total_steps
+
+
+def section_scale(args):
+    cfgs, main_budget = scale_configs(args)
     rows, notes = launch.measure_each(cfgs, args.timeout, args.budget, log)
     print(f"\n### Scale: one compiled jit(vmap(train)) per row (PPO; CartPole-v1 with PureJaxRL's settings, 4 envs x"
           f" 128 steps; KeyDoor-5x5 with k_sensitivity.py's sizes, 8 envs x 16 steps)\n\nBudget: env steps per run ="
-          f" min({args.total_steps:,} (--total-steps; KeyDoor at most {DEFAULT_TOTAL_STEPS:,}, the main job's),"
+          f" min({args.total_steps:,} (--total-steps; KeyDoor at most {main_budget:,}, the main job's),"
           f" {args.scale_budget:,} (--scale-budget) / runs), in whole iterations. Env steps/s: best of {args.reps}"
           " execution(s) of the compiled program, compile apart. Compiled MiB per run: (argument + output + temp -"
           " alias bytes of XLA's memory analysis) / runs; runs in 24 GiB: 24 GiB / that.\n")

@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from coevo_jax.benchmark import launch
 from coevo_jax.benchmark.workers import scale_steps
 
@@ -72,6 +74,22 @@ def test_scale_steps_shrink_with_the_batch_in_whole_iterations():
     assert scale_steps(4096, 2 ** 21, 131072, 512) == 512
     assert scale_steps(10 ** 6, 2 ** 21, 131072, 512) == 512  # at least one iteration
     assert scale_steps(3, 1000, 10 ** 6, 128) == 256  # rounded down to whole iterations
+
+
+def test_scale_section_builds_its_runs_at_the_main_jobs_shape():
+    """The scale rows: CartPole at PureJaxRL's settings and KeyDoor at the main job's admitted task's
+    shape and tuned ppo values, budgets in whole iterations, each config a valid StaticConfig."""
+    from coevo_jax.benchmark.workers import static_from
+
+    b = _bench()
+    cfgs, budget = b.scale_configs(b.parse_args(["--sections", "scale"]))
+    assert [(c["env"], c["runs"]) for c in cfgs] == [(e, n) for e in ("CartPole-v1", "KeyDoor-5x5")
+                                                     for n in (1, 64, 512, 4096)]
+    keydoor = [c for c in cfgs if c["env"] == "KeyDoor-5x5"]
+    static = static_from(keydoor[0]["static"])
+    assert (static.num_envs, static.rollout_len, static.total_steps) == (8, 16, budget) and budget == 16384
+    assert keydoor[0]["hparams"] == pytest.approx({"lr": 3e-3, "ent_coef": 0.03})
+    assert all(c["static"]["total_steps"] % (c["static"]["num_envs"] * c["static"]["rollout_len"]) == 0 for c in cfgs)
 
 
 def test_budget_stops_measurements():

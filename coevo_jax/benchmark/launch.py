@@ -83,9 +83,10 @@ def worker_cmd(cfg: dict) -> list:
 def run_processes(cmds: list, timeout: float, budget: Budget | None = None, pin: bool = False,
                   env: dict | None = None) -> list[str]:
     """Start ``cmds`` together (process ``i`` pinned to core ``i % cores`` when
-    ``pin``; ``env``: variables added to their environment), wait up to ``timeout`` s (capped by ``budget``) for all of them and
-    return their stdouts. A failed process raises ``RuntimeError`` with its last
-    stderr lines; running out of time kills them all and raises
+    ``pin``; ``env``: variables added to their environment), wait up to
+    ``timeout`` s (capped by ``budget``) for all of them and return their
+    stdouts. A failed process raises ``RuntimeError`` with its last stderr
+    lines; running out of time kills them all and raises
     :class:`OutOfTime` (budget spent) or ``TimeoutError``."""
     limit = (budget or Budget()).clip(timeout)
     ncpu = os.cpu_count() or 1
@@ -168,9 +169,10 @@ def ppo_batch(impl: str, seeds: int, procs: int, total_steps: int, timeout: floa
     """One measurement: ``procs`` fresh processes started together, each with its
     share of ``seeds`` (pinned to one core each when ``procs > 1``). ``impl``:
     ``"purejaxrl"`` (the harness running PureJaxRL's ppo.py, its JSON parsed),
-    ``"coevo-jax"`` (the ``ppo`` worker) or :data:`ROLLED` (the same with JAX's CPU Threefry). Env steps/s is the sum over processes of
-    each one's steady (last) run of its compiled program; compile seconds and peak
-    RSS the largest of any process."""
+    ``"coevo-jax"`` (the ``ppo`` worker) or :data:`ROLLED` (the same with JAX's
+    CPU Threefry). Env steps/s is the sum over processes of each one's steady
+    (last) run of its compiled program; compile seconds and peak RSS the largest
+    of any process."""
     counts = [seeds // procs + (i < seeds % procs) for i in range(procs)]
     with tempfile.TemporaryDirectory(prefix="bench_ppo_") as tmp:
         jsons = [os.path.join(tmp, f"{i}.json") for i in range(procs)]
@@ -206,7 +208,8 @@ def compare_ppo(settings: list, reps: int, total_steps: int, timeout: float, anc
     """This library's PPO vs PureJaxRL's ``ppo.py`` at every ``(seeds, processes)``
     of ``settings``, interleaved: each of ``reps`` repetitions measures every
     setting for both implementations back to back, alternating which goes first.
-    ``anchor=None`` leaves PureJaxRL out; ``impls`` may add :data:`ROLLED`. Returns ``(results, notes)``:
+    ``anchor=None`` leaves PureJaxRL out; ``impls`` may add :data:`ROLLED`.
+    Returns ``(results, notes)``:
     ``results[(impl, seeds, procs)]`` is the list of :func:`ppo_batch` results and
     ``notes`` says which PureJaxRL measurements failed, or where the budget ran out."""
     res, notes = {}, []

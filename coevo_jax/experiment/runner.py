@@ -163,5 +163,6 @@ def run_study(study: Study, out: str, *, overwrite: bool = False, processes: int
                       for d in workers.values() for arm, m in (d.get("memory") or {}).items()})
         peak = max((d.get("peak_rss_mb") or 0) for d in workers.values())
         log(f"done in {fmt_time(wall)}: {new_steps / wall:,.0f} env steps/s overall; compiling {compile_s:.0f} s"
-            f" summed over workers ({compile_wall:.0f} s of wall time with a compile running); peak RSS per process {peak:.0f} MiB; compiled memory {'; '.join(mem)}")
+            f" summed over workers ({compile_wall:.0f} s of wall time with a compile running); peak RSS per process"
+            f" {peak:.0f} MiB; compiled memory {'; '.join(mem)}")
     return StudyResult(out, study, curves, runs, rows, info)
