@@ -23,8 +23,7 @@ import envs_jax
 def draws(key):
     k1, k2 = jax.random.split(key)
     keys = jax.random.split(k1, 5)
-    return (jax.random.key_data(keys) if hasattr(jax.random, "key_data") else keys,
-            jax.vmap(lambda k: jax.random.uniform(k, (3,)))(keys),
+    return (keys, jax.vmap(lambda k: jax.random.uniform(k, (3,)))(keys),
             jax.random.categorical(k2, jnp.linspace(-1.0, 1.0, 7), shape=(4,)),
             jax.random.permutation(k2, 11), jax.random.normal(k2, (2, 3)))
 
