@@ -26,7 +26,7 @@ import numpy as np
 
 from coevo_jax.config import ConfigError, StaticConfig
 from coevo_jax.transformer import TransformerActorCritic
-from envs_jax.text.common import AGENT, PAD, USER
+from envs_jax.text.tokens import AGENT, PAD, USER
 from envs_jax.text.turns import TurnEnv
 
 
@@ -204,6 +204,7 @@ class BagActorCritic(nn.Module):
     zero at init): a copy mechanism that can learn to repeat the partner's
     words or not to repeat its own (gates of the features rather than free
     per-word weights, as Adam moves one weight by about ``lr`` per step).
+    ``max_exchanges``: :class:`ExchangeBag`'s slots (see :func:`exchange_slots`).
     """
 
     num_actions: int
@@ -213,11 +214,13 @@ class BagActorCritic(nn.Module):
     activation: str = "tanh"
     value_heads: int = 1
     action_tokens: tuple = ()
+    max_exchanges: int = 32
 
     @nn.compact
     def __call__(self, obs):
         batch, length = obs.shape[:-1], obs.shape[-1]
-        z = ExchangeBag(self.vocab_size, self.embed_dim, name="encoder")(obs.reshape(-1, length))
+        z = ExchangeBag(self.vocab_size, self.embed_dim, max_exchanges=self.max_exchanges,
+                        name="encoder")(obs.reshape(-1, length))
         act = _act(self.activation)
         features = _torso(z, self.hidden_sizes, act, "actor")
         logits = nn.Dense(self.num_actions, kernel_init=orthogonal(0.01), name="actor_out")(features)
@@ -253,6 +256,16 @@ class UtteranceTransformer(TransformerActorCritic):
         return logits + self.word_head(feats) @ utterance_counts(self.action_tokens, self.vocab_size).T, value
 
 
+def exchange_slots(env, env_params) -> int:
+    """The exchange slots :class:`ExchangeBag` needs for ``env``: on a
+    turn-level text env the opening message plus one exchange per turn
+    (``env_params.max_steps + 1``), so no slot is always empty (the encoder's
+    cost grows with the slots; empty ones change nothing but cost); else 32."""
+    if isinstance(env.unwrapped, TurnEnv):
+        return int(env_params.max_steps) + 1
+    return 32
+
+
 def make_policy_network(static: StaticConfig, env, env_params) -> nn.Module:
     """The policy for ``env`` (``static.network``): ``"auto"`` is a causal
     transformer for integer token observations, else the MLP actor-critic;
@@ -273,7 +286,8 @@ def make_policy_network(static: StaticConfig, env, env_params) -> nn.Module:
                               f" {jnp.dtype(space.dtype).name} {tuple(space.shape)}")
         return BagActorCritic(num_actions, vocab_size=int(space.high) + 1, embed_dim=static.d_model,
                               hidden_sizes=tuple(static.hidden_sizes), activation=static.activation,
-                              value_heads=static.value_heads, action_tokens=action_tokens)
+                              value_heads=static.value_heads, action_tokens=action_tokens,
+                              max_exchanges=exchange_slots(env, env_params))
     if use_tf:
         extra = {"action_tokens": action_tokens} if action_tokens else {}
         return (UtteranceTransformer if action_tokens else TransformerActorCritic)(

@@ -4,14 +4,15 @@
 One action is one whole utterance of the env's grammar (:mod:`envs_jax.text.turns`);
 the policy is the bag-of-exchanges MLP with the utterance head (``StaticConfig(
 network="bag", action_head="utterance")``, d_model 64, hidden (64, 64)), 4
-minibatches x 4 epochs, rollouts of 32 turns. Every arm runs with the same base
-``lr`` / ``ent_coef`` per env (tuned for sparse PPO and dense on 4 separate
-seeds: Booking-Turns 16 envs, lr 1e-3, ent 0.01; TwentyQuestions-Turns 8 envs, lr
-5e-3, ent 0.05); the learned-reward methods (siop, coevo-*, meta) run at their
-library defaults (``default_hparams(method)``) on top. Budgets (turns per run):
-Booking-Turns 32,768 (where dense reaches ~0.97); TwentyQuestions-Turns 16,384, a
-third of the 49,152 at which dense reached 0.71 in tuning, so that both envs x 6
-methods x 16 seeds fit 30 minutes on 2 cores (raise it with ``--total-steps``).
+epochs, rollouts of 32 turns x 16 envs. Every arm runs with the same base ``lr`` /
+``ent_coef`` and minibatches per env, tuned for sparse PPO and dense on 4 separate
+seeds: Booking-Turns lr 1e-3, ent 0.01, 4 minibatches; TwentyQuestions-Turns lr
+5e-3, ent 0.05, 8 minibatches (dense's final success at 65,536 turns: 0.81 with 4
+minibatches, 0.89 with 8; ent 0.01 / 0.03 / 0.1 / 0.2: 0.43 / 0.65 / 0.75 / 0.16).
+The learned-reward methods (siop, coevo-*, meta) run at their library defaults
+(``default_hparams(method)``) on top. Budgets (turns per run): Booking-Turns
+32,768 (where dense reaches ~0.97); TwentyQuestions-Turns 65,536 (where dense
+reached 0.85 mean over 16 tuning seeds); raise them with ``--total-steps``.
 One study per env (``--out/<env>``), paired seeds, one runner
 (:mod:`coevo_jax.experiment`). Reported per env x method, beside the
 uniform-random row (:func:`coevo_jax.controls.random_row`) and the scripted
@@ -41,10 +42,10 @@ import numpy as np  # noqa: E402
 from coevo_jax.config import ConfigError, StaticConfig  # noqa: E402
 from coevo_jax.experiment import Arm, Study, cli, options  # noqa: E402
 
-#: per env: rollout width, base HParams of every arm, default budget (turns per run)
-ENVS = {"Booking-Turns": (16, {"lr": 1e-3, "ent_coef": 0.01}, 32_768),
-        "TwentyQuestions-Turns": (8, {"lr": 5e-3, "ent_coef": 0.05}, 16_384),
-        "TextMaze-Turns": (16, {"lr": 1e-3, "ent_coef": 0.01}, 16_384)}
+#: per env: rollout width, base HParams of every arm, default budget (turns per run), StaticConfig overrides
+ENVS = {"Booking-Turns": (16, {"lr": 1e-3, "ent_coef": 0.01}, 32_768, {}),
+        "TwentyQuestions-Turns": (16, {"lr": 5e-3, "ent_coef": 0.05}, 65_536, {"num_minibatches": 8}),
+        "TextMaze-Turns": (16, {"lr": 1e-3, "ent_coef": 0.01}, 16_384, {})}
 METHODS = ("ppo", "dense", "siop", "coevo-regression", "coevo-ranking", "meta")
 STATIC = dict(network="bag", action_head="utterance", rollout_len=32, num_minibatches=4, update_epochs=4,
               d_model=64, hidden_sizes=(64, 64))
@@ -58,9 +59,9 @@ def build_parser():
     p.add_argument("--envs", default="Booking-Turns,TwentyQuestions-Turns",
                    help=f"comma list of {', '.join(ENVS)} (default: Booking-Turns,TwentyQuestions-Turns)")
     p.add_argument("--methods", default=",".join(METHODS), help=f"comma list of methods (default: {','.join(METHODS)})")
-    p.add_argument("--total-steps", default=",".join(f"{e}={s}" for e, (_, _, s) in ENVS.items()), metavar="S",
+    p.add_argument("--total-steps", default=",".join(f"{e}={s}" for e, (_, _, s, _) in ENVS.items()), metavar="S",
                    help="turns per run: one number, or env=number pairs (default: "
-                        + ", ".join(f"{e} {s}" for e, (_, _, s) in ENVS.items()) + ")")
+                        + ", ".join(f"{e} {s}" for e, (_, _, s, _) in ENVS.items()) + ")")
     p.add_argument("--expert-episodes", type=int, default=256, help="episodes of the scripted expert (default: 256)")
     p.add_argument("--credit", action=argparse.BooleanOptionalAction, default=True,
                    help="write the per-turn credit pictures (turn_credit.*) where siop / coevo-regression ran"
@@ -79,11 +80,12 @@ def studies(args) -> list:
         raise ConfigError(f"--expert-episodes={args.expert_episodes} must be >= 1")
     out = []
     for env in envs:
-        num_envs, hp, _ = ENVS[env]
+        num_envs, hp, _, overrides = ENVS[env]
         if steps[env] < num_envs * STATIC["rollout_len"]:
             raise ConfigError(f"--total-steps: {env}={steps[env]} must be >= {num_envs * STATIC['rollout_len']}"
                               " (one iteration)")
-        arms = tuple(Arm(StaticConfig(method=m, num_envs=num_envs, total_steps=steps[env], **STATIC), fixed=hp)
+        static = {**STATIC, **overrides}
+        arms = tuple(Arm(StaticConfig(method=m, num_envs=num_envs, total_steps=steps[env], **static), fixed=hp)
                      for m in methods)
         out.append(Study(env, arms, args.num_seeds, base_seed=args.seed, num_chunks=args.num_chunks,
                          threshold=args.threshold, name=env, save_final=True))

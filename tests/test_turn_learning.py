@@ -57,13 +57,13 @@ def test_default_studies_and_help():
     assert all("default" in (a.help or "") for a in parser._actions if a.dest not in shared)
     booking, twenty = mod.studies(parser.parse_args([]))
     assert [booking.env, twenty.env] == ["Booking-Turns", "TwentyQuestions-Turns"]
-    for s, n, hp in ((booking, 16, {"lr": 1e-3, "ent_coef": 0.01}), (twenty, 8, {"lr": 5e-3, "ent_coef": 0.05})):
+    for s, mb, hp in ((booking, 4, {"lr": 1e-3, "ent_coef": 0.01}), (twenty, 8, {"lr": 5e-3, "ent_coef": 0.05})):
         assert s.num_seeds >= 16 and s.threshold == 0.8 and s.save_final
         assert [a.name for a in s.arms] == ["ppo", "dense", "siop", "coevo-regression", "coevo-ranking", "meta"]
         assert set(a.name for a in s.arms) <= set(registered_methods())
         for a in s.arms:  # same base lr / ent / network for every arm, the rest at the library defaults
             assert dict(a.fixed) == hp and a.static.network == "bag" and a.static.action_head == "utterance"
-            assert a.static.num_envs == n and not a.grid
+            assert a.static.num_envs == 16 and a.static.num_minibatches == mb and not a.grid
     assert float(default_hparams("siop").normalize_int) == 0.0  # (siop's own default is kept, not overridden)
     maze, = mod.studies(parser.parse_args(["--envs", "TextMaze-Turns", "--methods", "siop", "--total-steps", "1024"]))
     assert maze.arms[0].static.total_steps == 1024

@@ -294,6 +294,33 @@ def test_exchange_starts_and_bag_network_outputs():
     assert jax.eval_shape(two.apply, random_params(two, obs), obs)[1].shape == (3, 2)
 
 
+def test_bag_slots_fit_the_longest_episode_and_change_nothing():
+    """On a turn env the encoder gets ``max_steps + 1`` exchange slots (fewer
+    slots, less work); on an episode that uses every turn its outputs equal
+    those of the 32-slot encoder (a slot too few would merge the last two
+    exchanges and change them)."""
+    import coevo_jax as cj
+    from coevo_jax.networks import exchange_slots, make_policy_network
+
+    env, params = env_of("TwentyQuestions-Turns")
+    assert exchange_slots(env, params) == params.max_steps + 1 == 11
+    assert exchange_slots(*env_of("Booking")) == 32
+    params = params.replace(max_questions=64)  # no early end: the episode runs all max_steps turns
+    state = env.reset(jax.random.PRNGKey(0), params)[1]
+    for t in range(params.max_steps):
+        obs, state = env.step_env(jax.random.PRNGKey(t), state, jnp.int32(t % 6), params)[:2]
+    assert int(state.time) == params.max_steps
+    obs = obs[None]
+    net = make_policy_network(cj.StaticConfig(network="bag", action_head="utterance", d_model=16, hidden_sizes=(32,)),
+                              env, params)
+    assert net.max_exchanges == 11
+    p = random_params(net, obs)
+    ours, wide, short = (n.apply(p, obs) for n in (net, net.clone(max_exchanges=32), net.clone(max_exchanges=10)))
+    for a, b in zip(ours, wide):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    assert not np.allclose(np.asarray(ours[0]), np.asarray(short[0]), rtol=1e-5, atol=1e-6)
+
+
 def test_utterance_head_scores_utterances_by_their_tokens():
     import coevo_jax as cj
     from coevo_jax.networks import make_policy_network, said_by

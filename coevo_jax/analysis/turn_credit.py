@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from envs_jax.text.common import AGENT, PAD, USER, decode
+from envs_jax.text.tokens import AGENT, PAD, USER, decode
 
 
 # ----------------------------------------------------------------------------- one dialogue

@@ -21,21 +21,8 @@ from envs_jax.text.booking import (
     booking_expert_action,
     booking_expert_utterance,
 )
-from envs_jax.text.common import (
-    AGENT,
-    EOT,
-    PAD,
-    UNK,
-    USER,
-    Grammar,
-    TextEnv,
-    TextParams,
-    TextState,
-    Vocab,
-    decode,
-    encode,
-    write_position,
-)
+from envs_jax.text.common import TextEnv, TextParams, TextState
+from envs_jax.text.tokens import AGENT, EOT, PAD, UNK, USER, Grammar, Vocab, decode, encode, write_position
 from envs_jax.text.maze import MAZE_VOCAB, MazeParams, MazeState, TextMaze, maze_expert_action, maze_expert_utterance
 from envs_jax.text.turns import TurnEnv, booking_turns, text_maze_turns, turns_that_fit, twenty_questions_turns
 from envs_jax.text.twenty_questions import (

@@ -27,7 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from envs_jax.text.common import Grammar, TextEnv, TextParams, TextState, TurnOutcome, Vocab, pack
+from envs_jax.text.common import TextEnv, TextParams, TextState, TurnOutcome
+from envs_jax.text.tokens import Grammar, Vocab
 
 MAZE_LAYOUT = (
     "#######",

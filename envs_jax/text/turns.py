@@ -41,7 +41,8 @@ import numpy as np
 
 from envs_jax.core import Box, Discrete, Environment
 from envs_jax.text.booking import Booking
-from envs_jax.text.common import PAD, TextEnv, TextParams, TextState, advance_time, write_tokens
+from envs_jax.text.common import TextEnv, TextParams, TextState, advance_time
+from envs_jax.text.tokens import PAD, write_tokens
 from envs_jax.text.maze import TextMaze
 from envs_jax.text.twenty_questions import TwentyQuestions
 

@@ -22,16 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from envs_jax.text.common import (
-    Grammar,
-    TextEnv,
-    TextParams,
-    TextState,
-    TurnOutcome,
-    Vocab,
-    pack,
-    select_reply,
-)
+from envs_jax.text.common import TextEnv, TextParams, TextState, TurnOutcome, pack, select_reply
+from envs_jax.text.tokens import Grammar, Vocab
 
 ATTRIBUTES = ("alive", "big", "fly", "water", "legs", "metal")
 # item: (alive, big, fly, water, legs, metal)
