@@ -26,9 +26,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
-from coevo_jax.experiment import options  # noqa: E402
 from coevo_jax.config import ConfigError, StaticConfig, default_hparams  # noqa: E402
-from coevo_jax.experiment import Arm, Study, cli  # noqa: E402
+from coevo_jax.experiment import Arm, Study, cli, options  # noqa: E402
 
 SETTINGS = {  # name -> env, env_kwargs, threshold metric, threshold (fixed in advance)
     "keydoor": ("KeyDoor-5x5", {}, "success_rate", 0.9),

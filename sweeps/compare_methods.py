@@ -37,7 +37,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from coevo_jax.experiment import Study, cli, format_table, options  # noqa: E402
+from coevo_jax.experiment import Study, cli, options  # noqa: E402
 from coevo_jax.experiment.admitted import add_admitted_option, load_admitted  # noqa: E402
 from coevo_jax.experiment.folder import atomic_write_text  # noqa: E402
 from coevo_jax.experiment.results import rows_to_csv  # noqa: E402
@@ -85,16 +85,13 @@ def studies(args) -> list:
 
 def report(args, results) -> str:
     from coevo_jax.analysis import plots, stats
-    from coevo_jax.analysis.tables import ci
+    from coevo_jax.analysis.tables import arm_finals, ci, write_table
     from coevo_jax.controls import random_row
 
-    rows, panels, finals = [], {}, {}
+    rows, finals = [], {}
     for res in results:
         task = res.study.name
-        labels = [a.name for a in res.study.arms]
-        finals[task] = {lab: res.scores(lab)["final_success"] for lab in labels}
-        panels[task] = {lab: (res.curves["env_steps"][res.select(lab)[0]],
-                              res.curves["success_rate"][res.select(lab)]) for lab in labels}
+        finals[task] = arm_finals(res)
         floor = random_row(res.study)
         for r in [floor] + res.summary:
             row = {"task": task, "arm": r["arm"], "control": "yes" if r["arm"] in CONTROLS else "",
@@ -110,11 +107,10 @@ def report(args, results) -> str:
                 row["P(> ppo) [95% CI]"] = "-"
             row["below random"] = "BELOW" if r["final_success_iqm"] < floor["final_success_iqm"] else ""
             rows.append(row)
-    os.makedirs(args.out, exist_ok=True)
+    table = write_table(os.path.join(args.out, "comparison.md"), rows)
     atomic_write_text(os.path.join(args.out, "comparison.csv"), rows_to_csv(rows))
-    table = format_table(rows, markdown=True)
-    atomic_write_text(os.path.join(args.out, "comparison.md"), table + "\n")
-    plots.plot_learning_curves(panels, os.path.join(args.out, "sample_efficiency.png"), ylabel="success rate",
+    plots.plot_learning_curves(plots.arm_panels(results, "success_rate", panel=lambda r: r.study.name),
+                               os.path.join(args.out, "sample_efficiency.png"), ylabel="success rate",
                                title="sample efficiency: IQM success vs env steps (95% bootstrap bands)")
     plots.plot_interval_estimates(finals, os.path.join(args.out, "final_success.png"), xlabel="final success",
                                   title="final success (episodes of the last 10% of env steps)")

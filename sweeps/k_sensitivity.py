@@ -44,8 +44,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
 from coevo_jax.config import ConfigError, StaticConfig  # noqa: E402
-from coevo_jax.experiment import Arm, Study, format_table  # noqa: E402
-from coevo_jax.experiment import cli, metrics, options  # noqa: E402
+from coevo_jax.experiment import Arm, Study, cli, metrics, options  # noqa: E402
 from coevo_jax.experiment.admitted import add_admitted_option, chosen_task  # noqa: E402
 
 SWEPT_METHODS = ("coevo-regression", "coevo-ranking", "siop")
@@ -117,9 +116,7 @@ def studies(args) -> list:
     import dataclasses
 
     ks = parse_ks(args.k)
-    methods = list(dict.fromkeys(m.strip() for m in args.methods.split(",") if m.strip()))
-    if not methods:
-        raise ConfigError("--methods needs at least one method")
+    methods = options.names(args.methods, "--methods")
     task, _ = chosen_task(args)
     if args.env is not None:  # any env, the task's shape, library defaults (no tuned values carried over)
         task = dataclasses.replace(task, task=args.env, env=args.env, env_kwargs={}, tuned={"ppo": {}, "dense": {}})
@@ -129,12 +126,9 @@ def studies(args) -> list:
         raise ConfigError(f"--total-steps={total_steps} must be >= {per_iteration} (one iteration)")
     matched = not args.not_compute_matched
     arms = []
-    for m in methods:
+    for m in methods:  # the reference methods are not swept
         static = static_for(m, task, total_steps, matched and m not in REFERENCE_METHODS)
-        if m in REFERENCE_METHODS:
-            arms.append(Arm(static, fixed=task.hparams(m)))
-            continue
-        arms.append(Arm(static, {"k": ks}, fixed=task.hparams(m)))
+        arms.append(Arm(static, {} if m in REFERENCE_METHODS else {"k": ks}, fixed=task.hparams(m)))
         if m in NORMALISED and not args.no_normalised:
             arms.append(Arm(static, {"k": ks}, fixed={**task.hparams(m), "normalize_int": 1.0}, label=NORMALISED[m]))
     arms = tuple(arms)
@@ -149,16 +143,17 @@ def _signal_metric(names, *needles):
     return next((n for needle in needles for n in sorted(names) if n.startswith("signal/") and needle in n), None)
 
 
-def k_plots(result, ks, final, random_final) -> None:
-    """``k_sensitivity.png`` and ``k_diagnostics.png`` in the results folder."""
+def k_plots(result, ks, random_final) -> None:
+    """``k_sensitivity.png`` and ``k_diagnostics.png`` in the results folder (``random_final``:
+    the uniform-random policy's per-seed final success, a reference line)."""
     from coevo_jax.analysis import plots
 
     runs, curves, out = result.runs, result.curves, result.out
-    labels = list(dict.fromkeys(runs["label"].tolist()))
+    labels = [a.name for a in result.study.arms]
     swept = [lab for lab in labels if lab not in REFERENCE_METHODS]
-    refs = {lab: final[runs["label"] == lab] for lab in labels if lab in REFERENCE_METHODS}
+    refs = {lab: result.scores(lab)["final_success"] for lab in labels if lab in REFERENCE_METHODS}
     refs["uniform random"] = random_final
-    lines = {lab: [final[(runs["label"] == lab) & (runs["hp/k"] == k)] for k in ks] for lab in swept}
+    lines = {lab: [result.scores(lab, k=k)["final_success"] for k in ks] for lab in swept}
     plots.plot_metric_vs_hparam(list(ks), lines, os.path.join(out, "k_sensitivity.png"), references=refs,
                                 xlabel="K (iterations between refits)", ylabel="final success",
                                 logx=len(ks) > 1 and max(ks) / min(ks) >= 4,
@@ -174,7 +169,7 @@ def k_plots(result, ks, final, random_final) -> None:
         for title, metric in cols.items():
             notes[(lab, title)] = metric or "not reported by this method"
             rows[lab][title] = {} if metric is None else {
-                f"K={k}": (curves["env_steps"][mask & (runs["hp/k"] == k)][0], curves[metric][mask & (runs["hp/k"] == k)])
+                f"K={k}": (curves["env_steps"][result.select(lab, k=k)[0]], curves[metric][result.select(lab, k=k)])
                 for k in shown}
     if swept:
         plots.plot_diagnostics(rows, os.path.join(out, "k_diagnostics.png"), stat="mean", notes=notes,
@@ -182,32 +177,26 @@ def k_plots(result, ks, final, random_final) -> None:
 
 
 def report(args, results) -> str:
+    from coevo_jax.analysis.tables import write_table
     from coevo_jax.controls import random_row, random_scores
 
     result = results[0]
     random = random_scores(result.study)
     ks = tuple(sorted({int(k) for a in result.study.arms for k in a.grid.get("k", ())}))
-    final = np.full(len(result.runs["arm"]), np.nan)
-    osc = np.full_like(final, np.nan)
-    for label in dict.fromkeys(result.runs["label"].tolist()):
-        idx = result.select(label)
-        final[idx] = result.scores(label)["final_success"]
-        osc[idx] = metrics.oscillation(result.curves["episode_return"][idx])
-    k_plots(result, ks, final, random["final_success"])
+    k_plots(result, ks, random["final_success"])
     rows = []
     for r in [random_row(result.study, scores=random)] + result.summary:
         swept = r["arm"] not in REFERENCE_METHODS + ("random",)
-        idx = result.select(r["arm"], **({"k": r["k"]} if swept else {}))
+        idx = result.select(r["arm"], **({"k": r["k"]} if swept else {}))  # no runs for the random row
+        osc = metrics.oscillation(result.curves["episode_return"][idx])
         rows.append({"method": r["arm"], "K": int(r["k"]) if swept else "-", "seeds": r["n_seeds"],
                      "diverged": r["n_diverged"], "success IQM": r["final_success_iqm"],
                      "95% CI": f"[{r['final_success_ci_low']:.3f}, {r['final_success_ci_high']:.3f}]",
                      "return IQM": r["final_return_iqm"], "AUC success": r["auc_success_iqm"],
                      f"steps to {result.study.threshold:g} (median)": r["steps_to_threshold_median"],
                      "reached": r["reached_fraction"],
-                     "oscillation": float(np.nanmean(osc[idx])) if len(idx) else float("nan")})
-    table = format_table(rows, markdown=True)
-    with open(os.path.join(result.out, "k_table.md"), "w") as f:
-        f.write(table + "\n")
+                     "oscillation": float(np.nanmean(osc)) if len(idx) else float("nan")})
+    table = write_table(os.path.join(result.out, "k_table.md"), rows)
     matched = any(a.static.refit_steps_per_k for a in result.study.arms)
     return (f"\nK sensitivity on {result.study.name} ({result.study.env},"
             f" {'compute-matched: steps per refit x K' if matched else 'fixed steps per refit'}):"

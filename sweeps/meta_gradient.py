@@ -41,9 +41,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from coevo_jax.experiment import options  # noqa: E402
 from coevo_jax.config import ConfigError, StaticConfig, default_hparams  # noqa: E402
-from coevo_jax.experiment import Arm, Study, cli  # noqa: E402
+from coevo_jax.experiment import Arm, Study, cli, options  # noqa: E402
 
 SETTINGS = {  # arm label -> (method, HParams overrides)
     "ppo": ("ppo", {}),

@@ -25,9 +25,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
-from coevo_jax.experiment import options  # noqa: E402
 from coevo_jax.config import ConfigError, StaticConfig  # noqa: E402
-from coevo_jax.experiment import Arm, Study, cli  # noqa: E402
+from coevo_jax.experiment import Arm, Study, cli, options  # noqa: E402
 
 TASKS = {  # task -> env, the metric and fixed threshold of the criterion, static config, HParams
     "cartpole": dict(env="CartPole-v1", metric="episode_return", threshold=475.0, need=0.9,

@@ -25,9 +25,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
-from coevo_jax.experiment import options  # noqa: E402
 from coevo_jax.config import ConfigError, StaticConfig  # noqa: E402
-from coevo_jax.experiment import Arm, Study, cli  # noqa: E402
+from coevo_jax.experiment import Arm, Study, cli, options  # noqa: E402
 
 #: Per-method HParams on top of ``default_hparams(method)`` and BASE_HP. siop: raw credit
 #: (``normalize_int=0``: dividing a near-constant early credit by its return's RMS would blow its

@@ -29,9 +29,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from coevo_jax.experiment import options  # noqa: E402
 from coevo_jax.config import ConfigError, StaticConfig  # noqa: E402
-from coevo_jax.experiment import Arm, Study, cli  # noqa: E402
+from coevo_jax.experiment import Arm, Study, cli, options  # noqa: E402
 
 TEXT_ENVS = ("Booking", "TwentyQuestions", "TextMaze", "TextMaze-PO")
 STATIC = dict(num_envs=16, rollout_len=32, num_minibatches=4, update_epochs=4, d_model=64, num_layers=1, num_heads=4)

@@ -26,10 +26,8 @@ def trailing_trend(curve: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarr
     curve's units); both are NaN for ``i < window - 1``.
     """
     y = np.asarray(curve, np.float64)
-    n = y.shape[0]
-    corr = np.full(n, np.nan)
-    change = np.full(n, np.nan)
-    if window < 2 or n < window:
+    corr, change = np.full(y.shape[0], np.nan), np.full(y.shape[0], np.nan)
+    if window < 2 or y.shape[0] < window:
         return corr, change
     t = np.arange(window, dtype=np.float64)
     t = t - t.mean()
@@ -38,11 +36,9 @@ def trailing_trend(curve: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarr
     d = segs - segs.mean(axis=1, keepdims=True)
     sy = np.sqrt((d * d).sum(axis=1))
     cov = (d * t).sum(axis=1)
-    slope = cov / (st * st)
     with np.errstate(invalid="ignore", divide="ignore"):
-        c = np.where(sy > 1e-12, cov / (st * sy), 0.0)
-    corr[window - 1:] = c
-    change[window - 1:] = slope * (window - 1)
+        corr[window - 1:] = np.where(sy > 1e-12, cov / (st * sy), 0.0)
+    change[window - 1:] = cov / (st * st) * (window - 1)  # the fitted slope times the window's span
     return corr, change
 
 
@@ -73,9 +69,7 @@ def collusion_flag(ext_return: np.ndarray, predicted: np.ndarray, window: int = 
     ce, de = trailing_trend(ext, window)
     cp, dp = trailing_trend(pred, window)
     ok = np.isfinite(ce) & np.isfinite(cp) & np.isfinite(de) & np.isfinite(dp)
-    ce, cp, de, dp = (np.where(ok, x, 0.0) for x in (ce, cp, de, dp))
-    flag = (cp > tol) & (ce < -tol) & (dp > atol) & (de < -atol)
-    return flag & ok
+    return ok & (cp > tol) & (ce < -tol) & (dp > atol) & (de < -atol)  # (NaN compares False)
 
 
 def plot_coevo_diagnostics(metrics: dict, path: str, window: int = 20, title: str | None = None) -> str:
@@ -96,9 +90,7 @@ def plot_coevo_diagnostics(metrics: dict, path: str, window: int = 20, title: st
     missing = [k for k in need if k not in metrics]
     if missing:
         raise KeyError(f"plot_coevo_diagnostics: metrics lack {missing}")
-    ret = np.asarray(metrics["episode_return"], np.float64)
-    pred = np.asarray(metrics["signal/val_pred_return"], np.float64)
-    var = np.asarray(metrics["signal/r_int_var"], np.float64)
+    ret, pred, var = (np.asarray(metrics[k], np.float64) for k in need)
     x = np.asarray(metrics.get("env_steps", np.arange(len(ret))), np.float64)
     flag = collusion_flag(ret, pred, window=min(window, max(2, len(ret))))
 

@@ -21,6 +21,7 @@ import numpy as np  # noqa: E402
 
 from coevo_jax.analysis import stats  # noqa: E402
 from coevo_jax.experiment import metrics  # noqa: E402
+from coevo_jax.experiment.folder import atomic_write_bytes  # noqa: E402
 
 
 def save_figure(fig, path: str, dpi: int = 110) -> str:
@@ -28,10 +29,7 @@ def save_figure(fig, path: str, dpi: int = 110) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
     plt.close(fig)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(buf.getvalue())
-    os.replace(tmp, path)
+    atomic_write_bytes(path, buf.getvalue())
     return path
 
 
@@ -125,9 +123,7 @@ def plot_diagnostics(rows: Mapping[str, Mapping[str, Mapping[str, tuple]]], path
     (e.g. which metric was drawn)."""
     notes = notes or {}
     row_names = list(rows)
-    col_names = []
-    for r in row_names:
-        col_names += [c for c in rows[r] if c not in col_names]
+    col_names = list(dict.fromkeys(c for r in row_names for c in rows[r]))
     nr, nc = max(1, len(row_names)), max(1, len(col_names))
     fig, axes = plt.subplots(nr, nc, figsize=(4.4 * nc, 3.0 * nr), squeeze=False)
     for i, r in enumerate(row_names):
@@ -164,38 +160,26 @@ def study_default_plots(out: str, study, plans, curves: dict, runs: dict) -> lis
     """``learning_curves.png`` (IQM return vs env steps per setting, one panel
     per arm) and ``final_return_vs_<field>.png`` for each swept field (arms
     without a grid drawn as reference lines)."""
-    written = []
     ret, steps = curves["episode_return"], curves["env_steps"]
-    panels = {}
+    panels, final = {}, np.full(len(runs["arm"]), np.nan)
     for ai, plan in enumerate(plans):
-        n_it = plan.num_iterations
-        lines = {}
-        for si, setting in enumerate(plan.settings):
-            idx = np.nonzero((runs["arm"] == ai) & (runs["setting"] == si))[0]
-            lines[_setting_label(setting)] = (steps[idx[0], :n_it], ret[idx, :n_it])
-        panels[plan.arm.name] = lines
-    written.append(plot_learning_curves(panels, os.path.join(out, "learning_curves.png"),
-                                        title=f"{study.env}: IQM return, 95% bootstrap bands"))
-    final = np.full(len(runs["arm"]), np.nan)
-    for ai, p in enumerate(plans):
-        idx = np.nonzero(runs["arm"] == ai)[0]
-        eps = curves["episodes"][idx, :p.num_iterations] if "episodes" in curves else None
-        final[idx] = metrics.final_score(ret[idx, :p.num_iterations], eps, steps[idx[0], :p.num_iterations])
-    swept = []
-    for p in plans:
-        swept += [f for f in p.arm.grid if f not in swept]
+        n_it, idx = plan.num_iterations, np.nonzero(runs["arm"] == ai)[0]
+        eps = curves["episodes"][idx, :n_it] if "episodes" in curves else None
+        final[idx] = metrics.final_score(ret[idx, :n_it], eps, steps[idx[0], :n_it])
+        setting_runs = [idx[runs["setting"][idx] == si] for si in range(len(plan.settings))]
+        panels[plan.arm.name] = {_setting_label(setting): (steps[i[0], :n_it], ret[i, :n_it])
+                                 for setting, i in zip(plan.settings, setting_runs)}
+    written = [plot_learning_curves(panels, os.path.join(out, "learning_curves.png"),
+                                    title=f"{study.env}: IQM return, 95% bootstrap bands")]
+    swept = list(dict.fromkeys(f for p in plans for f in p.arm.grid))
     refs = {p.arm.name: final[runs["arm"] == ai] for ai, p in enumerate(plans) if not p.arm.grid}
     for field in swept:
         xs = sorted({float(v) for p in plans for v in p.arm.grid.get(field, ())})
         lines = {}
-        for ai, p in enumerate(plans):
-            if field not in p.arm.grid:
-                continue
+        for ai, p in ((ai, p) for ai, p in enumerate(plans) if field in p.arm.grid):
             others = [f for f in p.arm.grid if f != field]
-            combos = sorted({tuple(s[f] for f in others) for s in p.settings})
-            for combo in combos:
-                label = p.arm.name + ("" if not others else " (" + ", ".join(
-                    f"{f}={v:g}" for f, v in zip(others, combo)) + ")")
+            for combo in sorted({tuple(s[f] for f in others) for s in p.settings}):
+                label = p.arm.name + (f" ({_setting_label(dict(zip(others, combo)))})" if others else "")
                 per_x = []
                 for x in xs:
                     sis = [si for si, s in enumerate(p.settings)
@@ -242,11 +226,9 @@ def arm_panels(results, metric: str = "episode_return", panel=None) -> dict:
     per study (named ``panel(result)``, default its env), one line per arm (all its runs)."""
     out = {}
     for r in results:
-        lines = {}
-        for arm in r.study.arms:
-            idx = r.select(arm.name)
-            lines[arm.name] = (r.curves["env_steps"][idx[0]], r.curves[metric][idx])
-        out[panel(r) if panel else r.study.env] = lines
+        runs = {a.name: r.select(a.name) for a in r.study.arms}
+        out[panel(r) if panel else r.study.env] = {lab: (r.curves["env_steps"][i[0]], r.curves[metric][i])
+                                                   for lab, i in runs.items()}
     return out
 
 

@@ -72,8 +72,7 @@ def probability_of_improvement(x: np.ndarray, y: np.ndarray, n_boot: int = 2000,
 def summarize(x: np.ndarray, seed: int = 0) -> dict:
     """``mean, iqm, ci_low, ci_high`` (IQM bootstrap CI) of per-run scores ``[R]``."""
     lo, hi = bootstrap_ci(x, iqm, seed=seed)
-    return {"mean": _mean(x), "iqm": iqm(x),
-            "ci_low": lo, "ci_high": hi}
+    return {"mean": _mean(x), "iqm": iqm(x), "ci_low": lo, "ci_high": hi}
 
 
 def performance_profile(scores: dict, taus: np.ndarray, n_boot: int = 1000, seed: int = 0) -> dict:

@@ -55,12 +55,10 @@ def study_parser(prog: str, doc: str, default_out: str) -> OneLineParser:
 
 def execution_kwargs(args) -> dict:
     """``run_study`` keyword arguments from the shared options (validated)."""
-    for name in ("max_parallel", "processes", "num_hosts"):
+    for name, low in (("max_parallel", 1), ("processes", 1), ("num_hosts", 1), ("stop_after_chunks", 0)):
         v = getattr(args, name)
-        if v is not None and v < 1:
-            raise ConfigError(f"--{name.replace('_', '-')}={v} must be >= 1")
-    if args.stop_after_chunks is not None and args.stop_after_chunks < 0:
-        raise ConfigError(f"--stop-after-chunks={args.stop_after_chunks} must be >= 0")
+        if v is not None and v < low:
+            raise ConfigError(f"--{name.replace('_', '-')}={v} must be >= {low}")
     dist = None
     if args.coordinator or args.num_hosts or args.host_index is not None:
         if not (args.coordinator and args.num_hosts and args.host_index is not None):
@@ -73,21 +71,17 @@ def execution_kwargs(args) -> dict:
             "compile_cache": not args.no_compile_cache, "stop_after_chunks": args.stop_after_chunks}
 
 
-def study_out(out: str, study, num_studies: int) -> str:
-    return out if num_studies == 1 else os.path.join(out, study.name)
-
-
 def run_studies(args, studies: list) -> list | None:
     """Run (or resume, or with ``--replot`` reload) every study; ``None`` if any stopped early."""
     from coevo_jax.experiment.results import load_result, rebuild_outputs
     from coevo_jax.experiment.runner import run_study
 
+    outs = [args.out if len(studies) == 1 else os.path.join(args.out, s.name) for s in studies]
     if args.replot:
-        return [rebuild_outputs(study_out(args.out, s, len(studies))) for s in studies]
+        return [rebuild_outputs(out) for out in outs]
     kw = execution_kwargs(args)
     if len(studies) > 1 and os.path.exists(args.out) and not os.path.isdir(args.out):
         raise StudyError(f"{args.out} exists and is not a folder")
-    outs = [study_out(args.out, s, len(studies)) for s in studies]
     finished = [os.path.exists(os.path.join(o, "FINISHED")) and _same_config(o, s) for o, s in zip(outs, studies)]
     if len(studies) > 1 and all(finished) and not args.overwrite:
         raise StudyError(f"{args.out} holds these finished studies; pass --overwrite to replace them, --replot to"
@@ -112,8 +106,8 @@ def _same_config(out: str, study) -> bool:
 
 def main(parser: OneLineParser, studies, report, argv=None) -> int:
     """Parse, build the studies, run them, print ``report(args, results)``; one-line errors, exit 2."""
-    return staged_main(parser, [("", lambda args, earlier: studies(args))], lambda args, stages: report(args, stages[0]),
-                       argv)
+    return staged_main(parser, [("", lambda args, earlier: studies(args))],
+                       lambda args, stages: report(args, stages[0]), argv)
 
 
 def staged_main(parser: OneLineParser, stages, report, argv=None) -> int:
@@ -144,10 +138,8 @@ def staged_main(parser: OneLineParser, stages, report, argv=None) -> int:
     if args.replot:
         print(f"\nreport rebuilt from {args.out} in {time.time() - t0:.0f} s")
         return 0
-    runs = sum(r.info.get("total_runs", 0) for stage in done for r in stage)
-    compile_s = sum(r.info.get("compile_s_total", 0.0) for stage in done for r in stage)
-    compile_wall = sum(r.info.get("compile_wall_s", 0.0) for stage in done for r in stage)
+    runs, compile_s, compile_wall = (sum(r.info.get(k, 0) for stage in done for r in stage)
+                                     for k in ("total_runs", "compile_s_total", "compile_wall_s"))
     print(f"\n{runs} runs in {time.time() - t0:.0f} s (compiling {compile_s:.0f} s summed over workers,"
-          f" {compile_wall:.0f} s of wall time);"
-          f" results in {args.out}")
+          f" {compile_wall:.0f} s of wall time); results in {args.out}")
     return 0

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
@@ -28,36 +27,28 @@ def fmt_time(s: float) -> str:
 
 
 class Progress:
-    """Aggregates the workers' progress into one bar: runs, iterations, env steps/s, ETA."""
+    """Aggregates the workers' progress into one bar on stdout: runs, iterations, env steps/s, ETA
+    (redrawn every 0.5 s on a terminal, a line every 10 s otherwise). Used from one thread only."""
 
-    def __init__(self, total_runs: int, total_iters: int, total_steps: int, enabled: bool = True,
-                 stream=None, interval: float | None = None):
+    def __init__(self, total_runs: int, total_iters: int, total_steps: int, enabled: bool = True):
         self.total_runs, self.total_iters, self.total_steps = total_runs, total_iters, total_steps
         self.enabled = enabled
-        self.stream = stream or sys.stdout
+        self.stream = sys.stdout
         self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
-        self.interval = interval if interval is not None else (0.5 if self.tty else 10.0)
+        self.interval = 0.5 if self.tty else 10.0
         self.workers: dict[int, dict] = {}
         self.t0 = time.time()
         self.t_first = None  # when new (non-resumed) env steps first appeared
         self.steps_first = 0
         self.last_print = 0.0
         self.last_line = ""
-        self.lock = threading.Lock()
 
     def set(self, worker: int, data: dict):
-        with self.lock:
-            self.workers[worker] = data
-
-    def totals(self):
-        runs = sum(d.get("runs_done", 0) for d in self.workers.values())
-        iters = sum(d.get("run_iterations", 0) for d in self.workers.values())
-        steps = sum(d.get("env_steps", 0) for d in self.workers.values())
-        resumed = sum(d.get("env_steps_resumed", 0) for d in self.workers.values())
-        return runs, iters, steps, resumed
+        self.workers[worker] = data
 
     def line(self) -> str:
-        runs, iters, steps, resumed = self.totals()
+        runs, iters, steps, resumed = (sum(d.get(k, 0) for d in self.workers.values())
+                                       for k in ("runs_done", "run_iterations", "env_steps", "env_steps_resumed"))
         now = time.time()
         new = steps - resumed
         if new > 0 and self.t_first is None:
@@ -82,15 +73,11 @@ class Progress:
         now = time.time()
         if not force and now - self.last_print < self.interval:
             return
-        with self.lock:
-            text = self.line()
+        text = self.line()
         if text == self.last_line and not force:
             return
         self.last_print, self.last_line = now, text
-        if self.tty:
-            self.stream.write("\r\x1b[2K" + text)
-        else:
-            self.stream.write(text + "\n")
+        self.stream.write("\r\x1b[2K" + text if self.tty else text + "\n")
         self.stream.flush()
 
     def close(self):
@@ -130,27 +117,24 @@ def launch_workers(out, worker_ids, num_workers, cap, stop_after_chunks, compile
         cpus = sorted(os.sched_getaffinity(0))
     except AttributeError:
         cpus = []
+    wdirs = {w: os.path.join(out, "checkpoints", f"w{w}") for w in worker_ids}
     procs = {}
     logs = {}
     try:
         for i, w in enumerate(worker_ids):
-            wdir = os.path.join(out, "checkpoints", f"w{w}")
-            os.makedirs(wdir, exist_ok=True)
+            os.makedirs(wdirs[w], exist_ok=True)
             cmd = [sys.executable, "-m", "coevo_jax.experiment.worker", out, "--worker-index", str(w),
                    "--num-workers", str(num_workers)]
-            if cap is not None:
-                cmd += ["--max-parallel", str(cap)]
-            if stop_after_chunks is not None:
-                cmd += ["--stop-after-chunks", str(stop_after_chunks)]
-            if compile_cache:
-                cmd += ["--compile-cache", compile_cache]
+            for flag, value in (("--max-parallel", cap), ("--stop-after-chunks", stop_after_chunks),
+                                ("--compile-cache", compile_cache)):
+                cmd += [] if value is None else [flag, str(value)]
             cpu = cpus[i % len(cpus)] if cpus else None
-            logs[w] = open(os.path.join(wdir, "log.txt"), "w")
+            logs[w] = open(os.path.join(wdirs[w], "log.txt"), "w")
             procs[w] = subprocess.Popen(cmd, env=worker_env(cpu, config_flags), stdout=logs[w],
                                         stderr=subprocess.STDOUT)
         while True:
             for w in worker_ids:
-                d = read_json(os.path.join(out, "checkpoints", f"w{w}", "progress.json"))
+                d = read_json(os.path.join(wdirs[w], "progress.json"))
                 if d is not None:
                     progress.set(w, d)
             progress.show()
@@ -159,19 +143,16 @@ def launch_workers(out, worker_ids, num_workers, cap, stop_after_chunks, compile
             if failed:
                 w = failed[0]
                 logs[w].flush()
-                tail = open(os.path.join(out, "checkpoints", f"w{w}", "log.txt")).read().strip().splitlines()
+                tail = open(os.path.join(wdirs[w], "log.txt")).read().strip().splitlines()
                 msg = next((ln for ln in reversed(tail) if ln.strip() and not ln.startswith(" ")), "no output")
                 raise StudyError(f"worker {w} failed (exit {codes[w]}): {msg}"
-                                 f" [log: {os.path.join(out, 'checkpoints', f'w{w}', 'log.txt')}]")
+                                 f" [log: {os.path.join(wdirs[w], 'log.txt')}]")
             if all(c == 0 for c in codes.values()):
                 break
             time.sleep(0.5)
-        statuses = {}
         for w in worker_ids:
-            d = read_json(os.path.join(out, "checkpoints", f"w{w}", "progress.json"), {})
-            progress.set(w, d)
-            statuses[w] = d.get("status", "missing")
-        return statuses
+            progress.set(w, read_json(os.path.join(wdirs[w], "progress.json"), {}))
+        return {w: progress.workers[w].get("status", "missing") for w in worker_ids}
     finally:
         for p in procs.values():
             if p.poll() is None:

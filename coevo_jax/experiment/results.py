@@ -137,25 +137,18 @@ def assemble(study: Study, plans: list[ArmPlan], per_arm) -> tuple[dict, dict]:
     total, iters = sum(p.num_runs for p in plans), max(p.num_iterations for p in plans)
     names = sorted({n for blocks, _, _ in per_arm for n in blocks})
     curves = {n: np.full((total, iters), np.nan, np.float32) for n in names}
-    cols = {k: [] for k in ("arm", "label", "method", "setting", "seed", "diverged")}
-    hp_cols = {f: [] for f in hparam_fields()}
-    start = 0
+    parts, start = [], 0  # per arm: {column: [its runs]}
     for ai, (plan, (blocks, div, _)) in enumerate(zip(plans, per_arm)):
-        r = np.arange(plan.num_runs)
+        n, r = plan.num_runs, np.arange(plan.num_runs)
         for name, arr in blocks.items():
-            curves[name][start:start + plan.num_runs, :arr.shape[1]] = arr
-        for k, v in (("arm", ai), ("label", plan.arm.name), ("method", plan.arm.static.method)):
-            cols[k].append(np.full(plan.num_runs, v, dtype=object if isinstance(v, str) else None))
-        cols["setting"].append(r // study.num_seeds)
-        cols["seed"].append(r % study.num_seeds)
-        cols["diverged"].append(div)
-        for f in hp_cols:
-            hp_cols[f].append(np.asarray(getattr(plan.hp, f), np.float64)[r // study.num_seeds])
-        start += plan.num_runs
-    runs = {k: np.concatenate(v) for k, v in cols.items()}
-    runs["label"], runs["method"] = runs["label"].astype(str), runs["method"].astype(str)
-    runs.update({f"hp/{f}": np.concatenate(v) for f, v in hp_cols.items()})
-    return curves, runs
+            curves[name][start:start + n, :arr.shape[1]] = arr
+        parts.append({"arm": np.full(n, ai), "label": np.full(n, plan.arm.name),
+                      "method": np.full(n, plan.arm.static.method), "setting": r // study.num_seeds,
+                      "seed": r % study.num_seeds, "diverged": div,
+                      **{f"hp/{f}": np.asarray(getattr(plan.hp, f), np.float64)[r // study.num_seeds]
+                         for f in hparam_fields()}})
+        start += n
+    return curves, {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
 def score_columns(scores: dict, threshold: float | None, resolution: int, seed: int) -> dict:

@@ -29,8 +29,6 @@ class StudyError(RuntimeError):
 
 def _py(x):
     """A JSON-friendly Python scalar from a NumPy/JAX/Python number (anything else unchanged)."""
-    if isinstance(x, (bool, int, float, str)) or x is None:
-        return x
     try:
         return np.asarray(x).item()
     except (TypeError, ValueError):
