@@ -5,7 +5,7 @@ token buffers into one token stream per env (its first buffer, then the tokens
 each step added) with a segment id per token, so that
 :meth:`coevo_jax.transformer.TransformerActorCritic.score_packed` scores every
 step in one causal pass (the PPO update's ``StaticConfig.packed_update``).
-:func:`restart_rows` restarts the key-value cache rows of envs that reset.
+:func:`decode_rows` decodes just the rows of a batch that need it (a turn's reply, a fresh prompt).
 """
 from __future__ import annotations
 
@@ -71,22 +71,32 @@ def pack_windows(obs: Array, done: Array, chunk: int) -> PackedWindows:
     return jax.vmap(pack_window, in_axes=(1, 1, None))(obs, fresh, chunk)
 
 
-def restart_rows(cache: dict, rows: Array, obs: Array, prompt_kv) -> dict:
-    """``cache`` (from :meth:`TransformerActorCritic.init_cache`, batch ``[N]``)
-    with the rows where ``rows`` [N] is True restarted on the short buffers
-    ``obs`` [N, L] whose key/values ``prompt_kv`` came from
-    :meth:`TransformerActorCritic.prompt_step` (``chunk`` = their length axis).
-    Only the first ``chunk`` positions of those rows are written; the stale
-    positions after them are never attended to (keys past a query's position
-    are masked) and are overwritten as the episode grows."""
-    pk, pv = prompt_kv
-    chunk = pk[0].shape[-2]
-    sel = rows[:, None, None, None]
-    put = lambda full, new: full.at[..., :chunk, :].set(jnp.where(sel, new, full[..., :chunk, :]))
-    new_len = jnp.minimum(jnp.sum(obs != PAD, axis=-1), chunk).astype(jnp.int32)
-    return {
-        "tokens": jnp.where(rows[:, None], obs.astype(jnp.int32), cache["tokens"]),
-        "length": jnp.where(rows, new_len, cache["length"]),
-        "k": tuple(put(f, n) for f, n in zip(cache["k"], pk)),
-        "v": tuple(put(f, n) for f, n in zip(cache["v"], pv)),
-    }
+def decode_rows(decode, cache: dict, obs: Array, out, rows: Array, group: int):
+    """Run ``decode(cache_rows, obs_rows) -> (out_rows, cache_rows)`` on just the
+    rows where ``rows`` [N] is True, ``group`` (static) rows at a time: each group
+    is gathered out of the batch (its cache rows included), decoded, and written
+    back; the other rows keep ``out`` and ``cache``. One group always runs (its
+    unused slots decode a copy of row ``N - 1`` and are dropped); a
+    ``while_loop`` runs the further groups only while rows remain, so a step
+    costs about ``group / N`` of a whole-batch decode when few rows need one.
+    With ``group >= N`` the whole batch is decoded and the rows selected.
+
+    ``cache``: a :meth:`TransformerActorCritic.init_cache` dict with batch
+    ``[N]``; ``obs`` [N, L]; ``out``: a pytree of ``[N, ...]`` outputs.
+    Returns ``(out, cache)``."""
+    n = rows.shape[0]
+    if group >= n:
+        new_out, new_cache = decode(cache, obs)
+        pick = lambda new, old: jnp.where(rows.reshape(rows.shape + (1,) * (new.ndim - 1)), new, old)
+        return jax.tree.map(pick, new_out, out), jax.tree.map(pick, new_cache, cache)
+
+    def one_group(todo, out, cache):
+        idx = jnp.nonzero(todo, size=group, fill_value=n)[0]  # [G]; n marks an unused slot
+        take = jnp.minimum(idx, n - 1)
+        sub_out, sub_cache = decode(jax.tree.map(lambda a: a[take], cache), obs[take])
+        put = lambda full, sub: full.at[idx].set(sub, mode="drop")
+        return todo.at[idx].set(False, mode="drop"), jax.tree.map(put, out, sub_out), jax.tree.map(put, cache, sub_cache)
+
+    carry = one_group(rows, out, cache)
+    _, out, cache = jax.lax.while_loop(lambda c: jnp.any(c[0]), lambda c: one_group(*c), carry)
+    return out, cache

@@ -20,7 +20,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from coevo_jax.packing import restart_rows
+from coevo_jax.packing import PAD, decode_rows
 from envs_jax.core import provides
 
 
@@ -124,8 +124,8 @@ def rollout(network: nn.Module, params, env, env_params, state: RolloutState, ke
     """Run ``length`` steps of the batched env with the current policy.
 
     ``env`` must be wrapped in :class:`envs_jax.EpisodeStats`. With
-    ``decode_chunk`` (static; the network must provide ``init_cache``,
-    ``decode_step`` and ``prompt_step``, as :class:`coevo_jax.transformer.TransformerActorCritic`
+    ``decode_chunk`` (static; the network must provide ``init_cache``
+    and ``decode_step``, as :class:`coevo_jax.transformer.TransformerActorCritic`
     does) the policy decodes incrementally with a key-value cache; the result
     equals the plain path up to float rounding. Returns ``(new RolloutState,
     Trajectory [length, N])``.
@@ -148,19 +148,26 @@ def rollout(network: nn.Module, params, env, env_params, state: RolloutState, ke
     return state, Trajectory(next_value=next_value, **steps)
 
 
+# Cached rollouts decode the partner's reply / a fresh prompt on compacted groups of
+# 1/REPLY_SHARE / 1/RESET_SHARE of the envs (more groups run when more envs need one).
+REPLY_SHARE, RESET_SHARE = 4, 16
+
+
 def _rollout_cached(network, params, env, env_params, state: RolloutState, key, length: int, chunk: int):
     """The key-value-cached path of :func:`rollout`.
 
-    Per step: act on the outputs for the current buffers, step the env, decode
-    ``final_obs`` (the critic's bootstrap value; for running episodes it is the
-    next buffer itself, so its outputs are the next step's), and score the
-    fresh prompts of the episodes that auto-reset on a short cache
-    (``prompt_step``), restarting those rows of the cache.
+    Per step: act on the outputs for the current buffers and step the env;
+    then decode ``final_obs`` (its value bootstraps truncated episodes; for
+    running episodes it is the next buffer itself, so its outputs are the next
+    step's): one token for every env (the agent's), then, on a compacted
+    sub-batch, the rest of the tokens of the envs whose turn ended (the
+    partner's reply), and last the fresh prompts of the envs that auto-reset.
     """
-    decode = lambda cache, obs, c: network.apply(params, cache, obs, chunk=c, method=network.decode_step)
-    prompt = lambda obs: network.apply(params, obs, chunk, method=network.prompt_step)
+    n = state.obs.shape[0]
+    decode = lambda c: lambda cache, obs: network.apply(params, cache, obs, chunk=c, method=network.decode_step)
     cache = network.init_cache(state.obs.shape[:-1], state.obs.shape[-1], chunk=chunk)
-    out, cache = decode(cache, state.obs, state.obs.shape[-1])  # prefill: one causal pass
+    out, cache = decode(state.obs.shape[-1])(cache, state.obs)  # prefill: one causal pass
+    reply_group, reset_group = -(-n // REPLY_SHARE), -(-n // RESET_SHARE)
 
     def one_step(carry, step_key):
         ro, mask, out, cache = carry
@@ -169,12 +176,15 @@ def _rollout_cached(network, params, env, env_params, state: RolloutState, key, 
         action, logp = sample_action(logits, k_act, mask)
         obs, env_state, fields = env_step(env, env_params, ro.env_state, action, k_env)
         next_mask = fields.pop("next_legal_mask")
-        out_final, cache = decode(cache, fields["next_obs"], chunk)
+        final = fields["next_obs"]
+        if reply_group < n:
+            out_final, cache = decode(1)(cache, final)
+            more = jnp.sum(final != PAD, axis=-1) > cache["length"]  # a reply follows the agent's token
+            out_final, cache = decode_rows(decode(chunk), cache, final, out_final, more, reply_group)
+        else:  # too few envs to gain from compacting
+            out_final, cache = decode(chunk)(cache, final)
         reset = jnp.logical_or(fields["terminated"], fields["truncated"])
-        out_reset, prompt_kv = prompt(obs)
-        out = jax.tree.map(lambda r, f: jnp.where(reset.reshape(reset.shape + (1,) * (r.ndim - 1)), r, f),
-                           out_reset, out_final)
-        cache = restart_rows(cache, reset, obs, prompt_kv)
+        out, cache = decode_rows(decode(chunk), cache, obs, out_final, reset, reset_group)
         step = dict(obs=ro.obs, action=action, logp=logp, value=value, features=features,
                     next_value=out_final[1], legal_mask=mask, **fields)
         return (RolloutState(env_state, obs), next_mask, out, cache), step

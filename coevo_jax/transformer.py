@@ -22,9 +22,8 @@ attention is causal, the output at position ``t`` depends only on tokens
 * ``init_cache`` / ``decode_step`` give incremental decoding with a key-value
   cache: each call processes only the tokens added since the previous call
   (at most ``chunk`` of them, e.g. ``env.max_tokens_per_step``) and detects an
-  environment auto-reset by comparing the buffer with the cached tokens;
-  ``prompt_step`` + :func:`coevo_jax.packing.restart_rows` handle the auto-reset rows more
-  cheaply, on a ``chunk``-long cache (what cached rollouts do).
+  environment auto-reset by comparing the buffer with the cached tokens.
+  A call with ``chunk`` >= the buffer length is a prefill: one causal pass.
 
 Usage::
 
@@ -68,7 +67,8 @@ class CausalSelfAttention(nn.Module):
           ``x`` are written into it at ``q_pos[:, 0]`` onwards (contiguous) and
           the queries attend over the cache.
 
-        Returns ``(y, k_cache, v_cache)``."""
+        Returns ``(y, k_cache, v_cache)``; without a cache, ``(y, k, v)`` with the
+        keys/values ``[B, Lk, H, dh]`` of ``x_kv`` (or ``x``) it computed."""
         h = self.num_heads
         dh = self.d_model // h
         src = x if x_kv is None else x_kv
@@ -83,6 +83,7 @@ class CausalSelfAttention(nn.Module):
             att = jnp.einsum("bqhd,bkhd->bhqk", q, k)
             att = jax.nn.softmax(jnp.where(mask[:, None], att, jnp.finfo(att.dtype).min), axis=-1)
             y = jnp.einsum("bhqk,bkhd->bqhd", att, v)
+            k_cache, v_cache = k, v
         y = nn.DenseGeneral(self.d_model, axis=(-2, -1), name="out")(y)
         return y, k_cache, v_cache
 
@@ -172,21 +173,27 @@ class TransformerActorCritic(nn.Module):
         """The value's shape for leading ``shape``: ``shape`` or ``shape + (heads,)``."""
         return shape if self.value_heads == 1 else shape + (self.value_heads,)
 
-    def _encode(self, toks: Array, pos: Array, mask: Array | None = None, query: Array | None = None):
+    def _encode(self, toks: Array, pos: Array, mask: Array | None = None, query: Array | None = None,
+                with_kv: bool = False):
         """Final hidden states of one pass over tokens ``[B, P]`` at buffer
         positions ``pos`` [B, P]: ``[B, P, d]``, or ``[B, Q, d]`` at the stream
         indices ``query`` [B, Q] (the last block then computes only those
         queries: same numbers, less work). ``mask`` [B, P, P] replaces the causal
-        mask by position (packed streams)."""
+        mask by position (packed streams). ``with_kv``: also return each layer's
+        keys and values (two tuples of ``[B, P, H, dh]``)."""
         x = self._embed(toks, pos)
+        ks, vs = [], []
         for blk in self.blocks if query is None else self.blocks[:-1]:
-            x, _, _ = blk(x, pos, mask=mask)
+            x, k, v = blk(x, pos, mask=mask)
+            ks, vs = ks + [k], vs + [v]
         if query is None:
-            return self.ln_f(x)
-        x_q = jnp.take_along_axis(x, query[:, :, None], axis=1)  # [B, Q, d]
-        mask_q = None if mask is None else jnp.take_along_axis(mask, query[:, :, None], axis=1)  # [B, Q, P]
-        x_q, _, _ = self.blocks[-1](x_q, jnp.take_along_axis(pos, query, axis=1), x_kv=x, mask=mask_q)
-        return self.ln_f(x_q)
+            h = self.ln_f(x)
+        else:
+            x_q = jnp.take_along_axis(x, query[:, :, None], axis=1)  # [B, Q, d]
+            mask_q = None if mask is None else jnp.take_along_axis(mask, query[:, :, None], axis=1)  # [B, Q, P]
+            x_q, k, v = self.blocks[-1](x_q, jnp.take_along_axis(pos, query, axis=1), x_kv=x, mask=mask_q)
+            h, ks, vs = self.ln_f(x_q), ks + [k], vs + [v]
+        return (h, tuple(ks), tuple(vs)) if with_kv else h
 
     def _trunk(self, obs2, last_only: Array | None = None):
         """Final hidden states ``[B, L, d]`` of a full causal pass over buffers
@@ -256,31 +263,23 @@ class TransformerActorCritic(nn.Module):
             vs.append(v_i)
         return self.ln_f(x), ks, vs
 
-    def prompt_step(self, obs: Array, chunk: int):
-        """``__call__`` for buffers that hold at most ``chunk`` (static) tokens,
-        e.g. the prompts of freshly reset episodes, computed from scratch on a
-        ``chunk``-long cache: ``((logits, value, features), (k, v))`` with one
-        ``[..., H, chunk, d_head]`` key/value array per layer, for
-        :func:`coevo_jax.packing.restart_rows` to drop into a full cache. Cheaper than
-        :meth:`decode_step` since attention spans ``chunk`` keys only."""
-        self._check(obs)
-        batch, l = obs.shape[:-1], obs.shape[-1]
-        toks = obs.reshape(-1, l)[:, :chunk].astype(jnp.int32)
-        b, c = toks.shape
-        dh = self.d_model // self.num_heads
-        zeros = [jnp.zeros((b, self.num_heads, c, dh), jnp.float32) for _ in self.blocks]
-        q_pos = jnp.broadcast_to(jnp.arange(c), (b, c))
-        h, ks, vs = self._cached_blocks(toks, q_pos, zeros, zeros)
-        idx = jnp.clip(jnp.sum(toks != PAD, axis=-1) - 1, 0, c - 1)
-        feats = jnp.take_along_axis(h, idx[:, None, None], axis=1)[:, 0]
-        logits, value = self._heads(feats)
-        out = (
-            logits.reshape(batch + (self.num_actions,)),
-            value.reshape(self._vshape(batch)),
-            feats.reshape(batch + (self.d_model,)),
-        )
-        shape = lambda a: a.reshape(batch + a.shape[1:])
-        return out, (tuple(map(shape, ks)), tuple(map(shape, vs)))
+    def _prefill(self, obs2: Array, batch: tuple, kv_shape: tuple):
+        """:meth:`decode_step` from scratch (the whole buffers ``[B, L]``) as one
+        causal pass, the last block computing only the last query; the keys and
+        values of every layer fill the first ``L`` cache slots."""
+        b, l = obs2.shape
+        new_len = jnp.sum(obs2 != PAD, axis=-1).astype(jnp.int32)
+        idx = jnp.clip(new_len - 1, 0, l - 1)
+        pos = jnp.broadcast_to(jnp.arange(l), (b, l))
+        feats, ks, vs = self._encode(obs2, pos, query=idx[:, None], with_kv=True)
+        logits, value = self._heads(feats[:, 0])
+        slack = kv_shape[-2] - l
+        to_cache = lambda a: jnp.pad(a.transpose(0, 2, 1, 3), ((0, 0), (0, 0), (0, slack), (0, 0))).reshape(kv_shape)
+        cache = {"tokens": obs2.reshape(batch + (l,)), "length": new_len.reshape(batch),
+                 "k": tuple(map(to_cache, ks)), "v": tuple(map(to_cache, vs))}
+        out = (logits.reshape(batch + (self.num_actions,)), value.reshape(self._vshape(batch)),
+               feats[:, 0].reshape(batch + (self.d_model,)))
+        return out, cache
 
     def init_cache(self, batch_shape=(), buffer_len: int | None = None, chunk: int = 16) -> dict:
         """Empty key-value cache for buffers ``[*batch_shape, buffer_len]``
@@ -322,14 +321,14 @@ class TransformerActorCritic(nn.Module):
         if kv_shape[-2] < (chunk if prefill else l + chunk):
             raise ValueError(f"the cache holds {kv_shape[-2]} positions; decoding chunk={chunk} of a "
                              f"{l}-token buffer needs {chunk if prefill else l + chunk}: use init_cache(..., chunk={chunk})")
+        if prefill:
+            return self._prefill(obs2, batch, kv_shape)
 
         cols = jnp.arange(l)
         new_len = jnp.sum(obs2 != PAD, axis=-1).astype(jnp.int32)
         same = jnp.all((obs2 == toks_c) | (cols[None, :] >= len_c[:, None]), axis=-1)
         start = jnp.where(same, len_c, 0)
         start = jnp.minimum(start, jnp.maximum(new_len - 1, 0))  # always recompute the last token
-        if prefill:
-            start = jnp.zeros_like(start)
         q_pos = start[:, None] + jnp.arange(chunk)[None, :]  # [B, C]
         toks = jnp.take_along_axis(obs2, jnp.clip(q_pos, 0, l - 1), axis=1)
         toks = jnp.where(q_pos < l, toks, PAD)

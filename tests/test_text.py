@@ -443,7 +443,10 @@ def test_cached_rollout_equals_plain_rollout():
     """The key-value-cached rollout (prefill + incremental decoding, with
     auto-resets and truncated bootstrap values) gives the plain rollout's
     trajectory: same actions, and the same logp / value / next_value /
-    features up to float rounding."""
+    features up to float rounding. Vmapped over two seeds and started
+    mid-episode (a prefill of long buffers), with 4 envs: the replies and the
+    fresh prompts are decoded one env at a time (groups of 1), so steps where
+    several envs need one run extra groups inside a batched while_loop."""
     from coevo_jax.rollout import RolloutState, rollout
     from envs_jax.core import EpisodeStats
 
@@ -453,13 +456,18 @@ def test_cached_rollout_equals_plain_rollout():
     chunk = env.max_tokens_per_step
 
     @jit0
+    @jax.vmap
     def both(key):
-        ro = RolloutState(st, obs)
-        return (rollout(model, mp, env_s, params, ro, key, 40)[1],
-                rollout(model, mp, env_s, params, ro, key, 40, decode_chunk=chunk)[1])
+        k1, k2 = jax.random.split(key)
+        ro = rollout(model, mp, env_s, params, RolloutState(st, obs), k1, 12, decode_chunk=chunk)[0]
+        return (rollout(model, mp, env_s, params, ro, k2, 40)[1],
+                rollout(model, mp, env_s, params, ro, k2, 40, decode_chunk=chunk)[1])
 
-    plain, cached = both(jax.random.PRNGKey(4))
-    assert int(plain.episode_done.sum()) >= 2  # auto-resets happened inside the rollout
+    plain, cached = both(jax.random.split(jax.random.PRNGKey(4), 2))
+    assert int(plain.obs[:, 0].astype(bool).sum(-1).max()) > 2 * chunk  # the prefill read long buffers
+    assert int(plain.episode_done.sum()) >= 4  # auto-resets happened inside the rollouts
+    turn_ends = jnp.sum(plain.next_obs != 0, -1) - jnp.sum(plain.obs != 0, -1) > 1  # [S, T, N]
+    assert int(jnp.max(jnp.sum(turn_ends & ~plain.episode_done, -1))) >= 2  # steps that needed a second group
     np.testing.assert_array_equal(plain.action, cached.action)
     np.testing.assert_array_equal(plain.obs, cached.obs)
     for field in ("logp", "value", "next_value", "features"):
