@@ -46,8 +46,8 @@ def build_parser():
     p.add_argument("--envs", default="Booking,TwentyQuestions",
                    help=f"comma list of {', '.join(TEXT_ENVS)} (default: Booking,TwentyQuestions)")
     p.add_argument("--methods", default="ppo,dense", help="comma list of methods (default: ppo,dense)")
-    p.add_argument("--total-steps", type=int, default=65_536, metavar="S",
-                   help=f"agent tokens per run, >= {STEPS_PER_ITER} (default: 65536)")
+    p.add_argument("--total-steps", type=int, default=262_144, metavar="S",
+                   help=f"agent tokens per run, >= {STEPS_PER_ITER} (default: 262144)")
     p.add_argument("--legal-mask", action=argparse.BooleanOptionalAction, default=True,
                    help="sample only grammatical tokens (env use_legal_mask; default: on)")
     p.add_argument("--expert-episodes", type=int, default=256, help="episodes of the scripted expert (default: 256)")
