@@ -19,6 +19,7 @@ import pytest
 
 import envs_jax
 from envs_jax import minigrid as mg
+from envs_jax import minigrid_grid as mgg
 from xla_options import OPT0
 
 NAME = "MiniGrid-DoorKey-5x5"
@@ -35,17 +36,17 @@ def expert_action(inner) -> jax.Array:
     step forward when that shortens the distance, else turn (right if that
     faces a shorter path, else left)."""
     tiles = inner.grid[..., 0]
-    phase = mg.doorkey_phase(tiles, inner.agent.pocket)
-    target = mg.subgoal_cells(tiles, phase)
-    dist = mg.grid_distances(mg.passable_cells(tiles) | target, target, tiles.size)
+    phase = mgg.doorkey_phase(tiles, inner.agent.pocket)
+    target = mgg.subgoal_cells(tiles, phase)
+    dist = mgg.grid_distances(mgg.passable_cells(tiles) | target, target, tiles.size)
     steps = jnp.array([[-1, 0], [0, 1], [1, 0], [0, -1]])  # (dy, dx) per direction, as xminigrid
     pos, facing = inner.agent.position, inner.agent.direction
     ahead = pos + steps[facing]
     right = pos + steps[(facing + 1) % 4]
     here = dist[pos[0], pos[1]]
-    interact = jnp.array([mg.PICK_UP, mg.TOGGLE, mg.FORWARD])[phase]
-    turn = jnp.where(dist[right[0], right[1]] < here, mg.TURN_RIGHT, mg.TURN_LEFT)
-    forward = jnp.where(dist[ahead[0], ahead[1]] < here, mg.FORWARD, turn)
+    interact = jnp.array([mgg.PICK_UP, mgg.TOGGLE, mgg.FORWARD])[phase]
+    turn = jnp.where(dist[right[0], right[1]] < here, mgg.TURN_RIGHT, mgg.TURN_LEFT)
+    forward = jnp.where(dist[ahead[0], ahead[1]] < here, mgg.FORWARD, turn)
     return jnp.where(target[ahead[0], ahead[1]], interact, forward).astype(jnp.int32)
 
 
@@ -120,8 +121,8 @@ def _replay():
             shaping[f"shaping_{gamma}"] = info["dense_reward"] - r
         return dict(reached_hash=_obs_hash(obs), time=reached.time, same_as_generic=same, **shaping,
                     phi=env.potential(state, params), phi_reached=env.potential(reached, params),
-                    dist=mg.subgoal_distance(state.inner, size)[1],
-                    dist_reached=mg.subgoal_distance(reached.inner, size)[1])
+                    dist=mgg.subgoal_distance(state.inner, size)[1],
+                    dist_reached=mgg.subgoal_distance(reached.inner, size)[1])
 
     flat = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), (rec["state"], rec["action"]))
     out = jax.jit(jax.vmap(one), compiler_options=OPT0)(*flat)
@@ -146,10 +147,10 @@ def test_names_tiles_and_goals_match_xminigrid():
 
     assert mg.MINIGRID_NAMES == tuple(n for n in xminigrid.registered_environments() if n.startswith("MiniGrid"))
     assert set(mg.MINIGRID_NAMES) <= set(envs_jax.registered())
-    assert [getattr(constants.Tiles, t.upper()) for t in mg.TILES] == list(range(mg.NUM_TILES))
-    assert [getattr(constants.Colors, c.upper()) for c in mg.COLORS] == list(range(mg.NUM_COLORS))
-    assert (constants.NUM_TILES, constants.NUM_COLORS) == (mg.NUM_TILES, mg.NUM_COLORS)
-    assert set(np.asarray(constants.PICKABLE).tolist()) == set(mg.PICKABLE)
+    assert [getattr(constants.Tiles, t.upper()) for t in mgg.TILES] == list(range(mgg.NUM_TILES))
+    assert [getattr(constants.Colors, c.upper()) for c in mgg.COLORS] == list(range(mgg.NUM_COLORS))
+    assert (constants.NUM_TILES, constants.NUM_COLORS) == (mgg.NUM_TILES, mgg.NUM_COLORS)
+    assert set(np.asarray(constants.PICKABLE).tolist()) == set(mgg.PICKABLE)
     assert all(hasattr(goals, g) for g in mg.MINIGRID_GOALS.values())
     # the adapter types and the public adapter name
     assert envs_jax.adapters.from_xminigrid is mg.from_xminigrid
@@ -243,15 +244,15 @@ def test_progress_steps_get_positive_shaping_turns_none_at_gamma_one():
     rec, rep = _run(), _replay()
     sl = slice(0, N_EXPERT)
     shaping, action = rep["shaping_1.0"][sl], rec["action"][sl]
-    turns = np.isin(action, [mg.TURN_RIGHT, mg.TURN_LEFT])
-    assert turns.sum() > 0 and np.isin(action[~turns], [mg.FORWARD, mg.PICK_UP, mg.TOGGLE]).all()
+    turns = np.isin(action, [mgg.TURN_RIGHT, mgg.TURN_LEFT])
+    assert turns.sum() > 0 and np.isin(action[~turns], [mgg.FORWARD, mgg.PICK_UP, mgg.TOGGLE]).all()
     assert np.all(shaping[~turns] > 0)
     np.testing.assert_allclose(shaping[turns], 0.0, atol=1e-7)
     # forward steps shorten the BFS distance unless they complete a sub-goal (the last one ends the episode)
-    moved = (action == mg.FORWARD) & ~rec["term"][sl]
+    moved = (action == mgg.FORWARD) & ~rec["term"][sl]
     assert np.all(rep["dist_reached"][sl][moved] == rep["dist"][sl][moved] - 1)
     # the sub-goal distance never exceeds the bound that normalises Phi
-    max_dist = mg.max_subgoal_distance(5, 5)
+    max_dist = mgg.max_subgoal_distance(5, 5)
     assert rep["dist"].max() <= max_dist and rep["dist_reached"].max() <= max_dist
     assert set(np.unique(rec["phase"]).tolist()) == {0, 1, 2}
 
@@ -261,12 +262,12 @@ def test_observation_encoding_and_render():
     env, params, _ = _program()
     inner = jax.tree.map(lambda x: x[0, 0], _run()["state"].inner)
     obs = np.asarray(mg.encode_obs(jnp.zeros((7, 7, 2), jnp.uint8), jnp.int32(2),
-                                   jnp.array([mg.KEY, 5], jnp.uint8)))
+                                   jnp.array([mgg.KEY, 5], jnp.uint8)))
     assert obs.shape == (mg.obs_size(7),) == tuple(env.observation_space(params).shape) == (1254,)
     cells = obs[:49 * 25].reshape(7, 7, 25)
-    assert np.all(cells[..., mg.EMPTY] == 1) and np.all(cells[..., mg.NUM_TILES] == 1) and cells.sum() == 98
+    assert np.all(cells[..., mgg.EMPTY] == 1) and np.all(cells[..., mgg.NUM_TILES] == 1) and cells.sum() == 98
     np.testing.assert_array_equal(obs[49 * 25: 49 * 25 + 4], [0, 0, 1, 0])  # facing down
-    assert obs[-25 + mg.KEY] == 1 and obs[-12 + 5] == 1 and obs[-25:].sum() == 2  # carrying a yellow key
+    assert obs[-25 + mgg.KEY] == 1 and obs[-12 + 5] == 1 and obs[-25:].sum() == 2  # carrying a yellow key
     empty_pocket = np.asarray(mg.encode_obs(jnp.zeros((7, 7, 2), jnp.uint8), jnp.int32(0), jnp.zeros(2, jnp.uint8)))
     assert empty_pocket[-25:].sum() == 0
     rows = env.render(mg.MiniGridState(time=inner.step_num, inner=inner), params).split("\n")
