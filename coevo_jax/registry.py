@@ -99,7 +99,10 @@ class MethodSpec:
     else. ``requires``: the environment's optional outputs the method reads
     (``envs_jax.core.OPTIONAL_OUTPUTS``). ``off``: the ``HParams`` overrides
     under which the method's rewards give exactly sparse PPO's advantages
-    (``None`` where that does not apply).
+    (``None`` where that does not apply). ``program``: another registered
+    method whose compiled program this one runs, told apart only by HParams
+    values (its ``defaults``): the same factory and streams, so the runner
+    compiles one program for both (``""``: its own).
     """
 
     name: str
@@ -111,6 +114,7 @@ class MethodSpec:
     check_static: Callable | None = None
     requires: tuple = ()
     off: Mapping[str, float] | None = None
+    program: str = ""
     doc: str = ""
 
     def __post_init__(self):
@@ -187,14 +191,35 @@ def register_method(spec: MethodSpec) -> MethodSpec:
     for field, rng in spec.static_checks.items():
         if len(rng) != 2 or rng[0] > rng[1]:
             raise ConfigError(f"method {spec.name!r}: static_checks[{field!r}]={rng!r} must be (lo, hi), lo <= hi")
+    if spec.program:
+        _check_program(spec)
     _METHODS[spec.name] = spec
     _DECLARED.clear()
     return spec
 
 
+def _check_program(spec: MethodSpec) -> None:
+    """``spec.program`` must name a registered method with its own program and the same factory and streams."""
+    host = _METHODS.get(spec.program)
+    if host is None or host.program:
+        raise ConfigError(f"method {spec.name!r}: program={spec.program!r} must name a registered method that runs"
+                          f" its own program; registered: {', '.join(m for m in _METHODS if not _METHODS[m].program)}")
+    if (host.factory, host.intrinsic_stream) != (spec.factory, spec.intrinsic_stream):
+        raise ConfigError(f"method {spec.name!r}: program={spec.program!r} needs {spec.program!r}'s factory and"
+                          " intrinsic_stream (the two must compile to one program)")
+
+
+def program_of(method: str) -> str:
+    """The method whose compiled program ``method`` runs (itself unless its spec names a ``program``)."""
+    return method_spec(method).program or method
+
+
 def unregister_method(name: str) -> None:
-    """Remove a registered method (its own fields leave ``HParams``)."""
+    """Remove a registered method (its own fields leave ``HParams``); not one whose program another runs."""
     method_spec(name)
+    riders = [m for m, spec in _METHODS.items() if spec.program == name]
+    if riders:
+        raise ConfigError(f"method {name!r} cannot be unregistered while {', '.join(riders)} run(s) its program")
     del _METHODS[name]
     _DECLARED.clear()
 
@@ -220,4 +245,4 @@ def hparam_declarations() -> Mapping[str, Param]:
 
 
 __all__ = ["INF", "ConfigError", "MethodSpec", "Param", "declare_core_params", "hparam_declarations",
-           "method_spec", "register_method", "registered_methods", "unregister_method"]
+           "method_spec", "program_of", "register_method", "registered_methods", "unregister_method"]

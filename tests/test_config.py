@@ -12,7 +12,9 @@ import pytest
 
 import coevo_jax as cj
 from coevo_jax.config import ConfigError, hparam_fields, validate_hparams, validate_static
-from coevo_jax.registry import MethodSpec, Param, hparam_declarations, method_spec, register_method
+from coevo_jax.registry import (
+    MethodSpec, Param, hparam_declarations, method_spec, program_of, register_method, unregister_method,
+)
 
 DECLS = dict(hparam_declarations())
 
@@ -218,6 +220,29 @@ def test_registry_rejects_conflicts_and_bad_specs():
         Param(2.0, 0.0, 1.0)
     assert cj.registered_methods()[:2] == ("ppo", "dense") and "clash" not in cj.registered_methods()
     assert "lr" in hparam_fields() and len(hparam_fields()) == len(DECLS)
+
+
+def test_methods_that_share_a_program_are_checked_at_registration():
+    """``dense`` runs ``ppo``'s program and ``coevo-ranking`` ``coevo-regression``'s (told apart by
+    ``dense_weight`` / ``ranking_weight``); a ``program`` must name a method with the same factory."""
+    assert [(m, program_of(m)) for m in cj.registered_methods() if program_of(m) != m] == \
+        [("dense", "ppo"), ("coevo-ranking", "coevo-regression")]
+    assert cj.default_hparams("dense").dense_weight == 1.0 and cj.default_hparams("ppo").dense_weight == 0.0
+    assert cj.default_hparams("coevo-ranking").ranking_weight == 1.0
+    assert cj.default_hparams("coevo-regression").ranking_weight == 0.0
+
+    def factory(*a):
+        raise AssertionError
+
+    with pytest.raises(ConfigError, match="program='nope' must name a registered method that runs its own program"):
+        register_method(MethodSpec("rider", factory, program="nope"))
+    with pytest.raises(ConfigError, match="program='dense' must name a registered method that runs its own program"):
+        register_method(MethodSpec("rider", method_spec("ppo").factory, program="dense"))
+    with pytest.raises(ConfigError, match="program='ppo' needs 'ppo''s factory and intrinsic_stream"):
+        register_method(MethodSpec("rider", factory, program="ppo"))
+    with pytest.raises(ConfigError, match="'ppo' cannot be unregistered while dense run"):
+        unregister_method("ppo")
+    assert "rider" not in cj.registered_methods()
 
 
 def test_a_missing_env_output_is_a_config_error_naming_method_env_and_output():

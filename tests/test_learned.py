@@ -95,13 +95,19 @@ def test_anti_collusion_terms_and_total_by_hand():
     hp = cj.default_hparams("coevo-regression", anchor_weight=2.0, drift_weight=0.5, extreme_weight=0.1)
     args = (jnp.asarray(R), jnp.asarray(pre), jnp.asarray(r_old), jnp.asarray(mask), jnp.asarray(RET),
             jnp.asarray(VALID), hp)
-    total, m = L.reward_objective(*args, "regression")
+    total, m = L.reward_objective(*args)
     assert float(total) == pytest.approx(2.0 * 1.16 / 3 + 0.5 * 0.37 / 3 + 0.1 * 14.25 / 8, rel=1e-5)
     assert float(m["fit_loss"]) == pytest.approx(1.16 / 3, rel=1e-6)
-    total_rank, m_rank = L.reward_objective(*args, "ranking")
+    # the regression objective enters exactly: ranking_weight 0 adds 0 * (a finite ranking loss)
+    assert float(m["fit_loss"]) == float(L.regression_loss(*args[:1], *args[3:6]))
+    rank_args = args[:-1] + (cj.default_hparams("coevo-ranking", anchor_weight=2.0, drift_weight=0.5,
+                                                extreme_weight=0.1),)
+    total_rank, m_rank = L.reward_objective(*rank_args)
     bt = (softplus(-0.6) + softplus(-2.0) + softplus(-2.6)) / 3
     assert float(m_rank["fit_loss"]) == pytest.approx(bt, rel=1e-5)
     assert float(total_rank) == pytest.approx(2.0 * bt + 0.5 * 0.37 / 3 + 0.1 * 14.25 / 8, rel=1e-5)
+    mixed = L.reward_objective(*args[:-1], hp.replace(ranking_weight=0.25))[1]["fit_loss"]
+    assert float(mixed) == pytest.approx(0.75 * 1.16 / 3 + 0.25 * bt, rel=1e-5)
 
 
 def test_pearson_by_hand():

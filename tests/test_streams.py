@@ -137,6 +137,25 @@ def test_dense_on_an_env_without_a_dense_reward_is_a_config_error():
     cj.Trainer(cj.StaticConfig(method="dense"), env, p)  # declared: fine
 
 
+def test_ppo_and_dense_share_one_program_and_read_their_reward_exactly():
+    """One jitted ``rewards`` (``hp.dense_weight`` traced) gives ppo ``traj.reward`` and dense
+    ``traj.dense_reward``, bit for bit; a weight between mixes them."""
+    from coevo_jax.signals.external import make_external
+
+    k1, k2 = jax.random.split(jax.random.PRNGKey(3))
+    reward = jax.random.normal(k1, (16, 4)) * 1e-3
+    dense = reward + jax.random.normal(k2, (16, 4))
+    traj = traj_of(reward, *random_ends(k2, (16, 4)), jnp.zeros((16, 4)), jnp.zeros((16, 4)))
+    traj = traj._replace(dense_reward=dense)
+    signal = make_external(cj.StaticConfig(), None, None, None)
+    rewards = jax.jit(lambda hp: signal.rewards((), traj, hp)[1].episodic)
+    np.testing.assert_array_equal(rewards(cj.default_hparams("ppo")), reward)
+    np.testing.assert_array_equal(rewards(cj.default_hparams("dense")), dense)
+    np.testing.assert_allclose(rewards(cj.default_hparams("ppo", dense_weight=0.25)), 0.75 * reward + 0.25 * dense,
+                               rtol=1e-6, atol=1e-7)
+    assert rewards._cache_size() == 1
+
+
 # ----------------------------------------------------------------------------- ICM trains every iteration
 def test_icm_trains_in_observe_and_pays_a_separate_stream():
     env, p = envs_jax.make("KeyDoor-5x5")

@@ -25,6 +25,7 @@ from coevo_jax.experiment import checkpoint
 from coevo_jax.experiment.folder import atomic_savez, atomic_write_text
 from coevo_jax.experiment.plan import build_plan, make_env, run_keys, worker_batches
 from coevo_jax.experiment.spec import Study, config_hash
+from coevo_jax.registry import program_of
 
 BATCH_AXIS = "runs"  # the vmapped (and sharded) run axis; K-gated refits branch on it (Trainer.batch_axis)
 # ``init`` runs once per batch: compiled without LLVM optimisation it compiles ~3x faster (5-7 s -> ~2 s for the
@@ -131,12 +132,14 @@ def compile_program(trainer, hp, b: int, chunk_len: int, devices) -> Program:
 
 
 def program_key(plan, b: int) -> tuple:
-    """What a compiled batch program depends on: the arm's static config, the batch
-    and chunk sizes and the hparams' structure (not their values, which are inputs)."""
+    """What a compiled batch program depends on: the arm's static config (its method
+    as the one whose program it runs, :func:`~coevo_jax.registry.program_of`), the
+    batch and chunk sizes and the hparams' structure (not their values, which are inputs)."""
     import jax
 
+    static = plan.arm.static.replace(method=program_of(plan.arm.static.method))
     leaves, treedef = jax.tree.flatten(plan.hp)
-    return plan.arm.static, b, plan.chunk_len, treedef, tuple((np.shape(x)[1:], np.asarray(x).dtype) for x in leaves)
+    return static, b, plan.chunk_len, treedef, tuple((np.shape(x)[1:], np.asarray(x).dtype) for x in leaves)
 
 
 def restore_or_init(program: Program, mngr, record, study: Study, seeds: np.ndarray, hp, host_local: bool):

@@ -14,8 +14,7 @@ from coevo_jax.signals.base import (
 )
 
 # the built-in methods, in registration order (ppo first: it is the reference the others reduce to)
-from coevo_jax.signals import external  # noqa: F401  ppo
-from coevo_jax.signals import dense  # noqa: F401  dense
+from coevo_jax.signals import external  # noqa: F401  ppo, dense
 from coevo_jax.signals import icm  # noqa: F401  icm
 from coevo_jax.signals import learned  # noqa: F401  coevo-regression, coevo-ranking, coevo-novelty
 from coevo_jax.signals import potential  # noqa: F401  siop

@@ -97,19 +97,6 @@ def no_update(state, traj, policy, hp, key):
     return state, {}
 
 
-def field_signal(field: str) -> Signal:
-    """A :class:`Signal` whose episodic reward is ``getattr(traj, field)`` ``[T, N]``
-    (one stream, unnormalised; methods ``ppo`` and ``dense``)."""
-
-    def init(key, traj, hp):
-        return ()
-
-    def rewards(state, traj, hp):
-        return state, RewardStreams(getattr(traj, field)), {}
-
-    return Signal(init, no_observe, no_update, rewards)
-
-
 # ----------------------------------------------------------------------------- scale-only normalisation
 @struct.dataclass
 class ReturnScale:

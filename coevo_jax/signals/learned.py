@@ -13,7 +13,9 @@ action. The refit objectives come from the reward-learning literature:
   2019) -- the sum of R_phi over an episode should equal its external return (MSE);
 * ``coevo-ranking``: the Bradley-Terry pairwise preference loss over episodes
   (Christiano et al. 2017; T-REX, Brown et al. 2019), with episodes ordered by
-  external return instead of by a person;
+  external return instead of by a person. The objective is the traced
+  ``hp.ranking_weight`` (0 regression, 1 ranking, between: a mix), so these
+  two methods run one compiled program (``MethodSpec.program``);
 * ``coevo-novelty``: the regression objective plus a random-network-distillation
   bonus (Burda et al. 2019) ``e_t = ||g(x_t) - f(x_t)||^2 / K``, ``f`` fixed and
   random, ``g`` trained on *every* rollout (in ``observe``; Adam at
@@ -78,7 +80,7 @@ from coevo_jax.signals.base import (
     ReturnScale, RewardStreams, Signal, float_metrics, init_return_scale, return_rms, scale_normalise,
 )
 
-METHOD_OBJECTIVE = {"coevo-regression": "regression", "coevo-ranking": "ranking", "coevo-novelty": "novelty"}
+METHODS = ("coevo-regression", "coevo-ranking", "coevo-novelty")
 
 
 # ----------------------------------------------------------------------------- losses (pure in per-step rewards)
@@ -141,15 +143,16 @@ def pearson(x: jax.Array, y: jax.Array, w: jax.Array) -> jax.Array:
     return jnp.where(ok, cov / jnp.sqrt(jnp.where(ok, vx * vy, 1.0)), 0.0)
 
 
-def reward_objective(r, pre, r_anchor, mask, ret, valid, hp, objective: str):
+def reward_objective(r, pre, r_anchor, mask, ret, valid, hp):
     """Phase-B loss of R_phi from per-step outputs (all ``[E, L]`` but ``ret,
     valid [E]``): ``anchor_weight * fit + drift_weight * drift + extreme_weight
-    * extreme``, ``fit`` the regression MSE (``regression``, ``novelty``) or the
-    ranking loss (``ranking``). Returns ``(loss, metrics)``."""
-    if objective == "ranking":
-        fit = ranking_loss(r, mask, ret, valid, hp.ranking_temp)
-    else:
-        fit = regression_loss(r, mask, ret, valid)
+    * extreme``, ``fit = (1 - w) * regression MSE + w * ranking loss`` with ``w =
+    hp.ranking_weight`` (0: ``coevo-regression``, ``coevo-novelty``; 1:
+    ``coevo-ranking``; a traced value, so both methods run one compiled program,
+    and each loss enters exactly: ``1 * x + 0 * y == x`` for finite ``y``).
+    Returns ``(loss, metrics)``."""
+    w = hp.ranking_weight
+    fit = (1.0 - w) * regression_loss(r, mask, ret, valid) + w * ranking_loss(r, mask, ret, valid, hp.ranking_temp)
     drift = drift_loss(r, r_anchor, mask)
     extreme = extreme_loss(pre, mask)
     loss = hp.anchor_weight * fit + hp.drift_weight * drift + hp.extreme_weight * extreme
@@ -214,10 +217,9 @@ class LearnedState:
 def make_learned(static, network, env, env_params) -> Signal:
     """The co-evolving internal reward for ``static.method`` in
     ``coevo-regression | coevo-ranking | coevo-novelty`` (see the module docstring)."""
-    if static.method not in METHOD_OBJECTIVE:
-        raise ValueError(f"make_learned: method must be one of {', '.join(METHOD_OBJECTIVE)}, got {static.method!r}")
-    objective = METHOD_OBJECTIVE[static.method]
-    novelty = objective == "novelty"
+    if static.method not in METHODS:
+        raise ValueError(f"make_learned: method must be one of {', '.join(METHODS)}, got {static.method!r}")
+    novelty = static.method == "coevo-novelty"
     net = make_reward_net(static, env, env_params)
     rnd = make_rnd_net(static, env, env_params)
 
@@ -271,7 +273,7 @@ def make_learned(static, network, env, env_params) -> Signal:
 
         def loss_fn(params, batch):
             r, pre = net.apply(params, *batch)
-            return reward_objective(r, pre, r_anchor, mask, ret, buf.valid, hp, objective)
+            return reward_objective(r, pre, r_anchor, mask, ret, buf.valid, hp)
 
         # full-batch steps: every step reads the whole buffer
         params, opt_state, ms = fit(loss_fn, state.params, state.opt_state, tx, lambda _: (x, actions), key,
@@ -327,7 +329,12 @@ REFIT_PARAMS = {
     "drift_ema": Param(0.9, 0.0, 1.0, high_inclusive=False,
                        doc="the drift anchor: EMA (per refit) of R_phi's params; 0 = the last refit's"),
 }
-RANKING_PARAMS = {"ranking_temp": grad_clip(1.0, doc="Bradley-Terry temperature")}
+#: the fit's objective: coevo-regression and coevo-ranking differ only in ranking_weight's value (one program)
+OBJECTIVE_PARAMS = {
+    "ranking_weight": unit(0.0, doc="weight of the Bradley-Terry ranking loss in the fit, 1 - it of the regression MSE"
+                                    " (coevo-regression 0, coevo-ranking 1)"),
+    "ranking_temp": grad_clip(1.0, doc="Bradley-Terry temperature"),
+}
 NOVELTY_PARAMS = {
     "novelty_coef": weight(0.5, doc="advantage weight of the RND novelty bonus (intrinsic stream)"),
     "rnd_lr": unit(2.5e-4, doc="the RND predictor's Adam step (it trains on every rollout)"),
@@ -338,17 +345,18 @@ LEARNED_STATIC_CHECKS = {**REWARD_NET_STATIC_CHECKS, "reward_steps": (1, 10_000)
 _MIXING = {"beta_ext": 1.0, "beta_int": 0.5}
 
 register_method(MethodSpec(
-    "coevo-regression", make_learned, REFIT_PARAMS, _MIXING, static_checks=LEARNED_STATIC_CHECKS,
-    check_static=check_reward_net_static, off={"beta_int": 0.0},
+    "coevo-regression", make_learned, {**REFIT_PARAMS, **OBJECTIVE_PARAMS}, _MIXING,
+    static_checks=LEARNED_STATIC_CHECKS, check_static=check_reward_net_static, off={"beta_int": 0.0},
     doc="co-evolving R_phi fit so its episode sums equal the external returns (RUDDER-style decomposition)",
 ))
 register_method(MethodSpec(
-    "coevo-ranking", make_learned, {**REFIT_PARAMS, **RANKING_PARAMS}, _MIXING,
+    "coevo-ranking", make_learned, {**REFIT_PARAMS, **OBJECTIVE_PARAMS}, {**_MIXING, "ranking_weight": 1.0},
     static_checks=LEARNED_STATIC_CHECKS, check_static=check_reward_net_static, off={"beta_int": 0.0},
+    program="coevo-regression",
     doc="co-evolving R_phi fit to order episodes like their external returns (Bradley-Terry)",
 ))
 register_method(MethodSpec(
-    "coevo-novelty", make_learned, {**REFIT_PARAMS, **NOVELTY_PARAMS},
+    "coevo-novelty", make_learned, {**REFIT_PARAMS, **OBJECTIVE_PARAMS, **NOVELTY_PARAMS},
     # the RND bonus, in the intrinsic stream, divided by a running RMS of its return
     {**_MIXING, "normalize_int": 1.0, "novelty_coef": 0.3}, intrinsic_stream=True,
     static_checks=LEARNED_STATIC_CHECKS, check_static=check_reward_net_static,
