@@ -282,6 +282,20 @@ def test_chunk_states_end_at_the_final_states_and_differ_over_training(reference
         reference.chunk_states("ppo", 3)
 
 
+def test_methods_that_ride_on_another_programs_get_its_program_key():
+    """``dense`` keys to ``ppo``'s program and ``coevo-ranking`` to ``coevo-regression``'s, so a worker
+    compiles each once; methods with their own program (siop) keep their own key."""
+    from coevo_jax.experiment.plan import build_plan
+    from coevo_jax.experiment.worker import program_key
+
+    static = cj.StaticConfig(num_envs=4, rollout_len=8, total_steps=64, update_epochs=1, num_minibatches=1)
+    methods = ("ppo", "dense", "coevo-regression", "coevo-ranking", "siop")
+    study = Study("KeyDoor-5x5", tuple(Arm(dataclasses.replace(static, method=m)) for m in methods), num_seeds=2)
+    keys = dict(zip(methods, (program_key(plan, 2) for plan in build_plan(study, check_trainers=False))))
+    assert keys["dense"] == keys["ppo"] and keys["coevo-ranking"] == keys["coevo-regression"]
+    assert len({keys[m] for m in ("ppo", "coevo-regression", "siop")}) == 3
+
+
 def test_arms_differing_only_in_hparam_values_share_one_compiled_program(reference, workdir):
     """A second arm with the same static config and batch shape (siop and siop-norm in the main
     job) runs the program compiled for the first (0 s compiling) and gives its own runs' results."""
