@@ -14,7 +14,12 @@ the same paired seeds and budget, one study per task through the one runner:
   penalty), ``coevo-frozen`` (coevo-regression with ``reward_lr = 0``: R_phi
   never refit) and ``siop-shuffled`` (SIOP's credit moved to random steps of the
   same episode: the placebo);
-* the uniform-random row (:func:`coevo_jax.controls.random_row`).
+* the uniform-random row (:func:`coevo_jax.controls.random_row`);
+* with ``--ablations``, SIOP's ablations (why it does or does not beat PPO):
+  the potential's replay of the last 8 or 256 episodes (default 64), an
+  ensemble of 4 potentials combined by mean or by min (default 1), and the
+  external reward's weight ``beta_ext`` at 0 (the credit alone) and 0.25 (the
+  credit 4x heavier; default 1).
 
 Reported per task and arm: final success IQM with its 95% stratified-bootstrap
 CI, AUC, P(> ppo) with its CI (rliable, paired seeds), the steps until success
@@ -25,6 +30,7 @@ flag on any arm below the random row (definitions:
     python sweeps/compare_methods.py                               # the default tasks, 20 seeds
     python sweeps/compare_methods.py --tasks all --no-controls
     python sweeps/compare_methods.py --tasks doorkey8-t100 --methods ppo,dense,siop
+    python sweeps/compare_methods.py --tasks doorkey6-t60 --methods ppo,dense,siop --ablations
 
 Outputs (``--out``, default ``results/compare_methods``): one study folder per
 task, ``comparison.csv`` / ``.md``, ``sample_efficiency.png`` (IQM success vs
@@ -52,6 +58,14 @@ CONTROLS = {  # label -> (method, HParams overrides)
     "coevo-frozen": ("coevo-regression", {"reward_lr": 0.0}),
     "siop-shuffled": ("siop-shuffled", {}),
 }
+ABLATIONS = {  # label -> (method, HParams overrides, StaticConfig overrides)
+    "siop-replay-8": ("siop", {}, {"potential_buffer_episodes": 8}),
+    "siop-replay-256": ("siop", {}, {"potential_buffer_episodes": 256}),
+    "siop-ensemble-4": ("siop", {}, {"ensemble_size": 4}),
+    "siop-ensemble-4-min": ("siop", {}, {"ensemble_size": 4, "ensemble_combine": "min"}),
+    "siop-beta_ext-0": ("siop", {"beta_ext": 0.0}, {}),
+    "siop-beta_ext-0.25": ("siop", {"beta_ext": 0.25}, {}),
+}
 THRESHOLD = 0.8  # success rate, fixed in advance
 
 
@@ -61,6 +75,7 @@ def build_parser():
                    help=f"comma list of admitted tasks, or 'all' (default: {','.join(DEFAULT_TASKS)})")
     p.add_argument("--methods", default=",".join(METHODS), help=f"comma list of methods (default: {','.join(METHODS)})")
     p.add_argument("--no-controls", action="store_true", help="leave out the control arms (default: run them)")
+    p.add_argument("--ablations", action="store_true", help="add SIOP's ablation arms (default: leave them out)")
     add_admitted_option(p, os.path.join(HERE, "admitted_tasks.json"))
     options.add_study_options(p, 20, THRESHOLD)
     return p
@@ -73,11 +88,13 @@ def studies(args) -> list:
     tasks = options.names(",".join(admitted) if args.tasks == "all" else args.tasks, "--tasks", list(admitted))
     methods = options.names(args.methods, "--methods", registered_methods())
     controls = {} if args.no_controls else CONTROLS
+    ablations = ABLATIONS if args.ablations else {}
     out = []
     for name in tasks:
         task = admitted[name]
         arms = [task.arm(m) for m in methods]
         arms += [task.arm(m, label, hp) for label, (m, hp) in controls.items()]
+        arms += [task.arm(m, label, hp, static) for label, (m, hp, static) in ablations.items()]
         out.append(Study(task.env, tuple(arms), args.num_seeds, env_kwargs=dict(task.env_kwargs), base_seed=args.seed,
                          num_chunks=args.num_chunks, threshold=args.threshold, name=name))
     return out
@@ -94,7 +111,8 @@ def report(args, results) -> str:
         finals[task] = arm_finals(res)
         floor = random_row(res.study)
         for r in [floor] + res.summary:
-            row = {"task": task, "arm": r["arm"], "control": "yes" if r["arm"] in CONTROLS else "",
+            kind = "control" if r["arm"] in CONTROLS else "ablation" if r["arm"] in ABLATIONS else ""
+            row = {"task": task, "arm": r["arm"], "kind": kind,
                    "seeds": r["n_seeds"], "diverged": r["n_diverged"],
                    "success IQM [95% CI]": ci(r, "final_success"), "AUC success": f"{r['auc_success_iqm']:.3f}",
                    f"steps to {res.study.threshold:g} (reached)":

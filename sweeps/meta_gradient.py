@@ -18,7 +18,11 @@ paired seeds each, through the one runner (:mod:`coevo_jax.experiment`):
   R_phi is also a survival bonus;
 * ``constant``, ``constant-only``: the survival-bonus controls, a constant
   reward of the largest size R_phi can pay (``r_int_coef x 1`` per step) added
-  to the external reward, and alone (``beta_ext = 0``).)
+  to the external reward, and alone (``beta_ext = 0``);
+* ``ppo-x0.1``, ``ppo-x10``: scale controls, PPO on ``0.1 r_ext`` and
+  ``10 r_ext`` (method ``constant`` with ``beta_int = 0``): a meta-learned
+  reward also rescales the policy's reward, and these bracket any rescaling it
+  could make.)
 
 ``--meta-lr`` defaults to 1e-3: LIRPG takes one meta step of 1e-4 per PPO
 minibatch (16 per iteration with 4 epochs x 4 minibatches); this library takes
@@ -33,6 +37,7 @@ draws the mean return of every setting with 95% bootstrap bands.
 
     python sweeps/meta_gradient.py --out results/meta_gradient
     python sweeps/meta_gradient.py --envs CartPole-v1 --settings ppo,meta,meta-rint-only,meta-frozen
+    python sweeps/meta_gradient.py --envs CartPole-v1 --settings ppo,ppo-x0.1,ppo-x10 --max-grad-norm 1e6
 """
 from __future__ import annotations
 
@@ -56,6 +61,8 @@ SETTINGS = {  # arm label -> (method, HParams overrides)
     # "r_int_coef": the value of --r-int-coef (the constant pays what a saturated R_phi would)
     "constant": ("constant", {"constant_reward": 1.0, "beta_ext": 1.0, "beta_int": "r_int_coef"}),
     "constant-only": ("constant", {"constant_reward": 1.0, "beta_ext": 0.0, "beta_int": 1.0}),
+    "ppo-x0.1": ("constant", {"constant_reward": 0.0, "beta_ext": 0.1, "beta_int": 0.0}),
+    "ppo-x10": ("constant", {"constant_reward": 0.0, "beta_ext": 10.0, "beta_int": 0.0}),
 }
 DEFAULT_SETTINGS = ("ppo", "meta", "meta-rint-only")
 THRESHOLDS = {"CartPole-v1": ("episode_return", 400.0)}  # others: success stays >= 0.9 (fixed in advance)
@@ -74,6 +81,8 @@ def build_parser():
     p.add_argument("--hidden", type=int, default=64, help="width of the two policy and R_phi layers (default: 64)")
     p.add_argument("--lr", type=float, default=2.5e-4, help="policy learning rate (default: 2.5e-4)")
     p.add_argument("--ent-coef", type=float, default=0.01, help="entropy coefficient (default: 0.01)")
+    p.add_argument("--max-grad-norm", type=float, default=0.5,
+                   help="global-norm clip of the policy's gradient, actor and critic together (default: 0.5)")
     p.add_argument("--meta-lr", type=float, default=1e-3, help="phi's Adam step, see above (default: 1e-3)")
     p.add_argument("--r-int-coef", type=float, default=r_int,
                    help=f"HParams.r_int_coef, weight of R_phi's advantage (default: the library's, {r_int:g};"
@@ -88,7 +97,7 @@ def studies(args) -> list:
     settings = options.names(args.settings, "--settings", list(SETTINGS))
     if args.reward_freq < 1:
         raise ConfigError(f"--reward-freq={args.reward_freq} must be >= 1")
-    base = {"lr": args.lr, "ent_coef": args.ent_coef}
+    base = {"lr": args.lr, "ent_coef": args.ent_coef, "max_grad_norm": args.max_grad_norm}
     meta = {"meta_lr": args.meta_lr, "r_int_coef": args.r_int_coef}
     arms = []
     for label in settings:

@@ -79,6 +79,9 @@ def test_default_studies_keep_each_protocol():
         assert list(arms) == ["ppo", "meta", "meta-rint-only"] and s.env_kwargs == {"reward_freq": 20}
         assert arms["meta"].fixed["r_int_coef"] == pytest.approx(float(default_hparams("meta").r_int_coef))
         assert arms["meta-rint-only"].fixed["r_ext_coef"] == 0.0 and "meta_lr" not in arms["ppo"].fixed
+    (scaled,) = built("meta_gradient", ["--envs", "CartPole-v1", "--settings", "ppo-x0.1,ppo-x10"])
+    assert [(a.static.method, a.fixed["beta_ext"], a.fixed["beta_int"]) for a in scaled.arms] == [
+        ("constant", 0.1, 0.0), ("constant", 10.0, 0.0)]
     text = built("text_learning", ["--no-legal-mask"])
     assert [s.env for s in text] == ["Booking", "TwentyQuestions"] and all(s.save_final for s in text)
     assert all(s.env_kwargs == {"use_legal_mask": False} for s in text)
@@ -93,6 +96,13 @@ def test_default_studies_keep_each_protocol():
     assert arms["coevo-frozen"].static.method == "coevo-regression" and arms["coevo-frozen"].fixed["reward_lr"] == 0
     assert arms["siop-shuffled"].static.method == "siop-shuffled" and compare[0].env_kwargs == {"max_steps": 60}
     assert arms["ppo"].static.total_steps == tuned.total_steps and compare[0].threshold == 0.8
+    assert not any(n.startswith("siop-replay") for n in arms)
+    (ablate,) = built("compare_methods", ["--tasks", "doorkey6-t60", "--methods", "siop", "--no-controls", "--ablations"])
+    arms = {a.name: a for a in ablate.arms}
+    assert list(arms)[:3] == ["siop", "siop-replay-8", "siop-replay-256"] and len(arms) == 7
+    assert arms["siop-replay-8"].static.potential_buffer_episodes == 8 and arms["siop"].static.ensemble_size == 1
+    assert arms["siop-ensemble-4-min"].static.ensemble_combine == "min" and arms["siop-beta_ext-0"].fixed["beta_ext"] == 0
+    assert arms["siop-replay-256"].static.total_steps == arms["siop"].static.total_steps
     (credit,) = built("credit_quality")
     from coevo_jax.analysis.credit_quality import arm_signals
 

@@ -33,14 +33,16 @@ def save_figure(fig, path: str, dpi: int = 110) -> str:
     return path
 
 
-def curve_band(ax, steps: np.ndarray, curves: np.ndarray, label: str, stat: str = "iqm", color=None,
-               n_boot: int = 300, seed: int = 0):
+def curve_band(ax, steps: np.ndarray, curves: np.ndarray, label: str, stat: str = "iqm", n_boot: int = 300,
+               seed: int = 0, index: int = 0):
     """Draw ``stat`` (``"iqm"``/``"mean"``) of ``curves [R, I]`` against ``steps [I]``
-    with its pointwise 95% bootstrap band. Returns the line."""
+    with its pointwise 95% bootstrap band; ``index`` (the line's place in its panel)
+    picks its colour, and its dash once the 10 colours repeat. Returns the line."""
     point, lo, hi = stats.curve_band(curves, stat=stat, n_boot=n_boot, seed=seed)
     steps = np.asarray(steps, np.float64)
     ok = np.isfinite(steps) & np.isfinite(point)
-    (line,) = ax.plot(steps[ok], point[ok], label=label, color=color, lw=1.6)
+    style = ("-", "--", ":")[index // 10 % 3]
+    (line,) = ax.plot(steps[ok], point[ok], label=label, color=f"C{index % 10}", ls=style, lw=1.6)
     ax.xaxis.set_major_locator(MaxNLocator(5))
     ok_band = ok & np.isfinite(lo) & np.isfinite(hi)
     ax.fill_between(steps[ok_band], lo[ok_band], hi[ok_band], color=line.get_color(), alpha=0.2, lw=0)
@@ -58,7 +60,7 @@ def plot_learning_curves(panels: Mapping[str, Mapping[str, tuple]], path: str, y
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.4 * nrows), squeeze=False)
     for ax, name in zip(axes.ravel(), names):
         for i, (label, (steps, curves)) in enumerate(panels[name].items()):
-            curve_band(ax, steps, curves, label, stat=stat, color=f"C{i % 10}", seed=i)
+            curve_band(ax, steps, curves, label, stat=stat, seed=i, index=i)
         ax.set_title(name, fontsize=10)
         ax.set_xlabel("env steps")
         ax.set_ylabel(f"{ylabel} ({stat.upper() if stat == 'iqm' else stat})")
@@ -137,7 +139,7 @@ def plot_diagnostics(rows: Mapping[str, Mapping[str, Mapping[str, tuple]]], path
                 ax.set_yticks([])
             else:
                 for n, (label, (steps, curves)) in enumerate(lines.items()):
-                    curve_band(ax, steps, curves, label, stat=stat, color=f"C{n % 10}", n_boot=200, seed=n)
+                    curve_band(ax, steps, curves, label, stat=stat, n_boot=200, seed=n, index=n)
                 ax.legend(fontsize=7, loc="best")
                 ax.grid(alpha=0.3)
             note = notes.get((r, c))

@@ -30,15 +30,17 @@ class AdmittedTask:
         """The tuned lr / ent_coef a method runs with: dense its own, every other method ppo's."""
         return dict(self.tuned["dense" if method == "dense" else "ppo"])
 
-    def arm(self, method: str, label: str = "", overrides: Mapping[str, float] | None = None):
+    def arm(self, method: str, label: str = "", overrides: Mapping[str, float] | None = None,
+            static_overrides: Mapping[str, object] | None = None):
         """An :class:`~coevo_jax.experiment.spec.Arm` of ``method`` at this task's budget,
-        rollout shape and PPO passes, with its tuned lr / ent_coef (and ``overrides``)."""
+        rollout shape and PPO passes, with its tuned lr / ent_coef (and ``overrides``);
+        ``static_overrides`` replace further :class:`~coevo_jax.config.StaticConfig` fields."""
         from coevo_jax.config import StaticConfig
         from coevo_jax.experiment.spec import Arm
 
-        static = StaticConfig(method=method, num_envs=self.num_envs, rollout_len=self.rollout_len,
-                              num_minibatches=self.num_minibatches, update_epochs=self.update_epochs,
-                              total_steps=self.total_steps, max_episode_len=64)
+        static = StaticConfig(**{"method": method, "num_envs": self.num_envs, "rollout_len": self.rollout_len,
+                                 "num_minibatches": self.num_minibatches, "update_epochs": self.update_epochs,
+                                 "total_steps": self.total_steps, "max_episode_len": 64, **(static_overrides or {})})
         return Arm(static, fixed={**self.hparams(method), **(overrides or {})}, label=label)
 
 
