@@ -307,7 +307,10 @@ class DelayedReward(Wrapper):
     """LIRPG ``reward_freq`` protocol (Zheng, Oh and Singh 2018): external reward
     is withheld and the accumulated sum is paid every ``params.reward_freq``
     steps and on the step an episode ends. Over an episode the paid total equals
-    the undelayed total. ``info["undelayed_reward"]`` keeps the original.
+    the undelayed total. ``info["undelayed_reward"]`` keeps the original; on an
+    env without a dense reward of its own, ``info["dense_reward"]`` is that
+    undelayed reward (what the delay withholds: the oracle's reward), and the
+    wrapper declares it.
     """
 
     def __init__(self, env: Environment, reward_freq: int = 20):
@@ -318,6 +321,11 @@ class DelayedReward(Wrapper):
     @property
     def default_params(self):
         return DelayedRewardParams(self._env.default_params, jnp.int32(self._reward_freq))
+
+    @property
+    def optional_outputs(self) -> tuple[str, ...]:
+        inner = self._env.optional_outputs
+        return inner if "dense_reward" in inner else ("dense_reward",) + inner
 
     def _inner_params(self, params):
         return None if params is None else params.env
@@ -340,5 +348,6 @@ class DelayedReward(Wrapper):
         paid = jnp.where(pay, pending, 0.0)
         info = dict(info)
         info["undelayed_reward"] = reward
+        info.setdefault("dense_reward", reward)
         new = DelayedRewardState(env_state, jnp.where(pay, 0.0, pending), jnp.where(done, 0, steps))
         return obs, new, paid, term, trunc, info

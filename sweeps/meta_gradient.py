@@ -8,6 +8,8 @@ environment (``--out/<env>``), its arms the settings below, ``--num-seeds``
 paired seeds each, through the one runner (:mod:`coevo_jax.experiment`):
 
 * ``ppo``            PPO on the delayed external reward;
+* ``dense``          the oracle: PPO on the env's dense reward, paid without delay
+                     (CartPole's own +1 per step; KeyDoor's shaped reward);
 * ``meta``           LIRPG, policy rewards ``r_ext`` (``r_ext_coef = 1``) and the
                      intrinsic stream ``R_phi`` (its advantage weighted by ``r_int_coef``);
 * ``meta-rint-only`` LIRPG, the intrinsic stream ``R_phi`` alone (``r_ext_coef = 0``);
@@ -51,6 +53,7 @@ from coevo_jax.experiment import Arm, Study, cli, options  # noqa: E402
 
 SETTINGS = {  # arm label -> (method, HParams overrides)
     "ppo": ("ppo", {}),
+    "dense": ("dense", {}),  # the oracle: PPO on the env's dense reward, undelayed (DelayedReward)
     "meta": ("meta", {"r_ext_coef": 1.0}),
     "meta-rint-only": ("meta", {"r_ext_coef": 0.0}),
     # controls (not run by default): the same reward mixing with phi frozen at its random init

@@ -124,6 +124,10 @@ def test_delayed_reward_pays_same_total_every_d_steps():
 
         return jax.lax.scan(step, (obs, state), jax.random.split(key, n))[1]
 
+    assert provides(env, "dense_reward") and not provides(base, "dense_reward")  # the undelayed reward
+    _, state = env.reset(key, params)
+    info = env.step(key, state, jnp.int32(0), params)[-1]
+    assert float(info["dense_reward"]) == float(info["undelayed_reward"]) == 1.0
     r_del, done_del = jax.jit(lambda k: run(env, params, k))(key)
     r_raw, done_raw = jax.jit(lambda k: run(base, bparams, k))(key)
     np.testing.assert_array_equal(done_del, done_raw)
