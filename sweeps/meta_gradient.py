@@ -22,9 +22,9 @@ paired seeds each, through the one runner (:mod:`coevo_jax.experiment`):
   reward of the largest size R_phi can pay (``r_int_coef x 1`` per step) added
   to the external reward, and alone (``beta_ext = 0``);
 * ``ppo-x0.1``, ``ppo-x10``: scale controls, PPO on ``0.1 r_ext`` and
-  ``10 r_ext`` (method ``constant`` with ``beta_int = 0``): a meta-learned
-  reward also rescales the policy's reward, and these bracket any rescaling it
-  could make.)
+  ``10 r_ext`` (method ``constant`` with ``beta_int = 0``): a learned reward
+  also changes the scale of what the policy is paid, and these show how far
+  scale alone moves PPO.)
 
 ``--meta-lr`` defaults to 1e-3: LIRPG takes one meta step of 1e-4 per PPO
 minibatch (16 per iteration with 4 epochs x 4 minibatches); this library takes
