@@ -38,9 +38,9 @@ class AdmittedTask:
         from coevo_jax.config import StaticConfig
         from coevo_jax.experiment.spec import Arm
 
-        static = StaticConfig(**{"method": method, "num_envs": self.num_envs, "rollout_len": self.rollout_len,
-                                 "num_minibatches": self.num_minibatches, "update_epochs": self.update_epochs,
-                                 "total_steps": self.total_steps, "max_episode_len": 64, **(static_overrides or {})})
+        static = StaticConfig(method=method, num_envs=self.num_envs, rollout_len=self.rollout_len,
+                              num_minibatches=self.num_minibatches, update_epochs=self.update_epochs,
+                              total_steps=self.total_steps, max_episode_len=64).replace(**(static_overrides or {}))
         return Arm(static, fixed={**self.hparams(method), **(overrides or {})}, label=label)
 
 
