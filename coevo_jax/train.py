@@ -35,7 +35,7 @@ class TrainState:
     rollout: RolloutState
     key: jax.Array  # uint32 [2]
     iteration: jax.Array  # int32 ()
-    diverged: jax.Array  # bool (): a non-finite value appeared; the run is frozen
+    diverged: jax.Array  # bool (): a parameter or loss went non-finite; the policy is frozen (freeze_diverged)
     last_return: jax.Array  # () mean return of the last finished episodes
     last_success: jax.Array  # ()
 
@@ -50,6 +50,24 @@ def raw_key(key: jax.Array) -> jax.Array:
 def _all_finite(tree) -> jax.Array:
     leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.bool_(True)
+
+
+def freeze_diverged(state: TrainState, new: TrainState, diverged: jax.Array) -> TrainState:
+    """``new`` with the iteration counter moved on and the flag set; a ``diverged``
+    run keeps its last finite policy (parameters, optimiser state, last episode
+    statistics) instead of ``new``'s.
+
+    The signal's state and the rollout move on: selecting them too would keep
+    the old state's buffers (SIOP's episode replay: 6 MB a run) alive beside the
+    new ones, a copy of each every iteration, and it doubled the program's
+    per-leaf selects. Divergence reaches the policy within the iteration anyway:
+    a non-finite reward or credit makes the PPO update non-finite.
+    """
+    keep = lambda old, cur: jax.tree.map(lambda a, b: jnp.where(diverged, a, b), old, cur)  # noqa: E731
+    return new.replace(params=keep(state.params, new.params), opt_state=keep(state.opt_state, new.opt_state),
+                       last_return=keep(state.last_return, new.last_return),
+                       last_success=keep(state.last_success, new.last_success),
+                       iteration=state.iteration + 1, diverged=diverged)
 
 
 def episode_metrics(traj: Trajectory, last_return, last_success):
@@ -192,11 +210,11 @@ class Trainer:
         new = TrainState(params, opt_state, sig_state, ro_state, key, state.iteration + 1, state.diverged,
                          last_return, last_success)
         sig_metrics = {**obs_metrics, **upd_metrics, **r_metrics}
-        finite = _all_finite((params, sig_state, ppo_metrics, sig_metrics))
+        # the policy and every loss and statistic of the iteration (the signal's buffers are not scanned: a
+        # non-finite learned reward or potential shows in its metrics and in the PPO update)
+        finite = _all_finite((params, ppo_metrics, sig_metrics))
         diverged = jnp.logical_or(state.diverged, jnp.logical_not(finite))
-        # A diverged run is frozen at its last finite state (only the counter moves on).
-        new = jax.tree.map(lambda a, b: jnp.where(diverged, a, b), state, new)
-        new = new.replace(iteration=state.iteration + 1, diverged=diverged)
+        new = freeze_diverged(state, new, diverged)
 
         metrics = {
             "env_steps": (state.iteration + 1).astype(jnp.float32) * static.steps_per_iteration,
@@ -216,10 +234,21 @@ class Trainer:
     def run_chunk(self, state: TrainState, hp: HParams, num_iterations: int):
         """``num_iterations`` (static) iterations with ``lax.scan``.
 
-        Returns ``(state, metrics)`` with every metric stacked to ``[num_iterations]``.
+        Returns ``(state, metrics)`` with every metric stacked to ``[num_iterations]`` (float32).
+        The loop carries the metrics as one ``[num_iterations, M]`` array (one
+        stacked output instead of M, each with its own update, copy and transpose
+        in the compiled loop) and splits it after the loop.
         """
         hp = as_arrays(hp)
-        return jax.lax.scan(lambda s, _: self.iteration(s, hp), state, None, length=num_iterations)
+        names = []  # the metrics' names, in the packed order (set when the loop body is traced)
+
+        def step(s, _):
+            s, metrics = self.iteration(s, hp)
+            names[:] = sorted(metrics)
+            return s, jnp.stack([metrics[k].astype(jnp.float32) for k in names])
+
+        state, packed = jax.lax.scan(step, state, None, length=num_iterations)
+        return state, {k: packed[:, i] for i, k in enumerate(names)}
 
     def train(self, key: jax.Array, hp: HParams):
         """A whole run: ``init`` then ``static.num_iterations`` iterations."""

@@ -286,7 +286,7 @@ def test_methods_that_ride_on_another_programs_get_its_program_key():
     """``dense`` keys to ``ppo``'s program and ``coevo-ranking`` to ``coevo-regression``'s, so a worker
     compiles each once; methods with their own program (siop) keep their own key."""
     from coevo_jax.experiment.plan import build_plan
-    from coevo_jax.experiment.worker import program_key
+    from coevo_jax.experiment.programs import program_key
 
     static = cj.StaticConfig(num_envs=4, rollout_len=8, total_steps=64, update_epochs=1, num_minibatches=1)
     methods = ("ppo", "dense", "coevo-regression", "coevo-ranking", "siop")
@@ -294,6 +294,50 @@ def test_methods_that_ride_on_another_programs_get_its_program_key():
     keys = dict(zip(methods, (program_key(plan, 2) for plan in build_plan(study, check_trainers=False))))
     assert keys["dense"] == keys["ppo"] and keys["coevo-ranking"] == keys["coevo-regression"]
     assert len({keys[m] for m in ("ppo", "coevo-regression", "siop")}) == 3
+
+
+def test_a_program_saved_to_the_store_loads_and_runs_identically(reference, tmp_path):
+    """What one worker compiled, another loads from the launch's program store without tracing, and
+    runs bit for bit the same (a diverging run included); a missing or damaged entry is None; a
+    program from the persistent cache (which would serialize without its kernels) is not stored."""
+    from coevo_jax.experiment.plan import build_plan, run_keys
+    from coevo_jax.experiment.programs import (BATCH_AXIS, compile_program, load_program, program_key,
+                                               save_program)
+    from coevo_jax.experiment.worker import set_compile_cache
+
+    env, env_params = envs_jax.make("CartPole-v1")
+    plan, devices, store = build_plan(CONFIG)[0], jax.local_devices()[:1], str(tmp_path)
+    trainer, key = cj.Trainer(STATIC, env, env_params, batch_axis=BATCH_AXIS), program_key(plan, 2)
+    prev = set_compile_cache(CACHE)  # the reference run compiled this program: a cache hit
+    try:
+        cached = compile_program(trainer, plan.hp, 2, plan.chunk_len, devices)
+    finally:
+        set_compile_cache(prev)
+    assert cached.from_cache
+    save_program(store, key, cached)
+    assert load_program(store, key, devices) is None and not os.listdir(store)
+    prev = set_compile_cache(None)
+    try:
+        compiled = compile_program(trainer, plan.hp, 2, plan.chunk_len, devices)
+    finally:
+        set_compile_cache(prev)
+    assert not compiled.from_cache
+    save_program(store, key, compiled)
+    loaded = load_program(store, key, devices)
+    assert loaded.bytes_per_run == compiled.bytes_per_run
+    assert jax.tree.structure(loaded.state_abstract) == jax.tree.structure(compiled.state_abstract)
+    hp = jax.tree.map(lambda x: jax.device_put(np.asarray(x)[[0, 1]], compiled.sharding), plan.hp)  # good, bad
+    keys = run_keys(CONFIG.base_seed, np.array([0, 0]))
+    outs = [p.chunk(p.init(keys, hp), hp) for p in (compiled, loaded)]
+    assert bool(outs[0][0].diverged[1]) and not bool(outs[0][0].diverged[0])
+    for a, b in zip(jax.tree.leaves(outs[0]), jax.tree.leaves(outs[1])):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    other = program_key(build_plan(dataclasses.replace(CONFIG, num_chunks=4))[0], 2)
+    assert load_program(store, other, devices) is None  # another chunk length is another program
+    for f in glob.glob(os.path.join(store, "*.pkl")):
+        with open(f, "wb") as fh:
+            fh.write(b"not a program")
+    assert load_program(store, key, devices) is None  # damaged: the worker compiles instead
 
 
 def test_arms_differing_only_in_hparam_values_share_one_compiled_program(reference, workdir):

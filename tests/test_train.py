@@ -76,6 +76,26 @@ def test_diverged_run_is_frozen_and_flagged_others_unaffected(batched):
     assert all(np.isfinite(np.asarray(x[2])).all() for x in jax.tree.leaves(states.params))
 
 
+def test_freeze_keeps_a_diverged_runs_policy_and_moves_the_rest_on():
+    from coevo_jax.train import TrainState, freeze_diverged
+
+    def state(v):
+        f = jnp.full((3,), v, jnp.float32)
+        return TrainState(params={"w": f}, opt_state=(f,), signal_state={"buffer": f}, rollout=f,
+                          key=jnp.zeros(2, jnp.uint32), iteration=jnp.int32(5), diverged=jnp.bool_(False),
+                          last_return=f[0], last_success=f[0])
+
+    old, new = state(1.0), state(jnp.nan)
+    for diverged in (True, False):
+        out = freeze_diverged(old, new, jnp.bool_(diverged))
+        assert int(out.iteration) == 6 and bool(out.diverged) == diverged
+        policy = (out.params["w"], out.opt_state[0], out.last_return, out.last_success)
+        # a diverged run keeps its last finite policy; a healthy one takes the new one
+        assert all(np.isfinite(np.asarray(x)).all() == diverged for x in policy)
+        # the signal's state and the rollout move on either way
+        assert np.isnan(np.asarray(out.signal_state["buffer"])).all() and np.isnan(np.asarray(out.rollout)).all()
+
+
 def test_batch_over_other_learning_rates_reuses_the_compile(batched):
     _, hps = _hps((3e-4, 5e-4))
     jax.block_until_ready(batched["fn"](batched["keys"], hps))

@@ -9,8 +9,10 @@ synchronises the hosts.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -120,13 +122,14 @@ def launch_workers(out, worker_ids, num_workers, cap, stop_after_chunks, compile
     wdirs = {w: os.path.join(out, "checkpoints", f"w{w}") for w in worker_ids}
     procs = {}
     logs = {}
+    store = tempfile.mkdtemp(prefix="coevo_jax_programs_")  # this launch's compiled programs (experiment.programs)
     try:
         for i, w in enumerate(worker_ids):
             os.makedirs(wdirs[w], exist_ok=True)
             cmd = [sys.executable, "-m", "coevo_jax.experiment.worker", out, "--worker-index", str(w),
                    "--num-workers", str(num_workers)]
             for flag, value in (("--max-parallel", cap), ("--stop-after-chunks", stop_after_chunks),
-                                ("--compile-cache", compile_cache)):
+                                ("--compile-cache", compile_cache), ("--program-store", store)):
                 cmd += [] if value is None else [flag, str(value)]
             cpu = cpus[i % len(cpus)] if cpus else None
             logs[w] = open(os.path.join(wdirs[w], "log.txt"), "w")
@@ -163,6 +166,7 @@ def launch_workers(out, worker_ids, num_workers, cap, stop_after_chunks, compile
                     p.kill()
         for f in logs.values():
             f.close()
+        shutil.rmtree(store, ignore_errors=True)
 
 
 def barrier(name: str, timeout_s: int = 3600) -> None:

@@ -3,14 +3,14 @@
 ``python -m coevo_jax.experiment.worker OUT --worker-index W --num-workers N``
 is what the launcher starts (one per core on CPU); ``run_worker`` is the same
 in-process. For each arm it compiles ``init`` and one chunk of
-``jit(vmap(Trainer.run_chunk))`` for its batch shape, then per batch:
+``jit(vmap(Trainer.run_chunk))`` for its batch shape (or loads them from the
+launch's program store, :mod:`coevo_jax.experiment.programs`), then per batch:
 :func:`restore_or_init`, chunks with a checkpoint after each, and
 :func:`finish_batch` (the batch's curves to ``a{arm}_b{batch}.npz``).
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import shutil
@@ -24,13 +24,9 @@ import numpy as np
 from coevo_jax.experiment import checkpoint
 from coevo_jax.experiment.folder import atomic_savez, atomic_write_text
 from coevo_jax.experiment.plan import build_plan, make_env, run_keys, worker_batches
+from coevo_jax.experiment.programs import BATCH_AXIS, Program, compile_program, load_program, program_key, save_program
 from coevo_jax.experiment.spec import Study, config_hash
-from coevo_jax.registry import program_of
 
-BATCH_AXIS = "runs"  # the vmapped (and sharded) run axis; K-gated refits branch on it (Trainer.batch_axis)
-# ``init`` runs once per batch: compiled without LLVM optimisation it compiles ~3x faster (5-7 s -> ~2 s for the
-# main job's arms) and its run time (network init, env reset) stays negligible
-INIT_COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
 
 
 class Stopped(Exception):
@@ -75,7 +71,7 @@ class Reporter:
         self.path, self.callback = path, callback
         self.data = {"status": "starting", "phase": "starting", "env_steps": 0, "env_steps_resumed": 0,
                      "run_iterations": 0, "runs_done": 0, "peak_rss_mb": 0.0, "memory": {}, "compile_s": {},
-                     "compile_spans": [], "exec_s": 0.0, "pid": os.getpid()}
+                     "program_source": {}, "compile_spans": [], "exec_s": 0.0, "pid": os.getpid()}
 
     def add(self, **kw):
         self.update(**{k: self.data[k] + v for k, v in kw.items()})
@@ -88,58 +84,6 @@ class Reporter:
         atomic_write_text(self.path, json.dumps(self.data))
         if self.callback is not None:
             self.callback(dict(self.data))
-
-
-@dataclasses.dataclass
-class Program:
-    """One arm's compiled batch program and what its batches need."""
-
-    init: object
-    chunk: object
-    state_abstract: object
-    sharding: object
-    compile_s: float
-    bytes_per_run: float
-
-
-def compile_program(trainer, hp, b: int, chunk_len: int, devices) -> Program:
-    """Compile ``init`` and one ``chunk_len``-iteration chunk for ``b`` runs sharded over ``devices``."""
-    import jax
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
-
-    sharding = NamedSharding(Mesh(np.asarray(devices), (BATCH_AXIS,)), PartitionSpec(BATCH_AXIS))
-
-    def init_batch(keys, hp):
-        return jax.vmap(trainer.init)(keys, hp)
-
-    def chunk_batch(state, hp):
-        return jax.vmap(lambda s, h: trainer.run_chunk(s, h, chunk_len), axis_name=BATCH_AXIS)(state, hp)
-
-    def spec(x):
-        return jax.ShapeDtypeStruct((b,) + x.shape[1:], x.dtype, sharding=sharding)
-
-    keys_abs = jax.ShapeDtypeStruct((b, 2), np.uint32, sharding=sharding)
-    hp_abs = jax.tree.map(spec, hp)
-    t0 = time.time()
-    init_c = jax.jit(init_batch, out_shardings=sharding).lower(keys_abs, hp_abs).compile(INIT_COMPILER_OPTIONS)
-    state_abs = jax.tree.map(spec, jax.eval_shape(init_batch, keys_abs, hp_abs))
-    chunk_c = jax.jit(chunk_batch, out_shardings=sharding, donate_argnums=0).lower(state_abs, hp_abs).compile()
-    seconds = time.time() - t0
-    m = chunk_c.memory_analysis()
-    per_run = float("nan") if m is None else (
-        m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes) / b
-    return Program(init_c, chunk_c, state_abs, sharding, seconds, per_run)
-
-
-def program_key(plan, b: int) -> tuple:
-    """What a compiled batch program depends on: the arm's static config (its method
-    as the one whose program it runs, :func:`~coevo_jax.registry.program_of`), the
-    batch and chunk sizes and the hparams' structure (not their values, which are inputs)."""
-    import jax
-
-    static = plan.arm.static.replace(method=program_of(plan.arm.static.method))
-    leaves, treedef = jax.tree.flatten(plan.hp)
-    return static, b, plan.chunk_len, treedef, tuple((np.shape(x)[1:], np.asarray(x).dtype) for x in leaves)
 
 
 def restore_or_init(program: Program, mngr, record, study: Study, seeds: np.ndarray, hp, host_local: bool):
@@ -174,11 +118,14 @@ def finish_batch(path: str, curves: np.ndarray, names, runs: np.ndarray, state, 
 
 
 def run_worker(out: str, worker: int, num_workers: int, max_parallel: int | None = None,
-               stop_after_chunks: int | None = None, callback=None, compile_cache: str | None = None) -> str:
+               stop_after_chunks: int | None = None, callback=None, compile_cache: str | None = None,
+               program_store: str | None = None) -> str:
     """Run (or resume) worker ``worker``'s share of the study in ``out``.
 
     Writes ``out/checkpoints/w{worker}/``: one orbax folder per unfinished
     batch, ``a{arm}_b{batch}.npz`` per finished one and ``progress.json``.
+    ``program_store``: the launch's folder of compiled programs, shared with
+    the other workers it started (see :mod:`coevo_jax.experiment.programs`).
     Returns ``"done"`` or ``"stopped"`` (after ``stop_after_chunks`` chunks).
     """
     import jax
@@ -210,7 +157,7 @@ def run_worker(out: str, worker: int, num_workers: int, max_parallel: int | None
         rep.update(status="running", env_steps=steps, env_steps_resumed=steps, devices=len(devices),
                    run_iterations=sum(n * p.num_iterations for p, n in finished),
                    runs_done=sum(n for _, n in finished))
-        # rotated arm order: workers compile different arms first, then load the others from the shared cache
+        # rotated arm order: workers compile different arms first, then load the others from the launch's program store
         first = (worker * len(plans)) // max(1, num_workers)
         for ai in [(first + i) % len(plans) for i in range(len(plans))]:
             plan, (b, batches) = plans[ai], layouts[ai]
@@ -219,19 +166,18 @@ def run_worker(out: str, worker: int, num_workers: int, max_parallel: int | None
                 continue
             key = program_key(plan, b)
             if key in programs:  # an arm that differs from one compiled here only in hparam values
-                program, compile_s = programs[key], 0.0
+                program, compile_s, source = programs[key], 0.0, "shared"
             else:
-                from coevo_jax.train import Trainer
-
-                trainer = Trainer(plan.arm.static, env, env_params, batch_axis=BATCH_AXIS)
-                rep.update(phase=f"compiling {plan.arm.name} ({b} runs/batch on {len(devices)} device(s))")
-                set_thread_affinity(allowed)  # compile on every allowed core ...
-                t0 = time.time()
-                program = programs[key] = compile_program(trainer, plan.hp, b, plan.chunk_len, devices)
-                rep.data["compile_spans"].append([t0, time.time()])
-                set_thread_affinity(pin)  # ... run pinned to this worker's core
-                compile_s = program.compile_s
+                t0, source = time.time(), "loaded"
+                program = load_program(program_store, key, devices) if program_store else None
+                if program is None:  # not compiled by another worker of this launch (yet): compile it here
+                    program, source = _compile(plan, env, env_params, b, devices, rep, allowed, pin), "compiled"
+                    if program_store:
+                        save_program(program_store, key, program)
+                programs[key], compile_s = program, time.time() - t0  # with the store's save or load
+                rep.data["compile_spans"].append([t0, t0 + compile_s])
             rep.data["compile_s"][plan.arm.name] = compile_s
+            rep.data["program_source"][plan.arm.name] = source
             rep.data["memory"][plan.arm.name] = {"compiled_bytes_per_run": program.bytes_per_run, "batch": b}
             for bi in todo:
                 chunks_run = run_batch(study, plan, program, batches[bi], b, os.path.join(wdir, f"a{ai}_b{bi}"),
@@ -248,6 +194,19 @@ def run_worker(out: str, worker: int, num_workers: int, max_parallel: int | None
     finally:
         if compile_cache:
             set_compile_cache(prev_cache)
+
+
+def _compile(plan, env, env_params, b: int, devices, rep: Reporter, allowed, pin) -> Program:
+    """Compile an arm's program on every core this worker may use, then pin it back to its own."""
+    from coevo_jax.train import Trainer
+
+    trainer = Trainer(plan.arm.static, env, env_params, batch_axis=BATCH_AXIS)
+    rep.update(phase=f"compiling {plan.arm.name} ({b} runs/batch on {len(devices)} device(s))")
+    set_thread_affinity(allowed)
+    try:
+        return compile_program(trainer, plan.hp, b, plan.chunk_len, devices)
+    finally:
+        set_thread_affinity(pin)
 
 
 def run_batch(study: Study, plan, program: Program, runs: np.ndarray, b: int, cdir: str, digest: str,
@@ -323,10 +282,11 @@ def main(argv=None) -> int:
     p.add_argument("--max-parallel", type=int, default=None)
     p.add_argument("--stop-after-chunks", type=int, default=None)
     p.add_argument("--compile-cache", default=None)
+    p.add_argument("--program-store", default=None)
     a = p.parse_args(argv)
     _exit_with_parent()
     status = run_worker(a.out, a.worker_index, a.num_workers, a.max_parallel, a.stop_after_chunks, None,
-                        a.compile_cache)
+                        a.compile_cache, a.program_store)
     print(f"worker {a.worker_index}: {status}")
     return 0
 
