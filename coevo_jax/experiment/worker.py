@@ -28,7 +28,6 @@ from coevo_jax.experiment.programs import BATCH_AXIS, Program, compile_program, 
 from coevo_jax.experiment.spec import Study, config_hash
 
 
-
 class Stopped(Exception):
     """Raised inside a worker when ``stop_after_chunks`` is reached (a deliberate interruption)."""
 
@@ -157,7 +156,8 @@ def run_worker(out: str, worker: int, num_workers: int, max_parallel: int | None
         rep.update(status="running", env_steps=steps, env_steps_resumed=steps, devices=len(devices),
                    run_iterations=sum(n * p.num_iterations for p, n in finished),
                    runs_done=sum(n for _, n in finished))
-        # rotated arm order: workers compile different arms first, then load the others from the launch's program store
+        # rotated arm order: workers compile different arms first, then load the others from the launch's
+        # program store
         first = (worker * len(plans)) // max(1, num_workers)
         for ai in [(first + i) % len(plans) for i in range(len(plans))]:
             plan, (b, batches) = plans[ai], layouts[ai]
