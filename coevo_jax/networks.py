@@ -67,6 +67,33 @@ def orthogonal(scale: float = 1.0):
     return init
 
 
+NARROW_OUTPUTS = range(2, 5)  # output widths that head_dot_general computes column by column
+
+
+def head_dot_general(x, w, dimension_numbers, precision=None, preferred_element_type=None):
+    """``dot_general`` for the output layer of a policy or value head
+    (``nn.Dense(..., dot_general=head_dot_general)``): ``x [..., K] @ w [K, N]``
+    computed as N matrix-vector products when ``N`` is in :data:`NARROW_OUTPUTS`,
+    else ``lax.dot_general`` unchanged.
+
+    The same sums in another kernel. On XLA:CPU (jax 0.10) a matmul with 2-4
+    output columns runs as a general matrix product at a few GFLOP/s, while
+    each column alone is a matrix-vector product: measured on a 2-core CPU
+    with 64 vmapped runs, forward + backward of a ``[128, 64] @ [64, N]`` head
+    is 2.5x faster at N = 2, 1.5-1.7x at N = 3-4, no faster at N = 1 (already
+    a matrix-vector product) and slower from N = 6, hence the range. Results
+    agree with ``lax.dot_general`` to float rounding (not bit for bit).
+    """
+    (lhs_contract, rhs_contract), batch = dimension_numbers
+    plain = w.ndim == 2 and lhs_contract == (x.ndim - 1,) and rhs_contract == (0,) and batch == ((), ())
+    if not plain or w.shape[1] not in NARROW_OUTPUTS:
+        return jax.lax.dot_general(x, w, dimension_numbers, precision=precision,
+                                   preferred_element_type=preferred_element_type)
+    cols = [jnp.matmul(x, w[:, j], precision=precision, preferred_element_type=preferred_element_type)
+            for j in range(w.shape[1])]
+    return jnp.stack(cols, axis=-1)
+
+
 def _act(name: str):
     return {"tanh": nn.tanh, "relu": nn.relu}[name]
 
@@ -87,11 +114,13 @@ class ActorCritic(nn.Module):
         for i, width in enumerate(self.hidden_sizes):
             h = act(nn.Dense(width, kernel_init=orthogonal(np.sqrt(2)), name=f"actor_{i}")(h))
         features = h
-        logits = nn.Dense(self.num_actions, kernel_init=orthogonal(0.01), name="actor_out")(h)
+        logits = nn.Dense(self.num_actions, kernel_init=orthogonal(0.01), name="actor_out",
+                          dot_general=head_dot_general)(h)
         v = x
         for i, width in enumerate(self.hidden_sizes):
             v = act(nn.Dense(width, kernel_init=orthogonal(np.sqrt(2)), name=f"critic_{i}")(v))
-        value = nn.Dense(self.value_heads, kernel_init=orthogonal(1.0), name="critic_out")(v)
+        value = nn.Dense(self.value_heads, kernel_init=orthogonal(1.0), name="critic_out",
+                         dot_general=head_dot_general)(v)
         return logits, value[..., 0] if self.value_heads == 1 else value, features
 
 
@@ -223,7 +252,8 @@ class BagActorCritic(nn.Module):
                         name="encoder")(obs.reshape(-1, length))
         act = _act(self.activation)
         features = _torso(z, self.hidden_sizes, act, "actor")
-        logits = nn.Dense(self.num_actions, kernel_init=orthogonal(0.01), name="actor_out")(features)
+        logits = nn.Dense(self.num_actions, kernel_init=orthogonal(0.01), name="actor_out",
+                          dot_general=head_dot_general)(features)
         if self.action_tokens:
             counts = utterance_counts(self.action_tokens, self.vocab_size)  # [A, V]
             word = lambda name, init: nn.Dense(self.vocab_size, kernel_init=init, name=name)(features)  # [B, V]
@@ -233,7 +263,8 @@ class BagActorCritic(nn.Module):
                 + word("copy_agent", zeros) * agent
             logits = logits + scores @ counts.T
         v = _torso(z, self.hidden_sizes, act, "critic")
-        value = nn.Dense(self.value_heads, kernel_init=orthogonal(1.0), name="critic_out")(v)
+        value = nn.Dense(self.value_heads, kernel_init=orthogonal(1.0), name="critic_out",
+                         dot_general=head_dot_general)(v)
         value = value[..., 0] if self.value_heads == 1 else value
         return (logits.reshape(batch + logits.shape[-1:]), value.reshape(batch + value.shape[1:]),
                 features.reshape(batch + features.shape[-1:]))

@@ -19,6 +19,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 
 import jax
 import numpy as np
@@ -338,6 +340,48 @@ def test_a_program_saved_to_the_store_loads_and_runs_identically(reference, tmp_
         with open(f, "wb") as fh:
             fh.write(b"not a program")
     assert load_program(store, key, devices) is None  # damaged: the worker compiles instead
+
+
+def test_a_claimed_program_is_waited_for_not_compiled_twice(tmp_path, monkeypatch):
+    """Of two workers that need one program, the second waits for the first's and loads it; it
+    compiles itself only when the first released its claim without saving a program (one from the
+    persistent cache) or died holding it; a failed compile releases the claim."""
+    from coevo_jax.experiment import programs as P
+
+    store, saved = str(tmp_path), {}
+    monkeypatch.setattr(P, "save_program", lambda s, k, p: saved.__setitem__(k, p))
+    monkeypatch.setattr(P, "load_program", lambda s, k, d: saved.get(k))
+    compiles = []
+
+    def compile_here():
+        compiles.append(1)
+        return "compiled here"
+
+    def other_worker(key, program):  # holds the claim for a moment, then saves (or not) and releases
+        assert P.claim_program(store, key) and not P.claim_program(store, key)
+
+        def finish():
+            time.sleep(0.3)
+            if program is not None:
+                saved[key] = program
+            P.release_claim(store, key)
+        threading.Thread(target=finish).start()
+
+    other_worker("a", "compiled there")
+    assert P.obtain_program(store, "a", None, compile_here) == ("compiled there", "waited") and not compiles
+    assert P.obtain_program(store, "a", None, compile_here) == ("compiled there", "loaded") and not compiles
+    other_worker("b", None)  # its program came from the persistent cache: not saved
+    assert P.obtain_program(store, "b", None, compile_here) == ("compiled here", "compiled") and compiles == [1]
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    with open(P._claim_path(store, "c"), "w") as f:  # a claim left by a worker that died
+        f.write(str(dead.pid))
+    assert P.obtain_program(store, "c", None, compile_here) == ("compiled here", "compiled") and compiles == [1, 1]
+    assert saved["c"] == "compiled here"
+    with pytest.raises(RuntimeError):
+        P.obtain_program(store, "d", None, lambda: (_ for _ in ()).throw(RuntimeError("compile failed")))
+    assert P.claim_program(store, "d")  # released by the failed compile
+    assert P.obtain_program(None, "e", None, compile_here) == ("compiled here", "compiled")  # no store
 
 
 def test_arms_differing_only_in_hparam_values_share_one_compiled_program(reference, workdir):

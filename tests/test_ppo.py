@@ -126,3 +126,47 @@ def test_orthogonal_init_equals_flax_and_has_no_qr(shape):
     assert " qr[" not in jaxpr and "householder" not in jaxpr and "geqrf" not in jaxpr
     flax_jaxpr = str(jax.make_jaxpr(jax.vmap(lambda k: nn.initializers.orthogonal()(k, shape)))(jax.random.split(key, 4)))
     assert " qr[" in flax_jaxpr  # the check would see one
+
+
+@pytest.mark.parametrize("n_out", [1, 2, 6])
+def test_head_dot_general_is_the_same_matmul_by_columns(n_out):
+    """``head_dot_general`` gives ``x @ w`` and its gradients to float rounding;
+    it computes 2-4 output columns as separate matrix-vector products and leaves
+    other widths to one unchanged ``dot_general`` (bit for bit)."""
+    from coevo_jax.networks import NARROW_OUTPUTS, head_dot_general
+
+    kx, kw, kg = jax.random.split(jax.random.PRNGKey(3), 3)
+    x = jax.random.normal(kx, (5, 7, 64))
+    w = jax.random.normal(kw, (5, 64, n_out))
+    g = jax.random.normal(kg, (5, 7, n_out))
+    dims = (((1,), (0,)), ((), ()))
+    ours = lambda x, w: head_dot_general(x, w, dims)
+    plain = lambda x, w: x @ w
+    loss = lambda f: lambda x, w, g: jnp.sum(jnp.tanh(f(x, w)) * g)
+    grads = lambda f: jax.vmap(jax.grad(loss(f), argnums=(0, 1)))(x, w, g)
+    np.testing.assert_allclose(jax.vmap(ours)(x, w), x @ w, rtol=1e-5, atol=1e-5)
+    for a, b in zip(grads(ours), grads(plain)):  # vmapped, as over a batch of runs
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    dots = str(jax.make_jaxpr(ours)(x[0], w[0])).count("dot_general")
+    if n_out in NARROW_OUTPUTS:
+        assert dots == n_out
+    else:
+        assert dots == 1 and np.array_equal(jax.vmap(ours)(x, w), x @ w)
+
+
+def test_actor_critic_heads_compute_the_plain_dense_layers():
+    """The MLP actor-critic with its column-wise heads equals a NumPy forward
+    pass of the same parameters (two actions, two value heads: both heads narrow)."""
+    from coevo_jax.networks import ActorCritic
+
+    net = ActorCritic(num_actions=2, value_heads=2)
+    obs = jax.random.normal(jax.random.PRNGKey(0), (9, 4))
+    params = net.init(jax.random.PRNGKey(1), obs)
+    logits, value, features = net.apply(params, obs)
+    p = jax.tree.map(np.asarray, params["params"])
+    dense = lambda name, h: h @ p[name]["kernel"] + p[name]["bias"]
+    a = np.tanh(dense("actor_1", np.tanh(dense("actor_0", np.asarray(obs)))))
+    c = np.tanh(dense("critic_1", np.tanh(dense("critic_0", np.asarray(obs)))))
+    np.testing.assert_allclose(features, a, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(logits, dense("actor_out", a), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(value, dense("critic_out", c), rtol=1e-5, atol=1e-6)

@@ -7,6 +7,10 @@ the workers it starts one fresh folder (a *program store*); a worker that
 compiled a program writes it there as serialized executables
 (:func:`save_program`), and a worker that needs the same program
 (:func:`program_key`) loads it (:func:`load_program`) instead of compiling.
+A worker about to compile first claims the program (:func:`obtain_program`);
+a worker that finds it claimed waits for it and loads it, instead of compiling
+the same program beside the other one (two workers that start with the same
+arm, as in every one-arm study).
 (A program that came out of JAX's persistent cache is not written: such an
 executable serializes without its kernels. The other worker then finds it in
 that cache too.)
@@ -145,3 +149,86 @@ def load_program(store: str, key: tuple, devices) -> Program | None:
     treedef, shapes = payload["state"]
     state_abs = treedef.unflatten([jax.ShapeDtypeStruct(s, d, sharding=sharding) for s, d in shapes])
     return Program(init_c, chunk_c, state_abs, sharding, time.time() - t0, payload["bytes_per_run"])
+
+
+def _claim_path(store: str, key: tuple) -> str:
+    return _path(store, key)[:-len(".pkl")] + ".claim"
+
+
+def claim_program(store: str, key: tuple) -> bool:
+    """Claim the compile of ``key``'s program for this process: ``True`` when
+    no other process of the launch holds the claim (the caller compiles, saves
+    and :func:`release_claim`), ``False`` when one does."""
+    try:
+        fd = os.open(_claim_path(store, key), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return False
+    except OSError:  # no usable store: compile without one
+        return True
+    with os.fdopen(fd, "w") as f:
+        f.write(str(os.getpid()))
+    return True
+
+
+def release_claim(store: str, key: tuple) -> None:
+    try:
+        os.remove(_claim_path(store, key))
+    except OSError:
+        pass
+
+
+def _claimer_alive(claim: str) -> bool:
+    """Whether the process named in the claim file runs (a claim still being written counts as alive)."""
+    try:
+        with open(claim) as f:
+            pid = int(f.read() or 0)
+    except (OSError, ValueError):
+        return True
+    if pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def wait_for_program(store: str, key: tuple, devices, poll_s: float = 0.2) -> Program | None:
+    """Wait while another process holds the claim on ``key``; the program it
+    saved, or ``None`` when it released the claim without saving one (its
+    program came from the persistent cache) or died holding it."""
+    claim = _claim_path(store, key)
+    while True:
+        held = os.path.exists(claim)
+        program = load_program(store, key, devices)
+        if program is not None or not held or not _claimer_alive(claim):
+            return program
+        time.sleep(poll_s)
+
+
+def obtain_program(store: str | None, key: tuple, devices, compile_fn, on_wait=None) -> tuple[Program, str]:
+    """``key``'s program and where it came from: ``"loaded"`` from the store,
+    ``"waited"`` for while another worker compiled it (``on_wait()`` is called
+    when the wait starts), or ``"compiled"`` here by ``compile_fn()`` (then
+    saved to the store, when there is one)."""
+    if store is None:
+        return compile_fn(), "compiled"
+    program = load_program(store, key, devices)
+    if program is not None:
+        return program, "loaded"
+    claimed = claim_program(store, key)
+    if not claimed:
+        if on_wait is not None:
+            on_wait()
+        program = wait_for_program(store, key, devices)
+        if program is not None:
+            return program, "waited"
+    try:
+        program = compile_fn()
+        save_program(store, key, program)
+    finally:
+        if claimed:
+            release_claim(store, key)
+    return program, "compiled"

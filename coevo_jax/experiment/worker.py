@@ -24,7 +24,7 @@ import numpy as np
 from coevo_jax.experiment import checkpoint
 from coevo_jax.experiment.folder import atomic_savez, atomic_write_text
 from coevo_jax.experiment.plan import build_plan, make_env, run_keys, worker_batches
-from coevo_jax.experiment.programs import BATCH_AXIS, Program, compile_program, load_program, program_key, save_program
+from coevo_jax.experiment.programs import BATCH_AXIS, Program, compile_program, obtain_program, program_key
 from coevo_jax.experiment.spec import Study, config_hash
 
 
@@ -157,7 +157,7 @@ def run_worker(out: str, worker: int, num_workers: int, max_parallel: int | None
                    run_iterations=sum(n * p.num_iterations for p, n in finished),
                    runs_done=sum(n for _, n in finished))
         # rotated arm order: workers compile different arms first, then load the others from the launch's
-        # program store
+        # program store (a worker that reaches a program another one is compiling waits for it)
         first = (worker * len(plans)) // max(1, num_workers)
         for ai in [(first + i) % len(plans) for i in range(len(plans))]:
             plan, (b, batches) = plans[ai], layouts[ai]
@@ -168,13 +168,11 @@ def run_worker(out: str, worker: int, num_workers: int, max_parallel: int | None
             if key in programs:  # an arm that differs from one compiled here only in hparam values
                 program, compile_s, source = programs[key], 0.0, "shared"
             else:
-                t0, source = time.time(), "loaded"
-                program = load_program(program_store, key, devices) if program_store else None
-                if program is None:  # not compiled by another worker of this launch (yet): compile it here
-                    program, source = _compile(plan, env, env_params, b, devices, rep, allowed, pin), "compiled"
-                    if program_store:
-                        save_program(program_store, key, program)
-                programs[key], compile_s = program, time.time() - t0  # with the store's save or load
+                t0 = time.time()
+                program, source = obtain_program(
+                    program_store, key, devices, lambda: _compile(plan, env, env_params, b, devices, rep, allowed, pin),
+                    lambda: rep.update(phase=f"waiting for {plan.arm.name}'s program (another worker compiles it)"))
+                programs[key], compile_s = program, time.time() - t0  # with the store's save, load or wait
                 rep.data["compile_spans"].append([t0, t0 + compile_s])
             rep.data["compile_s"][plan.arm.name] = compile_s
             rep.data["program_source"][plan.arm.name] = source
