@@ -171,6 +171,7 @@ def claim_program(store: str, key: tuple) -> bool:
 
 
 def release_claim(store: str, key: tuple) -> None:
+    """Drop this process's claim on ``key`` (after saving its program, or failing to compile it)."""
     try:
         os.remove(_claim_path(store, key))
     except OSError:
