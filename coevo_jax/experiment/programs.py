@@ -182,17 +182,15 @@ def _claimer_alive(claim: str) -> bool:
     """Whether the process named in the claim file runs (a claim still being written counts as alive)."""
     try:
         with open(claim) as f:
-            pid = int(f.read() or 0)
-    except (OSError, ValueError):
-        return True
-    if pid <= 0:
+            pid = int(f.read())
+    except (OSError, ValueError):  # released meanwhile, or its process id not written yet
         return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except OSError:  # exists, owned by someone else
-        return True
+        pass
     return True
 
 
