@@ -21,6 +21,7 @@ import sys
 import tempfile
 import threading
 import time
+import types
 
 import jax
 import numpy as np
@@ -351,11 +352,12 @@ def test_a_claimed_program_is_waited_for_not_compiled_twice(tmp_path, monkeypatc
     store, saved = str(tmp_path), {}
     monkeypatch.setattr(P, "save_program", lambda s, k, p: saved.__setitem__(k, p))
     monkeypatch.setattr(P, "load_program", lambda s, k, d: saved.get(k))
+    there, here = types.SimpleNamespace(compile_s=0.0), types.SimpleNamespace(compile_s=0.0)
     compiles = []
 
     def compile_here():
         compiles.append(1)
-        return "compiled here"
+        return here
 
     def other_worker(key, program):  # holds the claim for a moment, then saves (or not) and releases
         assert P.claim_program(store, key) and not P.claim_program(store, key)
@@ -367,21 +369,60 @@ def test_a_claimed_program_is_waited_for_not_compiled_twice(tmp_path, monkeypatc
             P.release_claim(store, key)
         threading.Thread(target=finish).start()
 
-    other_worker("a", "compiled there")
-    assert P.obtain_program(store, "a", None, compile_here) == ("compiled there", "waited") and not compiles
-    assert P.obtain_program(store, "a", None, compile_here) == ("compiled there", "loaded") and not compiles
+    other_worker("a", there)
+    program, source, waited = P.obtain_program(store, "a", None, compile_here)
+    assert (program, source) == (there, "waited") and waited >= 0.25 and not compiles
+    assert P.obtain_program(store, "a", None, compile_here) == (there, "loaded", 0.0) and not compiles
     other_worker("b", None)  # its program came from the persistent cache: not saved
-    assert P.obtain_program(store, "b", None, compile_here) == ("compiled here", "compiled") and compiles == [1]
+    assert P.obtain_program(store, "b", None, compile_here)[:2] == (here, "compiled") and compiles == [1]
     dead = subprocess.Popen(["true"])
     dead.wait()
     with open(P._claim_path(store, "c"), "w") as f:  # a claim left by a worker that died
         f.write(str(dead.pid))
-    assert P.obtain_program(store, "c", None, compile_here) == ("compiled here", "compiled") and compiles == [1, 1]
-    assert saved["c"] == "compiled here"
+    assert P.obtain_program(store, "c", None, compile_here)[:2] == (here, "compiled") and compiles == [1, 1]
+    assert saved["c"] is here
     with pytest.raises(RuntimeError):
         P.obtain_program(store, "d", None, lambda: (_ for _ in ()).throw(RuntimeError("compile failed")))
     assert P.claim_program(store, "d")  # released by the failed compile
-    assert P.obtain_program(None, "e", None, compile_here) == ("compiled here", "compiled")  # no store
+    assert P.obtain_program(None, "e", None, compile_here) == (here, "compiled", 0.0)  # no store
+
+
+def test_workers_compile_one_at_a_time(tmp_path, monkeypatch):
+    """A worker about to compile while another compiles (another program) waits for its turn, and
+    the wait is reported apart from the compile; a turn left by a dead worker is taken over; a
+    failed compile hands the turn on."""
+    from coevo_jax.experiment import programs as P
+
+    store, spans, waits = str(tmp_path), [], []
+    monkeypatch.setattr(P, "save_program", lambda s, k, p: None)
+    monkeypatch.setattr(P, "load_program", lambda s, k, d: None)
+
+    def compile_for(seconds):
+        def fn():
+            t0 = time.time()
+            time.sleep(seconds)
+            spans.append((t0, time.time()))
+            return types.SimpleNamespace(compile_s=seconds)
+        return fn
+
+    first = threading.Thread(target=P.obtain_program, args=(store, "a", None, compile_for(0.4)))
+    first.start()
+    while not os.path.exists(P._turn_path(store)):
+        time.sleep(0.01)
+    program, source, waited = P.obtain_program(store, "b", None, compile_for(0.1), waits.append)
+    first.join()
+    assert source == "compiled" and waits == ["turn"] and waited >= 0.3
+    (a0, a1), (b0, b1) = spans
+    assert b0 >= a1  # the compiles did not overlap
+    assert not os.path.exists(P._turn_path(store))  # handed back
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    with open(P._turn_path(store), "w") as f:  # left by a worker that died while compiling
+        f.write(str(dead.pid))
+    assert P.obtain_program(store, "c", None, compile_for(0.0))[1:] == ("compiled", pytest.approx(0.0, abs=0.5))
+    with pytest.raises(RuntimeError):
+        P.obtain_program(store, "d", None, lambda: (_ for _ in ()).throw(RuntimeError("compile failed")))
+    assert not os.path.exists(P._turn_path(store))
 
 
 def test_arms_differing_only_in_hparam_values_share_one_compiled_program(reference, workdir):
@@ -509,3 +550,20 @@ def test_chunk_length_and_batch_size():
     assert batch_size(10, 2, 3, 1) == 3  # 5 runs per worker in 2 batches of 3 (the last padded)
     assert batch_size(10, 2, 3, 4) == 4  # rounded up to the device count
     assert batch_size(4, 1, None, 1) == 4
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="threads are found under /proc (Linux)")
+def test_chunks_run_at_a_lower_priority_than_compiles():
+    """In a fresh process (the change cannot be undone), XLA:CPU's execution threads get nice 10
+    and the main thread (which traces) keeps this process's priority."""
+    code = ("import os, jax, jax.numpy as jnp\n"
+            "from coevo_jax.experiment import cpu_priority as C\n"
+            "jax.jit(lambda x: x @ x)(jnp.ones((64, 64))).block_until_ready()\n"
+            "n = C.lower_execution_priority()\n"
+            "nices = sorted({os.getpriority(os.PRIO_PROCESS, t) for t in C.execution_threads()})\n"
+            "print(json.dumps([n, nices, os.getpriority(os.PRIO_PROCESS, 0)]))\n")
+    out = subprocess.run([sys.executable, "-c", "import json\n" + code], capture_output=True, text=True,
+                         timeout=120, check=True)
+    reniced, nices, main = json.loads(out.stdout.splitlines()[-1])
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    assert reniced >= 1 and nices == [max(10, own)] and main == own

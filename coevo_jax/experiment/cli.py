@@ -138,8 +138,9 @@ def staged_main(parser: OneLineParser, stages, report, argv=None) -> int:
     if args.replot:
         print(f"\nreport rebuilt from {args.out} in {time.time() - t0:.0f} s")
         return 0
-    runs, compile_s, compile_wall = (sum(r.info.get(k, 0) for stage in done for r in stage)
-                                     for k in ("total_runs", "compile_s_total", "compile_wall_s"))
+    keys = ("total_runs", "compile_s_total", "compile_wall_s", "wait_s_total")
+    runs, compile_s, compile_wall, wait_s = (sum(r.info.get(k, 0) for stage in done for r in stage) for k in keys)
     print(f"\n{runs} runs in {time.time() - t0:.0f} s (compiling {compile_s:.0f} s summed over workers,"
-          f" {compile_wall:.0f} s of wall time); results in {args.out}")
+          f" {compile_wall:.0f} s of wall time; {wait_s:.0f} s waited for another worker's compile);"
+          f" results in {args.out}")
     return 0

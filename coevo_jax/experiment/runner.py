@@ -150,19 +150,21 @@ def run_study(study: Study, out: str, *, overwrite: bool = False, processes: int
     new_steps = sum(d.get("env_steps", 0) - d.get("env_steps_resumed", 0) for d in workers.values())
     compile_s = sum(sum(d.get("compile_s", {}).values()) for d in workers.values())
     compile_wall = covered_seconds([s for d in workers.values() for s in d.get("compile_spans", [])])
+    wait_s = sum(sum(d.get("wait_s", {}).values()) for d in workers.values())  # for another worker's compile
     info = {"wall_s": wall, "backend": jax.default_backend(), "num_hosts": num_hosts,
             "processes_per_host": processes, "devices_per_process": devices, "max_parallel": max_parallel,
             "total_runs": total_runs, "total_env_steps": total_steps, "env_steps_this_call": new_steps,
             "env_steps_per_s_wall": new_steps / wall if wall > 0 else float("nan"), "compile_s_total": compile_s,
-            "compile_wall_s": compile_wall,
-            "workers": {str(w): {k: d.get(k) for k in ("compile_s", "exec_s", "peak_rss_mb", "memory", "devices")}
-                        for w, d in workers.items()}}
+            "compile_wall_s": compile_wall, "wait_s_total": wait_s,
+            "workers": {str(w): {k: d.get(k) for k in ("compile_s", "wait_s", "exec_s", "peak_rss_mb", "memory",
+                                                       "devices")} for w, d in workers.items()}}
     rows = write_outputs(out, study, plans, curves, runs, per_arm, info)
     if progress:
         mem = sorted({f"{arm}: {m['compiled_bytes_per_run'] / 2**20:.2f} MiB/run (batch {m['batch']})"
                       for d in workers.values() for arm, m in (d.get("memory") or {}).items()})
         peak = max((d.get("peak_rss_mb") or 0) for d in workers.values())
         log(f"done in {fmt_time(wall)}: {new_steps / wall:,.0f} env steps/s overall; compiling {compile_s:.0f} s"
-            f" summed over workers ({compile_wall:.0f} s of wall time with a compile running); peak RSS per process"
+            f" summed over workers ({compile_wall:.0f} s of wall time with a compile running; workers waited"
+            f" {wait_s:.0f} s for another's compile); peak RSS per process"
             f" {peak:.0f} MiB; compiled memory {'; '.join(mem)}")
     return StudyResult(out, study, curves, runs, rows, info)
