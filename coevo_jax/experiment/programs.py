@@ -225,7 +225,7 @@ def wait_for_program(store: str, key: tuple, devices, poll_s: float = 0.2) -> Pr
 
 
 @contextlib.contextmanager
-def compile_turn(store: str, poll_s: float = 0.2):
+def compile_turn(store: str, on_wait=None, poll_s: float = 0.2):
     """Hold the launch's compile turn: one compile at a time over its workers.
 
     Two compiles side by side on a 2-core machine each take about their CPU
@@ -234,12 +234,16 @@ def compile_turn(store: str, poll_s: float = 0.2):
     fill what it leaves. A turn left by a dead process is taken over. It is an
     optimisation only: should two workers ever hold it at once (a race on a
     dead holder's file), they compile side by side as without it.
+    ``on_wait()`` is called once if the turn has to be waited for.
     """
     path = _turn_path(store)
     while not _take(path):
         if not _holder_alive(path):
             _drop(path)
             continue
+        if on_wait is not None:
+            on_wait()
+            on_wait = None
         time.sleep(poll_s)
     try:
         yield
@@ -271,9 +275,7 @@ def obtain_program(store: str | None, key: tuple, devices, compile_fn, on_wait=N
         if program is not None:
             return program, "waited", time.time() - t0 - program.compile_s
     try:
-        if os.path.exists(_turn_path(store)) and on_wait is not None:
-            on_wait("turn")
-        with compile_turn(store):
+        with compile_turn(store, None if on_wait is None else lambda: on_wait("turn")):
             waited = time.time() - t0
             program = compile_fn()
             save_program(store, key, program)
