@@ -9,7 +9,6 @@ Import order: ``config`` declares the core ``HParams`` fields in the registry,
 then importing ``signals`` registers every built-in method (each module calls
 ``register_method``), so after ``import coevo_jax`` the registry is complete.
 """
-import envs_jax._xla  # noqa: F401  (safe XLA:CPU flags before the first JAX computation)
 from coevo_jax import registry
 from coevo_jax.registry import MethodSpec, Param, method_spec, register_method, registered_methods, unregister_method
 from coevo_jax.config import (  # declares the core HParams fields
@@ -21,6 +20,7 @@ from coevo_jax.config import (  # declares the core HParams fields
     validate_hparams,
     validate_static,
 )
+from coevo_jax import runtime  # noqa: F401  (opt-in XLA:CPU settings for applications; applies nothing)
 from coevo_jax import signals  # registers the built-in methods (after config: the core fields come first)
 from coevo_jax.networks import ActorCritic, make_policy_network
 from coevo_jax.ppo import PPOBatch, gae, make_optimizer, ppo_loss, ppo_update

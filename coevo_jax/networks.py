@@ -37,7 +37,7 @@ def orthonormal_columns(a: jax.Array) -> jax.Array:
 
     Pure ``jnp`` arithmetic in a ``fori_loop``: no LAPACK custom call, so a
     vmapped initialisation holds no batched QR decompositions (the trigger of
-    the jax 0.10.2 XLA:CPU hang, see :mod:`envs_jax._xla`).
+    the jax 0.10.2 XLA:CPU hang, see :mod:`coevo_jax.runtime`).
     """
     m, n = a.shape
 

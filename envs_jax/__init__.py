@@ -1,6 +1,4 @@
 """Jittable environments: grid worlds and token-level text tasks (gymnax 1.0 API)."""
-from envs_jax import _xla  # noqa: F401  (must run before the first JAX computation)
-from envs_jax import _threefry  # noqa: F401  (Threefry unrolled on CPU: the same bits, faster small programs)
 from envs_jax import adapters, minigrid  # noqa: F401  (registers the gymnax and MiniGrid names)
 from envs_jax.core import (
     Box,

@@ -64,9 +64,7 @@ def section_ppo(args):
     if skip:
         log(skip)
     settings = sorted([(s, 1) for s in args.ppo_seeds] + [(s, P) for s in args.ppo_seeds if P > 1 and s >= P])
-    impls = launch.IMPLS + (launch.ROLLED,) * args.threefry_ab
-    res, notes = launch.compare_ppo(settings, args.reps, args.total_steps, args.timeout, anchor, tool, args.budget, log,
-                                    impls)
+    res, notes = launch.compare_ppo(settings, args.reps, args.total_steps, args.timeout, anchor, tool, args.budget, log)
     med = launch.medians(res)
     flops = next((v["flops_per_env_step"] for (i, *_), v in med.items() if i == "coevo-jax"), None)
     cols = {"env steps/s": lambda v: f"{v['env_steps_per_s']:,.0f}" + (v["n"] > 1) * f" [{v['min']:,.0f},"
@@ -100,11 +98,6 @@ def section_ppo(args):
     head = ["seeds", "processes", "env steps/s PureJaxRL", "env steps/s coevo-jax", "coevo-jax / PureJaxRL"]
     head += [f"{c} {n}" for c in rest for n in ("PureJaxRL", "coevo-jax")]
     rows = [[s, p, *cells(s, p, ["env steps/s"]), ratio(s, p), *cells(s, p, rest)] for s, p in settings]
-    if args.threefry_ab:  # the same program with JAX's rolled CPU Threefry, measured in the same repetitions
-        head += ["env steps/s coevo-jax, rolled Threefry", "unrolled / rolled"]
-        for row, (s, p) in zip(rows, settings):
-            a, b = (med.get((i, s, p), {}).get("env_steps_per_s") for i in (launch.ROLLED, "coevo-jax"))
-            row += [f"{a:,.0f}" if a else "-", f"**{b / a:.2f}x**" if a and b else "-"]
     small = [s for s in args.ppo_seeds if P > 1 and s < P]
     table(head, rows, ([skip] if skip else []) + notes + bool(small) * [
         f"{', '.join(map(str, small))} seed(s): not split over {P} processes (fewer seeds than processes)."])
@@ -207,8 +200,6 @@ def build_parser():
     add = ap.add_argument
     add("--sections", default=",".join(SECTIONS), help="comma list of: " + ", ".join(SECTIONS) + " (default: all)")
     add("--ppo-seeds", "--seeds", dest="ppo_seeds", default="1,8,64,512", help="ppo section seed counts (1,8,64,512)")
-    add("--threefry-ab", action="store_true", help="ppo section: also time coevo-jax with JAX's own (rolled) CPU"
-        " Threefry lowering in the same repetitions, and print the ratio (default: off)")
     add("--reps", type=int, default=3, help="interleaved repetitions of each ppo measurement (medians shown) and"
         " executions per scale row (the best shown) (default 3)")
     add("--total-steps", type=int, default=131_072, help="env steps per seed in the ppo section, the most per run in"
@@ -228,6 +219,8 @@ def build_parser():
     add("--deadline", type=float, help="seconds for the whole run: later measurements are skipped (default: none)")
     add("--device-script", action="store_true", help="the prepared accelerator run (see above)")
     add("--smoke", action="store_true", help="tiny sizes, to check that the sections run")
+    add("--publish", metavar="DIR", help="also write the tables to DIR/benchmarks.md with the command, commit and"
+        " machine (e.g. docs; default: print only)")
     return ap
 
 
@@ -255,8 +248,41 @@ def parse_args(argv=None):
     return args
 
 
+class _Tee:
+    """``sys.stdout`` that also keeps what was printed (for ``--publish``)."""
+
+    def __init__(self, stream):
+        self.stream, self.kept = stream, []
+
+    def write(self, text):
+        self.kept.append(text)
+        return self.stream.write(text)
+
+    def flush(self):
+        self.stream.flush()
+
+
 def main(argv=None):
+    import time
+
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
+    t0, out = time.time(), _Tee(sys.stdout)
+    sys.stdout = out
+    try:
+        run_sections(args)
+    finally:
+        sys.stdout = out.stream
+    if args.publish:
+        from coevo_jax.experiment import publish
+
+        path = publish.write_report(args.publish, "benchmarks", "Benchmarks",
+                                    publish.command_line("sweeps/bench.py", argv), "".join(out.kept),
+                                    wall_s=time.time() - t0, repo=HERE)
+        print(f"\nbenchmarks published to {path}")
+
+
+def run_sections(args):
     print(f"# coevo-jax benchmarks ({os.cpu_count()} CPU cores"
           f"{'; device script' if args.device_script else ''}{'; smoke sizes' if args.smoke else ''})", flush=True)
     for s in args.sections:

@@ -151,6 +151,18 @@ def test_ppo_learning_end_to_end_refuse_replot(tmp_path, monkeypatch, capsys):
     assert os.path.exists(os.path.join(out, "table.md")) and os.path.exists(os.path.join(out, "FINISHED"))
     assert mod.main(argv) == 2 and "holds a finished study" in capsys.readouterr().err
     assert mod.main(argv + ["--replot"]) == 0 and "| CartPole-v1 | ppo | 2 |" in capsys.readouterr().out
+    docs = tmp_path / "docs"
+    assert mod.main(argv + ["--replot", "--publish", str(docs)]) == 0
+    report = (docs / "ppo_learning.md").read_text()
+    lines = report.splitlines()
+    assert lines[0].startswith("# ") and "do not edit by hand" in lines[2]
+    header = dict(ln[4:].split("**: ", 1) for ln in lines if ln.startswith("- **"))
+    assert list(header) == ["command", "commit", "machine", "jax", "date", "wall time"]
+    assert header["command"] == f"`python sweeps/ppo_learning.py {' '.join(argv)} --replot --publish {docs}`"
+    assert header["jax"].startswith("jax 0.") and "cores" in header["machine"]
+    assert "| CartPole-v1 | ppo | 2 |" in report and "| CartPole-v1 | random | 2 |" in report
+    figures = sorted(os.listdir(docs / "ppo_learning"))
+    assert figures and all(f"](ppo_learning/{f})" in report for f in figures)
 
 
 def test_calibration_admission_rule():

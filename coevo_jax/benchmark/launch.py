@@ -18,13 +18,11 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SAFE = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
+from coevo_jax.runtime import SAFE_FLAG as SAFE  # noqa: E402  (every child gets the no-hang flag)
 # PureJaxRL's published ppo.py / wrappers.py and the harness that runs them unmodified, beside the repository
 DEFAULT_PUREJAXRL = os.path.join(ROOT, "..", "shared", "anchors", "purejaxrl")
 DEFAULT_PUREJAXRL_TOOL = os.path.join(ROOT, "..", "shared", "tools", "purejaxrl_bench.py")
 IMPLS = ("purejaxrl", "coevo-jax")
-# coevo-jax with JAX's own CPU lowering of Threefry (a loop; see envs_jax/_threefry.py), for the A/B of --threefry-ab
-ROLLED = "coevo-jax-rolled"
 
 
 class OutOfTime(RuntimeError):
@@ -169,8 +167,7 @@ def ppo_batch(impl: str, seeds: int, procs: int, total_steps: int, timeout: floa
     """One measurement: ``procs`` fresh processes started together, each with its
     share of ``seeds`` (pinned to one core each when ``procs > 1``). ``impl``:
     ``"purejaxrl"`` (the harness running PureJaxRL's ppo.py, its JSON parsed),
-    ``"coevo-jax"`` (the ``ppo`` worker) or :data:`ROLLED` (the same with JAX's
-    CPU Threefry). Env steps/s is the sum over processes of each one's steady
+    ``"coevo-jax"`` (the ``ppo`` worker). Env steps/s is the sum over processes of each one's steady
     (last) run of its compiled program; compile seconds and peak RSS the largest
     of any process."""
     counts = [seeds // procs + (i < seeds % procs) for i in range(procs)]
@@ -183,8 +180,7 @@ def ppo_batch(impl: str, seeds: int, procs: int, total_steps: int, timeout: floa
         else:
             cmds = [worker_cmd({"kind": "ppo", "seeds": n, "total_steps": total_steps, "seed": 42 + i, "runs": runs})
                     for i, n in enumerate(counts)]
-        outs = run_processes(cmds, timeout, budget, pin=procs > 1,
-                             env={"COEVO_JAX_ROLLED_THREEFRY": "1"} if impl == ROLLED else None)
+        outs = run_processes(cmds, timeout, budget, pin=procs > 1)
         if impl == "purejaxrl":
             results = []
             for path in jsons:
@@ -208,7 +204,7 @@ def compare_ppo(settings: list, reps: int, total_steps: int, timeout: float, anc
     """This library's PPO vs PureJaxRL's ``ppo.py`` at every ``(seeds, processes)``
     of ``settings``, interleaved: each of ``reps`` repetitions measures every
     setting for both implementations back to back, alternating which goes first.
-    ``anchor=None`` leaves PureJaxRL out; ``impls`` may add :data:`ROLLED`.
+    ``anchor=None`` leaves PureJaxRL out.
     Returns ``(results, notes)``:
     ``results[(impl, seeds, procs)]`` is the list of :func:`ppo_batch` results and
     ``notes`` says which PureJaxRL measurements failed, or where the budget ran out."""

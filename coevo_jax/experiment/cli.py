@@ -36,6 +36,9 @@ def study_parser(prog: str, doc: str, default_out: str) -> OneLineParser:
     p.add_argument("--overwrite", action="store_true", help="replace a finished or mismatched output folder (default: refuse)")
     p.add_argument("--replot", action="store_true", help="rebuild tables and figures from a finished --out; run nothing (default: run)")
     p.add_argument("--quiet", action="store_true", help="no progress bar (default: show it)")
+    p.add_argument("--publish", default=None, metavar="DIR",
+                   help="also write the report to DIR/<script>.md with its command, commit and machine, figures"
+                        " in DIR/<script>/ (e.g. docs/results; default: print only)")
     g = p.add_argument_group("execution (none of these changes the results)")
     g.add_argument("--processes", type=int, default=None, metavar="P",
                    help="worker processes on this host, >= 1 (default: one per core on CPU, 1 on GPU/TPU)")
@@ -117,6 +120,10 @@ def staged_main(parser: OneLineParser, stages, report, argv=None) -> int:
     the finished stages' results (one list of ``StudyResult`` per stage). Stage ``name`` writes to
     ``--out/<name>`` (``""``: ``--out`` itself). ``report(args, results_per_stage) -> str``.
     """
+    from coevo_jax.runtime import use_safe_xla_flags
+
+    use_safe_xla_flags()  # this process is an application: the no-hang flag, before its first computation
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     t0 = time.time()
     done = []
@@ -131,7 +138,11 @@ def staged_main(parser: OneLineParser, stages, report, argv=None) -> int:
             if results is None:
                 return 0
             done.append(results)
-        print(report(args, done))
+        text = report(args, done)
+        print(text)
+        if args.publish:
+            path = _publish(parser, argv, args, text, done, None if args.replot else time.time() - t0)
+            print(f"\nreport published to {path}")
     except (ConfigError, StudyError) as e:
         print(f"{parser.prog}: error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
@@ -144,3 +155,15 @@ def staged_main(parser: OneLineParser, stages, report, argv=None) -> int:
           f" {compile_wall:.0f} s of wall time; {wait_s:.0f} s waited for another worker's compile);"
           f" results in {args.out}")
     return 0
+
+
+def _publish(parser, argv, args, text: str, done: list, wall_s) -> str:
+    """Write the printed report as ``--publish``'s ``<script>.md`` (see :mod:`coevo_jax.experiment.publish`)."""
+    from coevo_jax.experiment import publish
+
+    name = os.path.splitext(parser.prog)[0]
+    title = (parser.description or name).strip().splitlines()[0].rstrip(".")
+    outs = [r.out for stage in done for r in stage]
+    return publish.write_report(args.publish, name, title, publish.command_line(f"sweeps/{parser.prog}", argv), text,
+                                publish.study_figures(outs), wall_s,
+                                repo=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -1,0 +1,47 @@
+"""Importing the library changes no global state: no environment variable, no JAX lowering rule."""
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+PROBE = """
+import os, sys
+sys.path.insert(0, {root!r})
+import jax, flax, optax, chex, distrax, gymnax, xminigrid, orbax.checkpoint  # the dependencies' own effects first
+from jax._src.interpreters import mlir
+from jax._src import xla_bridge
+
+def lowerings():
+    rules = {{("*", p): r for p, r in mlir._lowerings.items()}}
+    rules.update({{(plat, p): r for plat, d in mlir._platform_specific_lowerings.items() for p, r in d.items()}})
+    return rules
+
+env, rules, started = dict(os.environ), lowerings(), bool(xla_bridge._backends)  # xminigrid starts it
+import coevo_jax, envs_jax, coevo_jax.experiment, coevo_jax.analysis.stats  # noqa: F401
+changed = sorted(k for k in set(env) | set(os.environ) if env.get(k) != os.environ.get(k))
+after = lowerings()
+new_rules = sorted(f"{{plat}}:{{p}}" for (plat, p), r in after.items() if rules.get((plat, p)) is not r)
+print("env", changed)
+print("rules", new_rules)
+print("backend", bool(xla_bridge._backends) and not started)
+"""
+
+
+def test_import_changes_no_environment_variable_and_no_lowering():
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    out = subprocess.run([sys.executable, "-c", PROBE.format(root=ROOT)], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.strip().splitlines()[-3:]
+    assert lines == ["env []", "rules []", "backend False"], out.stdout
+
+
+def test_the_safe_flag_is_an_explicit_opt_in():
+    from coevo_jax.runtime import SAFE_FLAG, use_safe_xla_flags
+
+    env = {"XLA_FLAGS": "--xla_dump_to=x"}
+    assert use_safe_xla_flags(env) and env["XLA_FLAGS"] == f"--xla_dump_to=x {SAFE_FLAG}"
+    assert not use_safe_xla_flags(env) and env["XLA_FLAGS"].count("concurrency_optimized") == 1
+    mine = {"XLA_FLAGS": "--xla_cpu_enable_concurrency_optimized_scheduler=true"}
+    assert not use_safe_xla_flags(mine) and mine["XLA_FLAGS"].endswith("=true")  # a user's own choice wins
