@@ -82,5 +82,5 @@ def _load_builtin() -> None:
     _LOADED = True
     import importlib
 
-    for mod in ("envs_jax.grid", "envs_jax.text", "envs_jax.adapters", "envs_jax.minigrid"):
+    for mod in ("envs_jax.grid", "envs_jax.chain", "envs_jax.text", "envs_jax.adapters", "envs_jax.minigrid"):
         importlib.import_module(mod)

@@ -48,6 +48,14 @@ CANDIDATES = {
     "minigrid-doorkey5": ("MiniGrid-DoorKey-5x5", {}, 65_536, 16, 64),
     "minigrid-doorkey6": ("MiniGrid-DoorKey-6x6", {}, 131_072, 16, 64),
     "minigrid-doorkey8": ("MiniGrid-DoorKey-8x8", {}, 262_144, 16, 64),
+    # positive controls for credit assignment: the decision that matters pays many noisy steps later
+    # (a0 / n0: the sanity settings without distractor reward)
+    "keytodoor-a0": ("KeyToDoor-Distractor", {"apple_reward": 0.0}, 131_072, 16, 64),
+    "keytodoor-a1": ("KeyToDoor-Distractor", {"apple_reward": 1.0}, 131_072, 16, 64),
+    "keytodoor-a2": ("KeyToDoor-Distractor", {"apple_reward": 2.0}, 131_072, 16, 64),
+    "chain-l32-n0": ("DelayedChain", {"length": 32, "noise_std": 0.0}, 65_536, 16, 64),
+    "chain-l32-n05": ("DelayedChain", {"length": 32, "noise_std": 0.5}, 65_536, 16, 64),
+    "chain-l32-n1": ("DelayedChain", {"length": 32, "noise_std": 1.0}, 65_536, 16, 64),
 }
 DEFAULT_GRID = "lr=3e-4,1e-3;ent_coef=0.003,0.03"
 RANDOM_MAX, PPO_MAX, POI_LOW_MIN = 0.2, 0.8, 0.6  # the admission rule, fixed in advance
@@ -131,13 +139,17 @@ def verdict(result) -> dict:
 
 def write_admitted(path: str, admitted: list, evaluated: list, num_seeds: int) -> None:
     """Write the admitted tasks to ``path``: this run's verdicts replace those of the
-    same tasks; tasks admitted by an earlier run and not ``evaluated`` now are kept."""
+    same tasks; tasks admitted by an earlier run and not ``evaluated`` now are kept.
+    Each task records its own ``num_seeds``; the top-level ``num_seeds`` is that of
+    tasks without one (an existing file's value is kept)."""
     from coevo_jax.experiment.folder import atomic_write_text
 
     kept = []
     if os.path.exists(path):
         with open(path) as f:
-            kept = [t for t in json.load(f).get("tasks", []) if t["task"] not in evaluated]
+            data = json.load(f)
+        kept = [t for t in data.get("tasks", []) if t["task"] not in evaluated]
+        num_seeds = data.get("num_seeds", num_seeds)
     order = {name: i for i, name in enumerate(CANDIDATES)}
     tasks = sorted(kept + admitted, key=lambda t: order.get(t["task"], len(order)))
     rule = {"random_max": RANDOM_MAX, "ppo_max": PPO_MAX, "poi_ci_low_min": POI_LOW_MIN}
@@ -168,7 +180,8 @@ def report(args, stages) -> str:
             admitted.append({"task": t, "env": res.study.env, "env_kwargs": dict(res.study.env_kwargs),
                              "total_steps": st.total_steps, "num_envs": st.num_envs, "rollout_len": st.rollout_len,
                              "num_minibatches": st.num_minibatches, "update_epochs": st.update_epochs,
-                             "tuned": hp, "random_success": v["random"], "ppo_success_iqm": v["ppo"],
+                             "tuned": hp, "num_seeds": args.num_seeds, "random_success": v["random"],
+                             "ppo_success_iqm": v["ppo"],
                              "dense_success_iqm": v["dense"], "p_dense_over_ppo": v["poi"]})
     table = format_table(rows, markdown=True)
     atomic_write_text(os.path.join(args.out, "calibration.md"), table + "\n")

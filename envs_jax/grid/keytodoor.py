@@ -1,0 +1,313 @@
+"""KeyToDoor: the three-phase Key-to-Door task with distractor rewards, a
+credit-assignment benchmark (Hung et al. 2019, "Optimizing agent behavior over
+long time scales by transporting value"; Raposo et al. 2021, "Synthetic returns
+for long-term credit assignment"; Mesnard et al. 2021, "Counterfactual credit
+assignment in model-free reinforcement learning").
+
+An episode is three rooms visited in turn; each phase lasts a fixed number of
+steps, after which the agent is teleported into the next room, whatever it did:
+
+1. **key room** (``key_steps`` steps): the agent may pick up a key by stepping
+   onto it. Nothing is paid.
+2. **apple room** (``apple_steps`` steps): ``num_apples`` apples lie on random
+   cells; stepping onto one eats it and pays a reward drawn uniformly from
+   ``[0, 2 * apple_reward]`` (mean ``apple_reward``). These distractor rewards
+   depend on nothing from phase 1; their variance (from the draws and from how
+   many apples are eaten) swamps the key's effect on the return.
+   ``apple_reward = 0`` removes them (the sanity setting).
+3. **door room** (``door_steps`` steps): a door on a random cell. Stepping onto
+   it while carrying the key opens it: reward ``door_reward`` and the episode
+   ends (``terminated``, ``info["success"]``). Without the key the door blocks
+   the way like a wall.
+
+The time limit ``max_steps`` defaults to ``key_steps + apple_steps +
+door_steps`` (the end of phase 3 is a time-out: ``truncated``). Every room is an
+``size x size`` open grid (no inner walls; a move off the grid leaves the agent
+in place). Actions (``Discrete(4)``): 0 up, 1 right, 2 down, 3 left. Start cells
+(agent in each room, key, apples, door) are drawn at reset, all distinct
+within a room.
+
+The decision that matters is the key pick-up in phase 1; it pays only in
+phase 3, more than ``apple_steps`` steps later, behind the apples' noise.
+
+``info`` (same keys every step): ``success`` (bool: the door opened on this
+step), ``key_picked`` (bool: the key was taken on this step; the ground truth of
+the decision that matters), ``phase`` (int32 0, 1, 2 of the state after the
+step) and ``dense_reward`` (the oracle): the reward plus potential-based
+shaping ``gamma * Phi(s') - Phi(s)`` (Ng, Harada and Russell 1999) with
+``Phi = -shaping_scale * door_reward * (1 - has_key)`` and ``Phi(s') = 0`` on
+the step that opens the door: picking up the key pays ``shaping_scale *
+door_reward`` at once, the door's payoff carried back to the decision that
+earns it (Hung et al.'s "transported value"), while the door still pays as
+before. Over an episode the discounted shaping sums to ``gamma**T Phi(s_T)
+[not terminated] - Phi(s_0)`` (optimal policies unchanged for a learner with
+the same ``gamma``). ``env.potential(state, params)`` gives ``Phi``.
+
+Observation, float32 ``(size * size * 4 + 5,)``: the current room, per cell
+(row-major ``[y, x]``) one-hot channels ``[agent, key, apple, door]`` (the key
+only in phase 1 while on the floor, apples only in phase 2, the door only in
+phase 3), then the phase one-hot (3), the carrying-key flag (1) and the
+fraction of the current phase elapsed (1). With ``show_carrying = 0`` (the
+default, as in the papers) the carrying flag reads 0 outside the key room:
+after phase 1 nothing in the observation tells whether the key was taken, so
+a critic cannot carry the door's value back to the pick-up by bootstrapping
+(temporal-difference credit has to cross the whole apple phase); with
+``show_carrying = 1`` it is always shown.
+
+Host-side ground truth: :func:`key_pickups` (the steps that took the key, from
+observations and actions) and :func:`key_credit` (the door's payoff on those
+steps: the optimal advantage of taking the key over leaving it when the door
+can be reached in phase 3, as it always can in the default settings).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from envs_jax.core import Box, Discrete, EnvState, Environment
+from envs_jax.grid._common import DIRS, ShapedParams, cell_mask, render_rows, same_cell, shaped_reward
+
+Array = jax.Array
+
+NUM_CHANNELS = 4  # agent, key, apple, door
+NUM_PHASES = 3  # key room, apple room, door room
+PHASE_NAMES = ("key", "apples", "door")
+
+
+@struct.dataclass
+class KeyToDoorParams(ShapedParams):
+    """All leaves (sweepable under ``jax.vmap``).
+
+    ``key_steps``, ``apple_steps``, ``door_steps``: the phase lengths;
+    ``max_steps``: the time limit (by default their sum); ``num_apples``: apples
+    in the apple room (at most ``size**2 - 1``); ``apple_reward``: the mean
+    payoff of an apple (each pays ``U[0, 2 * apple_reward]``; 0: no
+    distractor reward); ``door_reward``: the payoff of opening the door with
+    the key; ``shaping_scale`` and ``shaping_gamma``: the oracle's shaping
+    (see the module docstring and :class:`~envs_jax.grid._common.ShapedParams`);
+    ``show_carrying``: 1 to observe the carrying flag in every phase, 0 (default)
+    in the key room only.
+    """
+
+    max_steps: int = 30
+    key_steps: int = 6
+    apple_steps: int = 16
+    door_steps: int = 8
+    num_apples: int = 6
+    apple_reward: float = 1.0
+    door_reward: float = 1.0
+    show_carrying: int = 0
+
+
+@struct.dataclass
+class KeyToDoorState(EnvState):
+    """One episode (unbatched; positions ``(x, y)`` int32 ``(2,)``).
+
+    ``starts``: int32 ``(3, 2)`` the agent's start cell in each room;
+    ``apples``: bool ``(size, size)`` ``[y, x]`` the apples not yet eaten;
+    ``has_key``: bool ``()``; ``time``: int32 ``()`` steps taken.
+    """
+
+    agent_pos: Array
+    starts: Array
+    key_pos: Array
+    has_key: Array
+    apples: Array
+    door_pos: Array
+
+
+# ----------------------------------------------------------------------------- pure pieces
+def phase_of(time: Array, params: KeyToDoorParams) -> Array:
+    """Int32 ``()``: 0 key room, 1 apple room, 2 door room at step count ``time``."""
+    time = jnp.asarray(time)
+    return ((time >= params.key_steps).astype(jnp.int32)
+            + (time >= params.key_steps + params.apple_steps).astype(jnp.int32))
+
+
+def phase_fraction(time: Array, params: KeyToDoorParams) -> Array:
+    """Float32 ``()``: the fraction of the current phase elapsed at ``time``, in ``[0, 1]``."""
+    phase = phase_of(time, params)
+    starts = jnp.stack([0, params.key_steps, params.key_steps + params.apple_steps])
+    lengths = jnp.stack([params.key_steps, params.apple_steps, params.door_steps])
+    frac = (time - starts[phase]).astype(jnp.float32) / jnp.maximum(lengths[phase], 1).astype(jnp.float32)
+    return jnp.clip(frac, 0.0, 1.0)
+
+
+def sample_layout(key: Array, size: int, params: KeyToDoorParams) -> KeyToDoorState:
+    """A random episode start (``time = 0``, agent in the key room); jittable.
+
+    One random order of the cells per room: the key room's first cell is the
+    agent's start and its second the key; the apple room's first the agent's
+    start and the next ``num_apples`` the apples; the door room's first the
+    agent's start and its second the door."""
+    cells = size * size
+    order = jnp.argsort(jax.random.uniform(key, (NUM_PHASES, cells)), axis=-1).astype(jnp.int32)
+    to_pos = lambda i: jnp.stack([i % size, i // size], axis=-1).astype(jnp.int32)
+    rank = jnp.argsort(order[1])  # rank[c]: the place of cell c in the apple room's order
+    apples = jnp.logical_and(rank >= 1, rank <= params.num_apples).reshape(size, size)
+    starts = to_pos(order[:, 0])
+    return KeyToDoorState(
+        time=jnp.int32(0), agent_pos=starts[0], starts=starts, key_pos=to_pos(order[0, 1]),
+        has_key=jnp.bool_(False), apples=apples, door_pos=to_pos(order[2, 1]),
+    )
+
+
+def observe(state: KeyToDoorState, params: KeyToDoorParams) -> Array:
+    """Float32 ``(size * size * 4 + 5,)`` observation (see the module docstring)."""
+    n = state.apples.shape[0]
+    phase = phase_of(state.time, params)
+    grid = jnp.stack(
+        [
+            cell_mask(state.agent_pos, n),
+            jnp.logical_and(cell_mask(state.key_pos, n), jnp.logical_and(phase == 0, jnp.logical_not(state.has_key))),
+            jnp.logical_and(state.apples, phase == 1),
+            jnp.logical_and(cell_mask(state.door_pos, n), phase == 2),
+        ],
+        axis=-1,
+    ).astype(jnp.float32)
+    tail = jnp.concatenate([
+        jax.nn.one_hot(phase, NUM_PHASES, dtype=jnp.float32),
+        jnp.logical_and(state.has_key, jnp.logical_or(phase == 0, params.show_carrying != 0)).astype(jnp.float32)[None],
+        phase_fraction(state.time, params)[None],
+    ])
+    return jnp.concatenate([grid.reshape(-1), tail])
+
+
+def obs_size(size: int) -> int:
+    """Length of the observation vector for ``size x size`` rooms."""
+    return size * size * NUM_CHANNELS + NUM_PHASES + 2
+
+
+def potential(state: KeyToDoorState, params: KeyToDoorParams) -> Array:
+    """Float32 ``()`` ``Phi = -shaping_scale * door_reward * (1 - has_key)``."""
+    missing = 1.0 - jnp.asarray(state.has_key, jnp.float32)
+    return (-jnp.asarray(params.shaping_scale, jnp.float32) * jnp.asarray(params.door_reward, jnp.float32)
+            * missing).astype(jnp.float32)
+
+
+def transition(key: Array, state: KeyToDoorState, action: Array, params: KeyToDoorParams):
+    """One step: ``(next state, reward, opened, picked)``; ``time`` advanced, the
+    agent teleported to the next room's start when the step ends a phase."""
+    n = state.apples.shape[0]
+    phase = phase_of(state.time, params)
+    front = jnp.clip(state.agent_pos + jnp.asarray(DIRS)[jnp.asarray(action, jnp.int32)], 0, n - 1)
+    at_door = jnp.logical_and(phase == 2, same_cell(front, state.door_pos))
+    opened = jnp.logical_and(at_door, state.has_key)
+    pos = jnp.where(jnp.logical_and(at_door, jnp.logical_not(state.has_key)), state.agent_pos, front)
+    picked = jnp.logical_and(jnp.logical_and(phase == 0, jnp.logical_not(state.has_key)),
+                             same_cell(pos, state.key_pos))
+    here = cell_mask(pos, n)
+    eaten = jnp.logical_and(phase == 1, jnp.any(jnp.logical_and(here, state.apples)))
+    apple_pay = 2.0 * jnp.asarray(params.apple_reward, jnp.float32) * jax.random.uniform(key, (), jnp.float32)
+    reward = jnp.where(eaten, apple_pay, 0.0) + jnp.where(opened, jnp.asarray(params.door_reward, jnp.float32), 0.0)
+    time = state.time + 1
+    new_phase = phase_of(time, params)
+    pos = jnp.where(new_phase != phase, state.starts[new_phase], pos)
+    nxt = state.replace(
+        time=time, agent_pos=pos.astype(jnp.int32), has_key=jnp.logical_or(state.has_key, picked),
+        apples=jnp.logical_and(state.apples, jnp.logical_not(jnp.logical_and(here, eaten))),
+    )
+    return nxt, reward.astype(jnp.float32), opened, picked
+
+
+# ----------------------------------------------------------------------------- environment
+class KeyToDoor(Environment):
+    """Key-to-Door with distractor apples on ``size x size`` rooms (see the module docstring).
+
+    ``size`` fixes array shapes, so it lives here; everything else is in the params.
+    """
+
+    optional_outputs = ("dense_reward", "success")
+
+    def __init__(self, size: int = 4, **param_overrides):
+        if size < 2:
+            raise ValueError(f"KeyToDoor needs size >= 2, got {size}")
+        self.size = int(size)
+        self.name = "KeyToDoor-Distractor"
+        base = KeyToDoorParams()
+        unknown = sorted(set(param_overrides) - set(KeyToDoorParams.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"unknown KeyToDoor parameter(s) {unknown}; expected some of "
+                             f"{sorted(KeyToDoorParams.__dataclass_fields__)}")
+        p = base.replace(**param_overrides)
+        if "max_steps" not in param_overrides:
+            p = p.replace(max_steps=int(p.key_steps) + int(p.apple_steps) + int(p.door_steps))
+        if not 0 <= int(p.num_apples) <= self.size * self.size - 1:
+            raise ValueError(f"num_apples must be in [0, {self.size * self.size - 1}] for size {self.size}, "
+                             f"got {p.num_apples}")
+        if min(int(p.key_steps), int(p.apple_steps), int(p.door_steps)) < 1:
+            raise ValueError("key_steps, apple_steps and door_steps must be >= 1, got "
+                             f"{p.key_steps}, {p.apple_steps}, {p.door_steps}")
+        self._params = p
+
+    @property
+    def default_params(self) -> KeyToDoorParams:
+        return self._params
+
+    def action_space(self, params=None) -> Discrete:
+        return Discrete(4)
+
+    def observation_space(self, params=None) -> Box:
+        return Box(0.0, 1.0, (obs_size(self.size),), jnp.float32)
+
+    def potential(self, state: KeyToDoorState, params: KeyToDoorParams | None = None) -> Array:
+        """Float32 ``()`` shaping potential ``Phi(state)`` of ``info["dense_reward"]``."""
+        return potential(state, self.default_params if params is None else params)
+
+    def reset_env(self, key: Array, params: KeyToDoorParams):
+        state = sample_layout(key, self.size, params)
+        return observe(state, params), state
+
+    def step_env(self, key: Array, state: KeyToDoorState, action: Array, params: KeyToDoorParams):
+        nxt, reward, opened, picked = transition(key, state, action, params)
+        dense = shaped_reward(reward, potential(state, params), potential(nxt, params), opened, params.shaping_gamma)
+        info = {"success": opened, "dense_reward": dense, "key_picked": picked,
+                "phase": phase_of(nxt.time, params)}
+        return observe(nxt, params), nxt, reward, opened, info
+
+    def render(self, state: KeyToDoorState, params=None) -> str:
+        """Text drawing of the current room: ``A`` agent, ``K`` key, ``a`` apple,
+        ``D`` door, ``.`` floor; then a ``phase: <name>, carrying key: yes/no`` line."""
+        params = self.default_params if params is None else params
+        s = jax.tree.map(np.asarray, state)
+        phase = int(phase_of(s.time, params))
+        n = self.size
+        rows = [["." for _ in range(n)] for _ in range(n)]
+        if phase == 0 and not bool(s.has_key):
+            rows[int(s.key_pos[1])][int(s.key_pos[0])] = "K"
+        if phase == 1:
+            for y, x in zip(*np.nonzero(s.apples)):
+                rows[y][x] = "a"
+        if phase == 2:
+            rows[int(s.door_pos[1])][int(s.door_pos[0])] = "D"
+        rows[int(s.agent_pos[1])][int(s.agent_pos[0])] = "A"
+        carrying = "yes" if bool(s.has_key) else "no"
+        return render_rows(rows) + f"\nphase: {PHASE_NAMES[phase]}, carrying key: {carrying}"
+
+
+# ----------------------------------------------------------------------------- host-side ground truth
+def key_pickups(obs: np.ndarray, action: np.ndarray, size: int) -> np.ndarray:
+    """Bool ``[...]``: the steps that took the key, from observations ``[..., D]``
+    and the actions taken ``[...]``: in the key room, with the key on the floor,
+    a move onto its cell (nothing blocks a move there, so the move takes it)."""
+    obs, action = np.asarray(obs), np.asarray(action)
+    n = size
+    grid = obs[..., : n * n * NUM_CHANNELS].reshape(obs.shape[:-1] + (n * n, NUM_CHANNELS))
+    agent = np.argmax(grid[..., 0], -1)
+    key_there = grid[..., 1] > 0.5
+    key_cell = np.argmax(key_there, -1)
+    in_key_room = obs[..., n * n * NUM_CHANNELS] > 0.5
+    step = DIRS[np.clip(action, 0, 3)]
+    tx = np.clip(agent % n + step[..., 0], 0, n - 1)
+    ty = np.clip(agent // n + step[..., 1], 0, n - 1)
+    return in_key_room & key_there.any(-1) & (ty * n + tx == key_cell)
+
+
+def key_credit(obs: np.ndarray, action: np.ndarray, size: int, door_reward: float) -> np.ndarray:
+    """Float64 ``[...]``: the ground-truth credit of each step for the door's payoff:
+    ``door_reward`` on the steps that took the key (:func:`key_pickups`), 0
+    elsewhere (the optimal advantage of taking the key over leaving it, when the
+    door can be reached)."""
+    return np.where(key_pickups(obs, action, size), float(door_reward), 0.0)
