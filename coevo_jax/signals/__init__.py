@@ -20,6 +20,8 @@ from coevo_jax.signals import learned  # noqa: F401  coevo-regression, coevo-ran
 from coevo_jax.signals import potential  # noqa: F401  siop
 from coevo_jax.signals import meta  # noqa: F401  meta
 from coevo_jax.signals import placebo  # noqa: F401  constant, siop-shuffled (controls)
+from coevo_jax.signals import critic_shaping  # noqa: F401  siop-critic (control)
+from coevo_jax.signals import ircr  # noqa: F401  ircr
 
 
 def make_signal(static, network, env, env_params) -> Signal:

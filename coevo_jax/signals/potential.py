@@ -27,6 +27,19 @@ but move no target. The seed's versions (fit ``V(s_T)`` to the whole
 undiscounted return, ``V(s_t) ~ V(s_t+1)`` without discount, a terminal
 potential fitted to the outcome) had no common fixed point.
 
+**Outcome or return** (``hp.potential_outcome``, traced, in ``[0, 1]``): the
+reward ``r`` in both losses is the external reward at 0 (the default: ``Phi``
+is the value of the return, as above) and, at 1, the *outcome* alone: the
+final reward of a terminated episode, every other step's reward (intermediate
+rewards, distractors) counted 0, and a timed-out episode's last reward too
+(its outcome comes from the bootstrap ``Phi(final_obs)``). The seed fits the
+outcome; on tasks without intermediate rewards the two coincide. Values in
+between fit the value of the mixture ``(1 - w) r + w * outcome``
+(:func:`fit_rewards`). Both losses read the same ``r``, so they keep one fixed
+point; a traced value, so ``siop`` runs both targets from one compiled program
+and a sweep can vmap over it. The credit and the policy's reward ``beta_ext *
+r_ext + beta_int * F`` are unchanged.
+
 **Credit** is potential-based shaping (Ng, Harada and Russell 1999, "Policy
 invariance under reward transformations"):
 
@@ -212,22 +225,39 @@ def trajectory_shaping(phi, phi_next, traj, hp, nstep: int):
 
 
 # ----------------------------------------------------------------------------- targets and losses
-def replay_targets(buf: ep.EpisodeBuffer, gamma):
+def fit_rewards(buf: ep.EpisodeBuffer, outcome):
+    """The per-step reward ``[E, L]`` the potential is the value of:
+    ``(1 - outcome) * r + outcome * r * final`` with ``r`` the stored external
+    reward and ``final`` 1 on the last step of a *terminated* episode (a
+    time-out has no outcome yet: its value comes from the bootstrap). So
+    ``outcome = 0`` (``hp.potential_outcome``, the default) is the return,
+    exactly ``r``; 1 is the outcome alone, the episode's final reward."""
+    max_len = ep.max_len_of(buf)
+    r = buf.steps["reward"]
+    last = jnp.arange(max_len)[None, :] == ep.last_row(buf.length, max_len)[:, None]
+    final = jnp.logical_and(last, buf.ends["terminated"][:, None]).astype(r.dtype)
+    return (1.0 - outcome) * r + outcome * (r * final)
+
+
+def replay_targets(buf: ep.EpisodeBuffer, gamma, reward=None):
     """Per stored step ``[E, L]``: ``(g0, boot)`` with ``g0`` the discounted
-    external return to go within the episode and ``boot = gamma^(T - p)`` on
-    truncated episodes (0 on terminated ones), so the fit target is ``g0 +
+    return to go within the episode of ``reward [E, L]`` (default: the stored
+    external reward; :func:`fit_rewards` for the fit) and ``boot = gamma^(T - p)``
+    on truncated episodes (0 on terminated ones), so the fit target is ``g0 +
     boot * sg(Phi(final_obs))``."""
-    g0 = ep.discounted_to_go(buf.steps["reward"], buf.length, gamma)
+    reward = buf.steps["reward"] if reward is None else reward
+    g0 = ep.discounted_to_go(reward, buf.length, gamma)
     pos = ep.row_positions(buf.length, g0.shape[1])
     steps_left = (buf.length[:, None] - pos).astype(jnp.float32)
     trunc = 1.0 - buf.ends["terminated"].astype(jnp.float32)
     return g0, trunc[:, None] * gamma**steps_left
 
 
-def gather_transitions(buf: ep.EpisodeBuffer, g0, boot, episode, row):
+def gather_transitions(buf: ep.EpisodeBuffer, g0, boot, episode, row, reward=None):
     """The sampled transitions ``(episode [B], row [B])`` of the replay as a
     dict of ``[B, ...]`` arrays: ``obs``, ``next_obs`` (the next row, or the
-    episode's final observation on its last step), ``reward``, ``terminated``
+    episode's final observation on its last step), ``reward`` (of ``reward [E,
+    L]``, default the stored external reward), ``terminated``
     (its last step and the episode terminated), ``g0``, ``boot``, ``episode``."""
     max_len = ep.max_len_of(buf)
     obs = buf.steps["obs"]
@@ -236,7 +266,7 @@ def gather_transitions(buf: ep.EpisodeBuffer, g0, boot, episode, row):
     nxt = obs[episode, (row + 1) % max_len]
     pick = last.reshape(last.shape + (1,) * (final.ndim - 1))
     return {"obs": obs[episode, row], "next_obs": jnp.where(pick, final, nxt),
-            "reward": buf.steps["reward"][episode, row],
+            "reward": (buf.steps["reward"] if reward is None else reward)[episode, row],
             "terminated": jnp.logical_and(last, buf.ends["terminated"][episode]),
             "g0": g0[episode, row], "boot": boot[episode, row], "episode": episode}
 
@@ -261,12 +291,13 @@ def combine_loss(terms: dict, hp):
 def refit(network, params, opt_state, buf: ep.EpisodeBuffer, hp, key, steps, batch_size: int):
     """``steps`` Adam steps of one member on ``batch_size`` transitions drawn from the replay
     each. Returns ``(params, opt_state, per-step terms [steps])`` (``[2]``, first and last, for a traced count)."""
-    g0, boot = replay_targets(buf, hp.gamma)
+    reward = fit_rewards(buf, hp.potential_outcome)
+    g0, boot = replay_targets(buf, hp.gamma, reward)
     value = lambda p, x: network.apply(p, flat_obs(x, x.ndim - 1))  # noqa: E731
 
     def sample(k):
         episode, row, weight = ep.sample_steps(k, buf, batch_size)
-        return gather_transitions(buf, g0, boot, episode, row), weight
+        return gather_transitions(buf, g0, boot, episode, row, reward), weight
 
     def loss_fn(p, minibatch):
         batch, weight = minibatch
@@ -380,6 +411,8 @@ POTENTIAL_PARAMS = {
     "w_reg": weight(1e-3, doc="L2 prior on Phi"),
     "potential_init": Param(0.0, -INF, INF, False, False, doc="initial output bias: a guess of the return"),
     "credit_clip": Param(1e6, 0.0, INF, low_inclusive=False, doc="|credit| cap after scaling (never binds by default)"),
+    "potential_outcome": unit(0.0, doc="what Phi is the value of: 0 the return (every external reward), 1 the"
+                                       " outcome (the final reward of a terminated episode only)"),
 }
 
 

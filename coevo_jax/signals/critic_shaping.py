@@ -1,0 +1,83 @@
+"""SIOP's credit with PPO's own critic as the potential (method ``siop-critic``):
+the control that asks what SIOP's potential adds beyond the critic.
+
+SIOP (:mod:`coevo_jax.signals.potential`) fits a separate network ``Phi`` to
+the value of the external reward under the current policy, which is what PPO's
+critic estimates too. ``siop-critic`` keeps SIOP's credit construction and
+replaces ``Phi`` by the critic's episodic head ``V`` as recorded in the
+trajectory at collection time (``traj.value``, ``traj.next_value``; no
+gradient flows through them, and no network of its own):
+
+    F_t = gamma * V(s_t+1) - V(s_t),   V(s_t+1) = 0 if terminated_t,
+                                       V(final_obs_t) if truncated_t (a time-out bootstraps),
+
+spread over ``static.credit_nstep`` steps, clipped at ``hp.credit_clip`` and
+paid in the episodic stream as ``beta_ext * r_ext + beta_int * F``, all
+exactly as ``siop`` does with its default ``normalize_int = 0``
+(:func:`~coevo_jax.signals.potential.trajectory_shaping`): the credit is raw,
+in the units of the critic's values, which are those of the external return.
+``hp.normalize_int`` is not read (the signal keeps no state). If
+``siop``, ``siop-critic`` and ``ppo`` learn alike, SIOP's potential adds nothing
+the critic lacks.
+
+**What it does to PPO.** The critic is the one the policy trains on the shaped
+stream, so the potential is self-referential. With ``n = 1`` and no scaling the
+GAE error is ``r_t + (1 + beta_int) (gamma V(s_t+1) - V(s_t))``: PPO's TD error
+with the critic counted ``1 + beta_int`` times. The critic's target is the
+shaped return, ``G - beta_int V_old(s)`` for a complete episode, so a critic
+that fits its target moves as ``V <- V + a (G - (1 + beta_int) V)``: the
+combined baseline ``(1 + beta_int) V`` tends to the external value ``V_ext``
+(``V`` itself to ``V_ext / (1 + beta_int)``), at ``1 + beta_int`` times the rate
+of PPO's critic. Like any potential-based shaping it leaves the optimal
+policies unchanged.
+
+``beta_int = 0`` (``off``) is sparse PPO exactly.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from coevo_jax.registry import MethodSpec, register_method
+from coevo_jax.signals.base import RewardStreams, Signal, float_metrics, no_observe, no_update
+from coevo_jax.signals.potential import POTENTIAL_PARAMS, clip_credit, trajectory_shaping
+
+
+def episodic_values(traj):
+    """``(V(obs), V(next_obs))`` ``[T, N]`` of the critic's episodic head at
+    collection time (the first of two heads), under ``stop_gradient``."""
+    value, next_value = traj.value, traj.next_value
+    if value.ndim == traj.reward.ndim + 1:
+        value, next_value = value[..., 0], next_value[..., 0]
+    return jax.lax.stop_gradient(value), jax.lax.stop_gradient(next_value)
+
+
+def make_critic_shaping(static, network=None, env=None, env_params=None) -> Signal:
+    """``siop-critic``: SIOP's shaping credit with ``Phi = V``, PPO's critic (module docstring)."""
+    nstep = int(static.credit_nstep)
+
+    def init(key, traj, hp):
+        return ()
+
+    def rewards(state, traj, hp):
+        phi, phi_next = episodic_values(traj)
+        raw = trajectory_shaping(phi, phi_next, traj, hp, nstep)
+        credit = clip_credit(raw, hp.credit_clip)
+        streams = RewardStreams(hp.beta_ext * traj.reward + hp.beta_int * credit)
+        metrics = {
+            "potential_mean": phi.mean(), "potential_min": phi.min(), "potential_max": phi.max(),
+            "credit_mean": credit.mean(), "credit_var": credit.var(),
+            "credit_clip_frac": (jnp.abs(raw) > hp.credit_clip).mean(),
+        }
+        return state, streams, float_metrics(metrics)
+
+    return Signal(init, no_observe, no_update, rewards)
+
+
+register_method(MethodSpec(
+    "siop-critic", make_critic_shaping, {"credit_clip": POTENTIAL_PARAMS["credit_clip"]},
+    # siop's mixing: raw shaping in units of the external return
+    {"beta_ext": 1.0, "beta_int": 1.0, "normalize_int": 0.0},
+    static_checks={"credit_nstep": (1, 1024)}, off={"beta_int": 0.0},
+    doc="control: siop's shaping credit gamma V(s') - V(s) with PPO's own critic V as the potential",
+))

@@ -1,0 +1,207 @@
+"""Iterative Relative Credit Refinement (IRCR; Gangwani, Zhou and Peng 2020,
+"Learning Guidance Rewards with Trajectory-space Smoothing"), method ``ircr``.
+
+**The guidance reward.** Smoothing the RL objective in trajectory space gives
+a per-step reward that is the expected (normalised) return of the episodes a
+state-action pair occurs in:
+
+    r_g(s, a) = E[ n(R(tau)) | (s, a) in tau ],   tau from a buffer of recent episodes,
+    n(R) = (R - R_min) / (R_max - R_min),          R_min, R_max over that buffer.
+
+Every step of an episode gets the same target, the episode's whole
+(undiscounted) external return, min-max normalised to ``[0, 1]`` over the
+buffer's episodes: credit is *relative* to the other recent episodes, and as
+the policy improves the buffer's returns move up and each pair's reward is
+refined again (hence "iterative"). It is a per-step regression, not a
+decomposition: there is no constraint on the sum of ``r_g`` over an episode
+(contrast ``coevo-regression``, :mod:`coevo_jax.signals.learned`). The
+normalisation makes ``r_g`` invariant to adding a constant to every return and
+to scaling every return by a positive number. When every return in the buffer
+is the same (``R_max - R_min < 1e-8``, e.g. no success yet) every target is 0:
+no episode was better than another.
+
+**Learned, as on-policy PPO needs.** The paper pairs IRCR with off-policy
+learners (SAC, TD3, Q-learning), where a replayed transition's reward can be
+read from the finished episode it came from, with no network. PPO needs the
+reward of steps whose episode has not finished when the rollout ends, and of
+every state-action pair it sees, so ``r_g`` here is a network fit by
+regression: :class:`~coevo_jax.reward_net.RewardNet` (R_phi's network and
+input encoding: ``StaticConfig.reward_input``, ``"obs"`` for the paper's
+``r_g(s, a)``, ``"features"`` the policy's hidden state, as for R_phi; token
+observations one-hot encoded), read through its *linear* output (the pre-tanh
+head ``pre``: the targets fill ``[0, 1]``, which a tanh reaches only at
+infinity). Each refit (every ``hp.k`` iterations, ``static.reward_steps``
+full-batch Adam steps, or ``reward_steps x k`` under
+``static.refit_steps_per_k``) minimises
+
+    mean over the stored steps of valid episodes of (r_g(x_t, a_t) - n(R_e))^2
+
+on a ring buffer of the ``static.buffer_episodes`` most recent complete
+episodes (:mod:`coevo_jax.episodes`; per step R_phi's input and the action, per
+episode its whole return; an episode longer than ``static.max_episode_len``
+keeps its last steps, each still with the whole episode's return as target).
+A timed-out episode counts with the return it collected. The Adam step is
+``hp.ircr_lr_ratio`` times the policy's current learning rate (annealed with
+it), clipped at ``hp.reward_max_grad_norm``.
+
+**Rewards.** The paper replaces the environment reward by the guidance reward.
+``r_g`` is a learned per-step stand-in for the external return, so it respects
+episode ends: the episodic stream (base.py's rules), ``beta_ext * r_ext +
+beta_int * r_g`` with defaults ``beta_ext = 0``, ``beta_int = 1`` (the paper's
+replacement; ``beta_ext = 1`` adds it to the external reward instead). Raw by
+default (``hp.normalize_int = 0``: ``r_g`` is already in ``[0, 1]``); 1 divides
+it by the running RMS of its discounted return, never shifting it. Note that
+``r_g >= 0`` on every step pays for steps: states of high-return episodes are
+worth lingering in until the refits see that lingering episodes end with low
+returns (the paper's tasks have fixed horizons). ``off`` (``beta_ext = 1``,
+``beta_int = 0``) is sparse PPO exactly.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from coevo_jax import episodes as ep
+from coevo_jax.fit import fit, init_optimizer, make_optimizer, refit_steps
+from coevo_jax.registry import MethodSpec, Param, register_method
+from coevo_jax.reward_net import (
+    REWARD_NET_STATIC_CHECKS, check_reward_net_static, make_reward_net, reward_inputs,
+)
+from coevo_jax.signals.base import (
+    ReturnScale, RewardStreams, Signal, float_metrics, init_return_scale, return_rms, scale_normalise,
+)
+from coevo_jax.signals.learned import REFIT_PARAMS, pearson
+
+#: below this spread of the buffer's returns every normalised target is 0
+MIN_SPREAD = 1e-8
+
+
+# ----------------------------------------------------------------------------- targets and loss
+def minmax_normalise(ret: jax.Array, valid: jax.Array) -> jax.Array:
+    """``(R - R_min) / (R_max - R_min)`` of ``ret [E]``, min and max over the
+    ``valid [E]`` entries; 0 on invalid entries and when the spread is below
+    :data:`MIN_SPREAD` (all returns equal, or no valid entry)."""
+    ret = ret.astype(jnp.float32)
+    lo = jnp.min(jnp.where(valid, ret, jnp.inf))
+    hi = jnp.max(jnp.where(valid, ret, -jnp.inf))
+    spread = hi - lo
+    ok = jnp.logical_and(jnp.isfinite(spread), spread >= MIN_SPREAD)
+    out = (ret - jnp.where(ok, lo, 0.0)) / jnp.where(ok, spread, 1.0)
+    return jnp.where(jnp.logical_and(valid, ok), out, 0.0)
+
+
+def guidance_loss(g: jax.Array, target: jax.Array, mask: jax.Array) -> jax.Array:
+    """Mean over the stored steps (``mask [E, L]`` = 1) of ``(g - target_e)^2``:
+    ``g [E, L]`` the guidance reward of each step, ``target [E]`` its episode's
+    normalised return. 0 with no stored step."""
+    err = (g - target[:, None]) ** 2
+    return (err * mask).sum() / jnp.maximum(mask.sum(), 1.0)
+
+
+def episode_means(g: jax.Array, mask: jax.Array) -> jax.Array:
+    """``[E, L] -> [E]``: each episode's mean of ``g`` over its stored steps (0 if none)."""
+    return (g * mask).sum(-1) / jnp.maximum(mask.sum(-1), 1.0)
+
+
+def ircr_streams(r_ext, r_g, scale: ReturnScale, done, hp):
+    """``(scale, RewardStreams)``: episodic ``beta_ext * r_ext + beta_int *
+    n(r_g)``, ``n`` the running-RMS scale when ``hp.normalize_int`` (identity
+    at 0). ``r_ext, r_g, done [T, N]``."""
+    scale, g = scale_normalise(scale, r_g, hp.gamma, hp.normalize_int, done)
+    return scale, RewardStreams(hp.beta_ext * r_ext + hp.beta_int * g)
+
+
+# ----------------------------------------------------------------------------- the signal
+@struct.dataclass
+class IRCRState:
+    """The guidance network's parameters and Adam state, the running scale of
+    its return and the episode replay (per step ``x``, ``action``; per episode
+    ``full_return``)."""
+
+    params: Any
+    opt_state: Any
+    scale: ReturnScale
+    replay: ep.EpisodeReplay
+
+
+def make_ircr(static, network, env, env_params) -> Signal:
+    """The IRCR guidance reward (method ``ircr``; see the module docstring)."""
+    net = make_reward_net(static, env, env_params)
+
+    def inputs(traj):
+        return reward_inputs(traj, net.reward_input, net.obs_ndim)
+
+    def guidance(params, x, action):
+        """``r_g``: the network's linear (pre-tanh) output."""
+        return net.apply(params, x, action)[1]
+
+    def init(key, traj, hp):
+        x = inputs(traj)
+        num_envs = traj.action.shape[1]
+        params = net.init(key, x[0], traj.action[0])
+        replay = ep.init_replay(static.buffer_episodes, static.max_episode_len, num_envs,
+                                {"x": x[0, 0], "action": jnp.int32(0)}, {"full_return": jnp.float32(0.0)})
+        return IRCRState(params, init_optimizer(params), init_return_scale(num_envs), replay)
+
+    def observe(state: IRCRState, traj, hp, key):
+        steps = {"x": inputs(traj), "action": traj.action.astype(jnp.int32)}
+        replay = ep.add_rollout(state.replay, steps, {"full_return": traj.episode_return.astype(jnp.float32)},
+                                traj.episode_done)
+        return state.replace(replay=replay), {"episodes_committed": replay.committed.astype(jnp.float32)}
+
+    def update(state: IRCRState, traj, policy, hp, key):
+        buf = state.replay.train
+        x, actions, mask = buf.steps["x"], buf.steps["action"], ep.buffer_mask(buf)
+        target = minmax_normalise(buf.ends["full_return"], buf.valid)
+        step_size = hp.ircr_lr_ratio * policy.lr
+        tx = make_optimizer(hp.reward_max_grad_norm, step_size)
+
+        def loss_fn(params, batch):
+            return guidance_loss(guidance(params, *batch), target, mask), {}
+
+        # full-batch steps: every step reads the whole buffer
+        params, opt_state, ms = fit(loss_fn, state.params, state.opt_state, tx, lambda _: (x, actions), key,
+                                    steps=refit_steps(static.reward_steps, static, hp))
+        g = guidance(params, x, actions)
+        ret, some = buf.ends["full_return"], buf.valid.any()
+        metrics = {
+            "ircr_first_loss": ms["loss"][0], "ircr_loss": ms["loss"][-1], "ircr_grad_norm": ms["grad_norm"][-1],
+            "ircr_step_size": step_size, "buffer_size": buf.valid.sum(),
+            # the fitted per-episode mean guidance against the episode's normalised return
+            "buffer_corr": pearson(episode_means(g, mask), target, buf.valid),
+            "buffer_return_min": jnp.where(some, jnp.min(jnp.where(buf.valid, ret, jnp.inf)), 0.0),
+            "buffer_return_max": jnp.where(some, jnp.max(jnp.where(buf.valid, ret, -jnp.inf)), 0.0),
+        }
+        return state.replace(params=params, opt_state=opt_state), float_metrics(metrics)
+
+    def rewards(state: IRCRState, traj, hp):
+        r_g = guidance(state.params, inputs(traj), traj.action)
+        done = jnp.logical_or(traj.terminated, traj.truncated)
+        scale, streams = ircr_streams(traj.reward, r_g, state.scale, done, hp)
+        metrics = {"r_int_mean": r_g.mean(), "r_int_var": r_g.var(), "guidance_min": r_g.min(),
+                   "guidance_max": r_g.max(), "int_return_rms": return_rms(scale)}
+        return state.replace(scale=scale), streams, float_metrics(metrics)
+
+    return Signal(init, observe, update, rewards)
+
+
+# ----------------------------------------------------------------------------- registration
+IRCR_PARAMS = {
+    "ircr_lr_ratio": Param(4.0, 0.0, 1e4, doc="the guidance network's Adam step as a multiple of the policy's"
+                                              " current lr (0: frozen at its initialisation)"),
+    "reward_max_grad_norm": REFIT_PARAMS["reward_max_grad_norm"],
+}
+
+register_method(MethodSpec(
+    "ircr", make_ircr, IRCR_PARAMS,
+    # the paper replaces the external reward by r_g; refit every iteration (its data changes every rollout)
+    {"beta_ext": 0.0, "beta_int": 1.0, "normalize_int": 0.0, "k": 1},
+    static_checks={**REWARD_NET_STATIC_CHECKS, "reward_steps": (1, 10_000), "buffer_episodes": (2, 1 << 16),
+                   "max_episode_len": (1, 1 << 16)},
+    check_static=check_reward_net_static, off={"beta_ext": 1.0, "beta_int": 0.0},
+    doc="IRCR (Gangwani et al. 2020): a learned per-step guidance reward regressed on the min-max normalised"
+        " return of each step's episode, replacing the external reward",
+))
