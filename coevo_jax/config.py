@@ -65,18 +65,22 @@ class StaticConfig:
     action_embed_dim: int = 16
     reward_steps: int = 4  # gradient steps per refit
     buffer_episodes: int = 32  # complete episodes kept for the refit
-    max_episode_len: int = 32  # the last this-many steps of each episode are kept (padded) in the buffer
+    # steps of an episode R_phi's buffer keeps (padded): None = the env's time limit (every step is decomposed);
+    # a length shorter than the time limit is refused (episodes.episode_window)
+    max_episode_len: int | None = None
     reward_input: str = "features"  # what R_phi and RND read: "features" (policy hidden state) or "obs"
     # potential (SIOP)
     potential_hidden: tuple = (64, 64)
     potential_steps: int = 4  # Adam steps per refit, each on minibatch_size transitions drawn from the replay
     potential_layernorm: bool = False
     potential_buffer_episodes: int = 64  # complete episodes in the potential's replay
-    potential_episode_len: int = 128  # the last this-many steps of each replayed episode are kept
+    potential_episode_len: int | None = None  # steps of a replayed episode kept: None = the env's time limit
     ensemble_size: int = 1
     ensemble_combine: str = "mean"  # or "min"
     # compute-matched K: a refit takes reward_steps x K (potential_steps x K) steps, so R_phi / Phi get the same
-    # gradient steps per env step whatever the update period K (hp.k; a traced count, fit.fit_traced_steps)
+    # gradient steps per env step whatever the update period K (hp.k; a traced count, fit.fit_traced_steps).
+    # A refit with fewer than hp.min_refit_episodes complete episodes in its buffer takes none: the metric
+    # refit_steps (cumulative) is the steps a run took
     refit_steps_per_k: bool = False
     credit_nstep: int = 1  # > 1: each step's credit spread back over n steps (policy invariance exact only at 1)
     # ICM

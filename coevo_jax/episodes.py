@@ -39,11 +39,20 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
+from coevo_jax.registry import ConfigError, Param
 from coevo_jax.rollout import flatten_time
 
 VAL_EVERY = 4  # the usual validation period: every 4th committed episode is held out
+MAX_WINDOW = 1 << 16  # the longest episode a buffer row may hold (StaticConfig.max_episode_len's range)
+#: the refit gate of every learner that refits on a replay of complete episodes (R_phi, SIOP's potential)
+REFIT_GATE_PARAMS = {
+    "min_refit_episodes": Param(1, 0, MAX_WINDOW, integer=True,
+                                doc="a refit runs only when its buffer holds at least this many complete episodes"
+                                    " (else parameters and optimiser state stay as they are); 0: always"),
+}
 
 
 @struct.dataclass
@@ -117,6 +126,47 @@ def init_replay(size: int, max_len: int, num_envs: int, step_example, end_exampl
 def max_len_of(buf: EpisodeBuffer | Segments) -> int:
     """``L``: the padded episode length (the second axis of every step leaf)."""
     return jax.tree.leaves(buf.steps)[0].shape[1]
+
+
+def env_time_limit(env, env_params) -> int | None:
+    """The environment's time limit in steps, ``params.max_steps`` (``env_params``,
+    else ``env.default_params``; the largest over a batch of params), or ``None``
+    when neither is given or the params have no ``max_steps``."""
+    params = env_params if env_params is not None else (None if env is None else env.default_params)
+    limit = getattr(params, "max_steps", None)
+    return None if limit is None else int(np.max(np.asarray(limit)))
+
+
+def episode_window(name: str, given: int | None, env, env_params) -> int:
+    """The episode length ``L`` a replay keeps, for ``StaticConfig.<name> = given``.
+
+    ``None``: the env's time limit (:func:`env_time_limit`), so every step of an
+    episode is kept. A ``given`` length shorter than the time limit is a
+    :class:`ConfigError` naming both (the buffer would drop the first steps of a
+    long episode); a longer one is kept as given. An env without a time limit of
+    at most :data:`MAX_WINDOW` steps needs ``given``.
+    """
+    limit = env_time_limit(env, env_params)
+    known = limit is not None and limit <= MAX_WINDOW
+    if given is None:
+        if not known:
+            raise ConfigError(f"StaticConfig.{name} is None but the env declares no time limit of at most {MAX_WINDOW}"
+                              f" steps (max_steps={limit}): give {name} explicitly")
+        return limit
+    if known and given < limit:
+        raise ConfigError(f"StaticConfig.{name}={given} is shorter than the env's time limit {limit}: the buffer"
+                          f" would drop the first steps of longer episodes (leave it None to keep all {limit})")
+    return int(given)
+
+
+def complete_episodes(buf: "EpisodeBuffer") -> jax.Array:
+    """int32 ``()``: the complete episodes ``buf`` holds now."""
+    return buf.valid.sum().astype(jnp.int32)
+
+
+def refit_ready(buf: "EpisodeBuffer", hp) -> jax.Array:
+    """bool ``()``: ``buf`` holds at least ``hp.min_refit_episodes`` complete episodes."""
+    return complete_episodes(buf) >= hp.min_refit_episodes
 
 
 # ----------------------------------------------------------------------------- writing

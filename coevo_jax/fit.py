@@ -171,3 +171,16 @@ def refit_steps(steps: int, static, hp):
     """Steps of one refit of a learned reward or potential: ``steps`` (static), or
     ``steps * hp.k`` (traced) under ``static.refit_steps_per_k`` (compute-matched K)."""
     return steps * hp.k if static.refit_steps_per_k else steps
+
+
+def refit_when(ready: jax.Array, refit: Callable, operand):
+    """``refit(operand) -> (operand, metrics)`` when ``ready`` (bool ``()``, may be
+    traced), else ``(operand, metrics of zeros)``: a refit without data leaves
+    the parameters and the optimiser state (Adam's step count included) as they
+    are. Under ``vmap`` with a batched ``ready`` both sides run and each run keeps its own."""
+    out = jax.eval_shape(refit, operand)
+
+    def skip(x):
+        return x, jax.tree.map(lambda m: jnp.zeros(m.shape, m.dtype), out[1])
+
+    return jax.lax.cond(ready, refit, skip, operand)

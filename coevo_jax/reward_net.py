@@ -12,8 +12,8 @@
 * ``"obs"``: the observation itself, flattened to ``[D]``; integer
   observations (token buffers) are one-hot encoded per position inside the
   net (``vocab`` classes), float ones are read as they are. A frozen phi then
-  is a frozen function of ``(s, a)``: the control that ``reward_lr = 0`` /
-  ``meta_lr = 0`` is meant to be.
+  is a frozen function of ``(s, a)``: the control that ``reward_lr_ratio = 0`` /
+  ``meta_lr_ratio = 0`` is meant to be.
 
 **Architecture**: ``concat(x, embed(a))`` -> Dense+ReLU per ``hidden`` ->
 Dense(1) -> tanh, ``r in [-1, 1]``; ``pre`` is the pre-tanh activation. The

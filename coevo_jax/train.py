@@ -38,6 +38,9 @@ class TrainState:
     diverged: jax.Array  # bool (): a parameter or loss went non-finite; the policy is frozen (freeze_diverged)
     last_return: jax.Array  # () mean return of the last finished episodes
     last_success: jax.Array  # ()
+    # float32 (): gradient steps the signal's refits took so far (its "refit_steps" metric, summed); 0 for a
+    # method without refits
+    refit_steps: jax.Array = struct.field(default_factory=lambda: jnp.float32(0.0))
 
 
 def raw_key(key: jax.Array) -> jax.Array:
@@ -163,6 +166,7 @@ class Trainer:
             params=params, opt_state=init_optimizer(params), signal_state=signal_state,
             rollout=RolloutState(env_state, obs), key=k_run, iteration=jnp.int32(0),
             diverged=jnp.bool_(False), last_return=jnp.float32(0.0), last_success=jnp.float32(0.0),
+            refit_steps=jnp.float32(0.0),
         )
 
     def _example_trajectory(self, params, obs, env_state) -> Trajectory:
@@ -207,8 +211,9 @@ class Trainer:
         )
         ep_metrics, last_return, last_success = episode_metrics(traj, state.last_return, state.last_success)
 
+        refit_total = state.refit_steps + upd_metrics.get("refit_steps", jnp.float32(0.0))
         new = TrainState(params, opt_state, sig_state, ro_state, key, state.iteration + 1, state.diverged,
-                         last_return, last_success)
+                         last_return, last_success, refit_total)
         sig_metrics = {**obs_metrics, **upd_metrics, **r_metrics}
         # the policy and every loss and statistic of the iteration (the signal's buffers are not scanned: a
         # non-finite learned reward or potential shows in its metrics and in the PPO update)
@@ -221,6 +226,7 @@ class Trainer:
             **ep_metrics,
             **ppo_metrics,
             "lr": lr,
+            "refit_steps": refit_total,  # cumulative: the effective compute of the learned reward / potential
             "r_used_mean": streams.episodic.mean(),
             "r_used_std": streams.episodic.std(),
             **({} if streams.intrinsic is None else {"r_intrinsic_mean": streams.intrinsic.mean(),

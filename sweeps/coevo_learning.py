@@ -15,7 +15,7 @@ The co-evolution diagnostics of seed 0 go to ``diagnostics_<arm>.png``.
 ``--grid`` sweeps HParams of the coevo arms (every grid point x every seed).
 
     python sweeps/coevo_learning.py --num-seeds 32 --out results/coevo_v1
-    python sweeps/coevo_learning.py --envs keydoor --grid 'k=1,4,16;reward_lr=5e-5,2e-4'
+    python sweeps/coevo_learning.py --envs keydoor --grid 'k=1,4,16;reward_lr_ratio=0.2,0.8'
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ SETTINGS = {  # name -> env, env_kwargs, threshold metric, threshold (fixed in a
     "keydoor": ("KeyDoor-5x5", {}, "success_rate", 0.9),
     "cartpole": ("CartPole-v1", {"reward_freq": 20}, "episode_return", 400.0),
 }
-COEVO_FLAGS = ("k", "reward_lr", "beta_ext", "beta_int", "normalize_int", "anchor_weight", "drift_weight",
+COEVO_FLAGS = ("k", "reward_lr_ratio", "beta_ext", "beta_int", "normalize_int", "anchor_weight", "drift_weight",
                "extreme_weight")
 DEFAULT_STEPS = "keydoor=32768,cartpole=65536"
 WINDOW = 20  # iterations of the collusion flag's trailing window
@@ -49,16 +49,17 @@ def build_parser():
     p.add_argument("--total-steps", default=DEFAULT_STEPS, metavar="S",
                    help=f"env steps per run: one integer, or setting=steps pairs (default: {DEFAULT_STEPS})")
     for name, default in (("num-envs", 16), ("rollout-len", 64), ("reward-steps", 4), ("buffer-episodes", 32),
-                          ("max-episode-len", 32)):
+                          ("max-episode-len", None)):
         p.add_argument(f"--{name}", type=int, default=default,
-                       help=f"StaticConfig.{name.replace('-', '_')} (default: {default})")
+                       help=f"StaticConfig.{name.replace('-', '_')} (default: "
+                            f"{'the env time limit' if default is None else default})")
     p.add_argument("--reward-hidden", default="32,32", help="StaticConfig.reward_hidden of R_phi (default: 32,32)")
     coevo = default_hparams("coevo-regression")
     for name in COEVO_FLAGS:
         p.add_argument("--" + name.replace("_", "-"), type=float, default=None,
                        help=f"HParams.{name} of the coevo arms (default: the method's, {getattr(coevo, name):g})")
     p.add_argument("--grid", default="", metavar="F=V1,V2;...",
-                   help="HParams grid of the coevo arms, e.g. 'k=1,4;reward_lr=5e-5,2e-4' (default: none)")
+                   help="HParams grid of the coevo arms, e.g. 'k=1,4;reward_lr_ratio=0.2,0.8' (default: none)")
     options.add_study_options(p, num_seeds=32)
     return p
 

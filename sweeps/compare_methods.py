@@ -11,7 +11,7 @@ the same paired seeds and budget, one study per task through the one runner:
   coevo-novelty, siop, meta;
 * the controls (:mod:`coevo_jax.signals.placebo`): a constant reward of
   ``+c`` and of ``-c`` per step mixed like R_phi (a living bonus, a step
-  penalty), ``coevo-frozen`` (coevo-regression with ``reward_lr = 0``: R_phi
+  penalty), ``coevo-frozen`` (coevo-regression with ``reward_lr_ratio = 0``: R_phi
   never refit) and ``siop-shuffled`` (SIOP's credit moved to random steps of the
   same episode: the placebo);
 * the uniform-random row (:func:`coevo_jax.controls.random_row`);
@@ -55,7 +55,7 @@ C = 0.02  # |c| of the constant control: a learned decomposition's per-step rewa
 CONTROLS = {  # label -> (method, HParams overrides)
     "constant+c": ("constant", {"constant_reward": C}),
     "constant-c": ("constant", {"constant_reward": -C}),
-    "coevo-frozen": ("coevo-regression", {"reward_lr": 0.0}),
+    "coevo-frozen": ("coevo-regression", {"reward_lr_ratio": 0.0}),
     "siop-shuffled": ("siop-shuffled", {}),
 }
 ABLATIONS = {  # label -> (method, HParams overrides, StaticConfig overrides)

@@ -14,7 +14,13 @@ lr / entropy coefficient tuned there (dense its own, every other method ppo's).
 **Compute-matched** by default (``StaticConfig.refit_steps_per_k``): a refit
 takes ``reward_steps x K`` (``potential_steps x K``) gradient steps, so R_phi and
 the potential get the same gradient steps per env step at every K, and K
-measures only *how stale* the reward is, not how much it was trained. SIOP is
+measures only *how stale* the reward is, not how much it was trained. A refit
+whose buffer holds no complete episode yet (``hp.min_refit_episodes``, 1) takes
+no step, so the steps a run actually took differ between K (the refit due at
+iteration 0 is skipped on most seeds, half the refits at K = 64): the table's
+``refit steps`` column is their mean over seeds (the run's cumulative
+``refit_steps`` metric). R_phi's buffer and the potential's replay keep every
+step of an episode (their length is the task's time limit). SIOP is
 crossed with normalisation (``siop``: raw credit, ``siop-norm``: divided by a
 running RMS of its return).
 
@@ -108,7 +114,7 @@ def static_for(method: str, task, total_steps: int, matched: bool) -> StaticConf
     """The task's policy, rollout and PPO sizes for every method; ``matched``: compute-matched refits."""
     return StaticConfig(method=method, num_envs=task.num_envs, rollout_len=task.rollout_len, total_steps=total_steps,
                         num_minibatches=task.num_minibatches, update_epochs=task.update_epochs,
-                        hidden_sizes=(64, 64), reward_hidden=(64, 64), buffer_episodes=16, max_episode_len=64,
+                        hidden_sizes=(64, 64), reward_hidden=(64, 64), buffer_episodes=16,
                         reward_steps=4, potential_steps=4, refit_steps_per_k=matched)
 
 
@@ -189,7 +195,9 @@ def report(args, results) -> str:
         swept = r["arm"] not in REFERENCE_METHODS + ("random",)
         idx = result.select(r["arm"], **({"k": r["k"]} if swept else {}))  # no runs for the random row
         osc = metrics.oscillation(result.curves["episode_return"][idx])
+        refits = np.nanmax(result.curves["refit_steps"][idx], axis=1) if swept and len(idx) else np.array([np.nan])
         rows.append({"method": r["arm"], "K": int(r["k"]) if swept else "-", "seeds": r["n_seeds"],
+                     "refit steps": float(np.nanmean(refits)) if swept else "-",
                      "diverged": r["n_diverged"], "success IQM": r["final_success_iqm"],
                      "95% CI": f"[{r['final_success_ci_low']:.3f}, {r['final_success_ci_high']:.3f}]",
                      "return IQM": r["final_return_iqm"], "AUC success": r["auc_success_iqm"],

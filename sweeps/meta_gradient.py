@@ -14,7 +14,7 @@ paired seeds each, through the one runner (:mod:`coevo_jax.experiment`):
                      intrinsic stream ``R_phi`` (its advantage weighted by ``r_int_coef``);
 * ``meta-rint-only`` LIRPG, the intrinsic stream ``R_phi`` alone (``r_ext_coef = 0``);
 * (optional controls ``meta-frozen``, ``meta-rint-only-frozen``: the same with
-  ``meta_lr = 0``, i.e. a fixed random ``R_phi``;
+  ``meta_lr_ratio = 0``, i.e. a fixed random ``R_phi``;
 * ``meta-episodic``, ``meta-rint-only-episodic``: R_phi paid in the *episodic*
   return (``r_int_episodic = 1``), as in LIRPG's own code, where a positive
   R_phi is also a survival bonus;
@@ -26,10 +26,11 @@ paired seeds each, through the one runner (:mod:`coevo_jax.experiment`):
   also changes the scale of what the policy is paid, and these show how far
   scale alone moves PPO.)
 
-``--meta-lr`` defaults to 1e-3: LIRPG takes one meta step of 1e-4 per PPO
-minibatch (16 per iteration with 4 epochs x 4 minibatches); this library takes
-one per iteration, so 1e-3 keeps phi's total movement per iteration about the
-same. ``--r-int-coef`` defaults to the library's ``meta`` default (0.1); LIRPG
+``--meta-lr-ratio`` (phi's step as a multiple of the policy's lr) defaults to
+4, a step of 1e-3 at the default ``--lr`` 2.5e-4: LIRPG takes one meta step of
+1e-4 per PPO minibatch (16 per iteration with 4 epochs x 4 minibatches); this
+library takes one per iteration, so 1e-3 keeps phi's total movement per
+iteration about the same. ``--r-int-coef`` defaults to the library's ``meta`` default (0.1); LIRPG
 used 0.01 (``--r-int-coef 0.01`` reproduces the README's table). On a delayed
 env ``episode_return`` is the delayed-paid total, which equals the undelayed
 total of the episode. Reported per env x setting, beside the uniform-random
@@ -57,8 +58,8 @@ SETTINGS = {  # arm label -> (method, HParams overrides)
     "meta": ("meta", {"r_ext_coef": 1.0}),
     "meta-rint-only": ("meta", {"r_ext_coef": 0.0}),
     # controls (not run by default): the same reward mixing with phi frozen at its random init
-    "meta-frozen": ("meta", {"r_ext_coef": 1.0, "meta_lr": 0.0}),
-    "meta-rint-only-frozen": ("meta", {"r_ext_coef": 0.0, "meta_lr": 0.0}),
+    "meta-frozen": ("meta", {"r_ext_coef": 1.0, "meta_lr_ratio": 0.0}),
+    "meta-rint-only-frozen": ("meta", {"r_ext_coef": 0.0, "meta_lr_ratio": 0.0}),
     "meta-episodic": ("meta", {"r_ext_coef": 1.0, "r_int_episodic": 1.0}),
     "meta-rint-only-episodic": ("meta", {"r_ext_coef": 0.0, "r_int_episodic": 1.0}),
     # "r_int_coef": the value of --r-int-coef (the constant pays what a saturated R_phi would)
@@ -86,7 +87,9 @@ def build_parser():
     p.add_argument("--ent-coef", type=float, default=0.01, help="entropy coefficient (default: 0.01)")
     p.add_argument("--max-grad-norm", type=float, default=0.5,
                    help="global-norm clip of the policy's gradient, actor and critic together (default: 0.5)")
-    p.add_argument("--meta-lr", type=float, default=1e-3, help="phi's Adam step, see above (default: 1e-3)")
+    p.add_argument("--meta-lr-ratio", type=float, default=4.0,
+                   help="phi's Adam step as a multiple of the policy's lr, see above (default: 4, i.e. 1e-3 at the"
+                        " default --lr)")
     p.add_argument("--r-int-coef", type=float, default=r_int,
                    help=f"HParams.r_int_coef, weight of R_phi's advantage (default: the library's, {r_int:g};"
                         " LIRPG: 0.01)")
@@ -101,7 +104,7 @@ def studies(args) -> list:
     if args.reward_freq < 1:
         raise ConfigError(f"--reward-freq={args.reward_freq} must be >= 1")
     base = {"lr": args.lr, "ent_coef": args.ent_coef, "max_grad_norm": args.max_grad_norm}
-    meta = {"meta_lr": args.meta_lr, "r_int_coef": args.r_int_coef}
+    meta = {"meta_lr_ratio": args.meta_lr_ratio, "r_int_coef": args.r_int_coef}
     arms = []
     for label in settings:
         method, overrides = SETTINGS[label]

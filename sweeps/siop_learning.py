@@ -14,7 +14,7 @@ over seeds [IQR]). SIOP's final potential of seed 0 is drawn as a heat map
 
     python sweeps/siop_learning.py                                   # 32 seeds, KeyDoor-5x5 and FourRooms
     python sweeps/siop_learning.py --num-seeds 8 --methods ppo,siop --envs KeyDoor-5x5
-    python sweeps/siop_learning.py --siop-hp potential_lr=1e-3,w_cons=3 --out results/siop_knobs
+    python sweeps/siop_learning.py --siop-hp potential_lr_ratio=3,w_cons=3 --out results/siop_knobs
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from coevo_jax.experiment import Arm, Study, cli, options  # noqa: E402
 #: Per-method HParams on top of ``default_hparams(method)`` and BASE_HP. siop: raw credit
 #: (``normalize_int=0``: dividing a near-constant early credit by its return's RMS would blow its
 #: noise up to unit scale), potential lr 2x the policy's (advice: 1.5-3x), refit every iteration.
-METHOD_HP = {"ppo": {}, "icm": {"k": 1}, "dense": {}, "siop": {"k": 1, "normalize_int": 0.0, "potential_lr": 1e-3}}
+METHOD_HP = {"ppo": {}, "icm": {"k": 1}, "dense": {}, "siop": {"k": 1, "normalize_int": 0.0, "potential_lr_ratio": 2.0}}
 BASE_HP = {"lr": 5e-4}
 NUM_ENVS, ROLLOUT_LEN = 16, 64
 DEFAULT_TOTAL_STEPS = NUM_ENVS * ROLLOUT_LEN * 96
@@ -46,7 +46,7 @@ def build_parser():
     p.add_argument("--total-steps", type=int, default=DEFAULT_TOTAL_STEPS, metavar="S",
                    help=f"env steps per run, >= {NUM_ENVS * ROLLOUT_LEN} (default: {DEFAULT_TOTAL_STEPS})")
     p.add_argument("--siop-hp", default="", metavar="F=V,...",
-                   help="extra HParams for siop, e.g. 'potential_lr=1e-3,w_cons=3' (default: none)")
+                   help="extra HParams for siop, e.g. 'potential_lr_ratio=3,w_cons=3' (default: none)")
     p.add_argument("--potential-steps", type=int, default=4, help="StaticConfig.potential_steps (default: 4)")
     p.add_argument("--credit-nstep", type=int, default=1, help="StaticConfig.credit_nstep (default: 1)")
     p.add_argument("--ensemble-size", type=int, default=1, help="StaticConfig.ensemble_size (default: 1)")

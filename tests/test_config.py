@@ -139,7 +139,7 @@ def test_every_declared_range_rejects_values_outside_it_naming_field_and_range(f
         ("lr", 0.0, r"HParams.lr=0.0 is outside the allowed range \(0.0, 1.0\]"),
         ("gamma", 1.5, r"HParams.gamma=1.5 is outside the allowed range \[0.0, 1.0\]"),
         ("k", 0, r"HParams.k=0 is outside the allowed range \[1, 1000000\]"),
-        ("rnd_lr", -0.5, r"HParams.rnd_lr=-0.5 is outside the allowed range \[0.0, 1.0\]"),
+        ("rnd_lr_ratio", -0.5, r"HParams.rnd_lr_ratio=-0.5 is outside the allowed range \[0.0, inf\)"),
         ("drift_ema", 1.0, r"HParams.drift_ema=1.0 is outside the allowed range \[0.0, 1.0\)"),
     ],
 )

@@ -54,7 +54,7 @@ def _adam_count(opt_state) -> np.ndarray:
 def test_compute_matched_refit_takes_k_times_the_steps():
     """Under ``refit_steps_per_k`` one refit of R_phi (and of each potential member)
     takes ``steps x K`` Adam steps, so the steps per env step do not depend on K."""
-    env, p = envs_jax.make("KeyDoor-5x5")
+    env, p = envs_jax.make("KeyDoor-5x5", max_steps=6)  # the buffers' rows (8) cover the time limit
     traj = synthetic_trajectory(5, env.observation_space(p).shape, env.action_space(p).n, heads=1,
                                 hidden=STATIC.hidden_sizes[-1])
     for method, attr in (("coevo-regression", "reward_steps"), ("siop", "potential_steps")):

@@ -60,9 +60,9 @@ def episodes_traj(returns):
 def fitted():
     """``fit(returns, hp) -> (r_g [T, N], update metrics, streams)``: one compiled
     init -> observe -> update (1000 full-batch steps) -> rewards, tabular network."""
-    env, p = envs_jax.make("KeyDoor-5x5")
+    env, p = envs_jax.make("KeyDoor-5x5", max_steps=4)  # the buffer keeps whole episodes: 4 steps
     static = cj.StaticConfig(method="ircr", reward_input="obs", reward_hidden=(), reward_steps=1000,
-                             buffer_episodes=8, max_episode_len=4, num_envs=3, rollout_len=8, num_minibatches=1)
+                             buffer_episodes=8, num_envs=3, rollout_len=8, num_minibatches=1)
     sig = ircr.make_ircr(static, None, env, p)
 
     def run(returns, hp):
@@ -116,6 +116,15 @@ def test_streams_mix_and_off_is_the_external_reward(fitted):
                                rtol=1e-6)
     _, _, off = fitted(RETURNS, **cj.method_spec("ircr").off)
     np.testing.assert_array_equal(np.asarray(off.episodic), np.asarray(traj.reward))
+
+
+def test_no_refit_without_enough_complete_episodes(fitted):
+    """The buffer holds 6 complete episodes: with ``min_refit_episodes = 7`` the refit takes no step."""
+    g, metrics, _ = fitted(RETURNS, min_refit_episodes=7.0)
+    assert float(metrics["refit_steps"]) == 0.0 and float(metrics["ircr_loss"]) == 0.0
+    assert float(metrics["buffer_size"]) == 6.0
+    assert float(fitted(RETURNS)[1]["refit_steps"]) == 1000.0
+    assert np.abs(np.asarray(g) - WANT_S).max() > 0.05  # unfitted
 
 
 def test_ircr_hyperparameters_are_validated():

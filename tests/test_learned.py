@@ -10,6 +10,7 @@ import jax
 import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import coevo_jax as cj
@@ -162,9 +163,8 @@ def test_observe_fills_the_episode_replay():
     validation slots. Env 0: A = r1 t0-2 (ends), B = r1 t3-4 + r2 t0-1, C = r2 t2-4
     (in progress). Env 1: D = r1 t0-4 + r2 t0-1 (7 steps: last 4 kept), E = r2 t2-3,
     F = r2 t4 (in progress). Commit order A, B, D, E: E is the 4th -> validation."""
-    env, p = envs_jax.make("CartPole-v1")
-    static = cj.StaticConfig(method="coevo-regression", reward_hidden=(4,), action_embed_dim=2, buffer_episodes=8,
-                             max_episode_len=4)
+    env, p = envs_jax.make("CartPole-v1", max_steps=4)  # buffer rows of 4 steps
+    static = cj.StaticConfig(method="coevo-regression", reward_hidden=(4,), action_embed_dim=2, buffer_episodes=8)
     signal = L.make_learned(static, None, env, p)
     hp = cj.default_hparams("coevo-regression")
 
@@ -195,11 +195,11 @@ def test_observe_fills_the_episode_replay():
 
 # ----------------------------------------------------------------------------- fitting
 def _fitting_setup(method, steps, lr, seed=0, episodes=16, max_len=8, feat_dim=4):
-    env, env_params = envs_jax.make("CartPole-v1")  # 2 actions
+    env, env_params = envs_jax.make("CartPole-v1", max_steps=max_len)  # 2 actions
     static = cj.StaticConfig(method=method, reward_hidden=(32, 32), action_embed_dim=4, reward_steps=steps,
-                             buffer_episodes=episodes, max_episode_len=max_len)
+                             buffer_episodes=episodes)
     signal = L.make_learned(static, None, env, env_params)
-    hp = cj.default_hparams(method, reward_lr=lr, drift_weight=0.0, extreme_weight=0.0)
+    hp = cj.default_hparams(method, lr=lr, reward_lr_ratio=1.0, drift_weight=0.0, extreme_weight=0.0)
 
     @jax.jit
     def setup(key):
@@ -284,11 +284,11 @@ def _novelty_traj(features, actions):
 
 def test_rnd_predictor_trains_every_iteration_in_observe():
     """Item 4: the RND predictor trains on every rollout in ``observe`` at its own
-    ``rnd_lr`` (not in the K-gated refit): it learns the visited features, novel
-    ones keep a larger error, the target stays fixed, and ``rnd_lr = 0`` freezes it."""
-    env, env_params = envs_jax.make("CartPole-v1")
+    ``rnd_lr_ratio * lr`` (not in the K-gated refit): it learns the visited features, novel
+    ones keep a larger error, the target stays fixed, and ``rnd_lr_ratio = 0`` freezes it."""
+    env, env_params = envs_jax.make("CartPole-v1", max_steps=8)
     static = cj.StaticConfig(method="coevo-novelty", reward_hidden=(32, 32), action_embed_dim=4,
-                             buffer_episodes=8, max_episode_len=8, num_minibatches=4)
+                             buffer_episodes=8, num_minibatches=4)
     signal = L.make_learned(static, None, env, env_params)
     feats = jax.random.normal(jax.random.PRNGKey(1), (8, 8, 4))
     seen = _novelty_traj(feats, (jnp.arange(64).reshape(8, 8) % 2).astype(jnp.int32))
@@ -315,14 +315,14 @@ def test_rnd_predictor_trains_every_iteration_in_observe():
                 metrics["rnd_loss"], same(new.rnd_target, state.rnd_target), same(refit.rnd_params, new.rnd_params),
                 same(once.rnd_params, state.rnd_params))
 
-    hp = cj.default_hparams("coevo-novelty", rnd_lr=3e-3, reward_lr=3e-3)
+    hp = cj.default_hparams("coevo-novelty", lr=3e-3, rnd_lr_ratio=1.0, reward_lr_ratio=1.0)
     before, once, after, other, loss, target_same, refit_same, _ = run(hp)
     assert float(once) < float(before)  # one iteration's observe already trains it
     assert float(loss) == pytest.approx(float(before), rel=0.3)  # the mean minibatch loss of that epoch
     assert float(after) < float(before) / 5  # the predictor learnt the visited features
     assert float(other) > 2 * float(after)  # novel features keep a larger error (a larger bonus)
     assert bool(target_same) and bool(refit_same)  # the target is fixed; the refit leaves the predictor alone
-    assert bool(run(hp.replace(rnd_lr=0.0))[-1])  # rnd_lr = 0: the predictor does not move
+    assert bool(run(hp.replace(rnd_lr_ratio=0.0))[-1])  # rnd_lr_ratio = 0: the predictor does not move
 
 
 def _streams_traj(key, num_actions=2, t=6, n=3, h=4):
@@ -339,9 +339,8 @@ def test_signal_rewards_streams_per_method(method):
     """Item 4, end of the signal: R_phi stays raw in the episodic stream (also with
     normalize_int = 1); only coevo-novelty has an intrinsic stream, its RND bonus
     times novelty_coef divided by one positive number."""
-    env, env_params = envs_jax.make("CartPole-v1")
-    static = cj.StaticConfig(method=method, reward_hidden=(16,), action_embed_dim=4, buffer_episodes=4,
-                             max_episode_len=4)
+    env, env_params = envs_jax.make("CartPole-v1", max_steps=4)
+    static = cj.StaticConfig(method=method, reward_hidden=(16,), action_embed_dim=4, buffer_episodes=4)
     signal = L.make_learned(static, None, env, env_params)
     traj = _streams_traj(jax.random.PRNGKey(0))
     hp = cj.default_hparams(method, beta_ext=2.0, beta_int=0.5, novelty_coef=3.0, normalize_int=1.0)
@@ -379,7 +378,7 @@ def test_make_learned_rejects_other_methods():
 # ----------------------------------------------------------------------------- the training loop
 SMALL = dict(num_envs=4, rollout_len=8, total_steps=4 * 8 * 4, num_minibatches=1, update_epochs=1,
              hidden_sizes=(16, 16), reward_hidden=(16, 16), action_embed_dim=4, reward_steps=2,
-             buffer_episodes=8, max_episode_len=16)
+             buffer_episodes=8)  # R_phi's rows: CartPole's time limit
 
 
 @pytest.fixture(scope="module")
@@ -394,7 +393,35 @@ def loop():
         gated=jax.jit(jax.vmap(cj.Trainer(coevo, env, p, batch_axis="runs").train, axis_name="runs"),
                       compiler_options=opt0),
         train_fns=(cj.make_train(coevo, env, p), cj.Trainer(coevo, env, p, batch_axis="runs").train),
+        init=cj.Trainer(coevo, env, p).init,
     )
+
+
+def adam_count(opt_state) -> int:
+    """Adam's step count in a :func:`coevo_jax.fit.make_optimizer` state."""
+    return int(next(s.count for s in opt_state if isinstance(s, optax.ScaleByAdamState)))
+
+
+def test_no_refit_before_the_first_complete_episode(loop):
+    """Issue 30 item 2: the refit due at iteration 0 finds no complete episode in the
+    buffer (the first rollout ends none), so it takes no step: R_phi and its Adam
+    state (count 0) stay as initialised, and the run reports 0 refit steps. With a
+    refit every iteration, Adam's count is exactly the run's reported refit steps."""
+    key = jax.random.PRNGKey(0)
+    hp = cj.default_hparams("coevo-regression", k=4)  # 4 iterations: the only refit due is at iteration 0
+    state, m = loop.coevo(key, hp)
+    assert float(m["episodes"][0]) == 0 and float(m["signal/updated"][0]) == 1  # due, but no episode ended
+    assert adam_count(state.signal_state.opt_state) == 0
+    init = loop.init(key, hp).signal_state  # (eagerly: equal to the compiled init up to float rounding)
+    for a, b in zip(jax.tree.leaves((init.params, init.anchor_params)),
+                    jax.tree.leaves((state.signal_state.params, state.signal_state.anchor_params))):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-6)  # an Adam step moves ~5e-5
+    assert float(m["refit_steps"][-1]) == 0.0 and float(m["signal/refit_steps"][0]) == 0.0
+    state, m = loop.coevo(key, hp.replace(k=1))  # the same program: a refit due every iteration
+    count = adam_count(state.signal_state.opt_state)
+    assert 0 < count < 2 * 4  # reward_steps = 2 on the iterations after the first episode ended
+    assert count == float(m["refit_steps"][-1]) == float(m["signal/refit_steps"].sum())
+    np.testing.assert_array_equal(np.asarray(m["refit_steps"]), np.cumsum(np.asarray(m["signal/refit_steps"])))
 
 
 # ----------------------------------------------------------------------------- diagnostics
@@ -438,7 +465,7 @@ def test_batch_aware_gate_equals_separate_runs_and_keeps_a_real_branch(loop):
     "does any run refit now" (not a select that refits every iteration), and
     every run still equals its solo run."""
     ks = [2, 4, 4]  # iterations 1 and 3: no run refits, so the branch is skipped
-    hps = [cj.default_hparams("coevo-regression", k=k, reward_lr=1e-2, beta_int=1.0) for k in ks]
+    hps = [cj.default_hparams("coevo-regression", k=k, reward_lr_ratio=40.0, beta_int=1.0) for k in ks]
     keys = jnp.stack([jax.random.PRNGKey(20 + i) for i in range(3)])
     s_b, m_b = loop.gated(keys, jax.tree.map(lambda *x: jnp.stack(x), *hps))
     for i, hp in enumerate(hps):
@@ -496,20 +523,41 @@ def test_drift_penalty_binds_when_returns_jump(jumped):
     assert moved(drift_weight=1.0, drift_ema=0.0) > 0.99 * free  # the lagging anchor is what binds
 
 
-def test_reward_step_is_annealed_with_the_policy_lr():
-    """Item 6: the refit's Adam step is reward_lr * lr_frac, so reward_lr / lr stays
-    constant: from one state, the step at lr_frac = 0.25 is a quarter of that at 1."""
+def test_reward_step_is_a_ratio_of_the_annealed_policy_lr():
+    """Issue 30 item 3: the refit's Adam step is reward_lr_ratio * lr * lr_frac, so
+    R_phi's lr follows the policy's: from one state, the step at lr_frac = 0.25 is a
+    quarter of that at 1, and lr 4e-3 at ratio 0.25 steps exactly like lr 1e-3 at ratio 1."""
     signal, state, buf, hp = _fitting_setup("coevo-regression", steps=1, lr=1e-3)
     state = _with_returns(state, buf, jnp.ones(buf.length.shape))
 
     @jax.jit
-    def step(frac):
+    def step(frac, hp):
         policy = PolicyView(None, None, None, jnp.float32(0.0), frac)
         new, metrics = signal.update(state, None, policy, hp, jax.random.PRNGKey(0))
         delta = jax.tree.map(lambda a, b: a - b, new.params, state.params)
         return jnp.concatenate([x.ravel() for x in jax.tree.leaves(delta)]), metrics["reward_step_size"]
 
-    (d1, s1), (d4, s4) = step(jnp.float32(1.0)), step(jnp.float32(0.25))
+    (d1, s1), (d4, s4) = step(jnp.float32(1.0), hp), step(jnp.float32(0.25), hp)
     assert float(s1) == pytest.approx(1e-3) and float(s4) == pytest.approx(0.25e-3)
     assert float(jnp.abs(d1).max()) > 1e-4
     np.testing.assert_allclose(np.asarray(d4), 0.25 * np.asarray(d1), rtol=1e-4, atol=1e-10)
+    d_ratio, s_ratio = step(jnp.float32(1.0), hp.replace(lr=4e-3, reward_lr_ratio=0.25))
+    assert float(s_ratio) == pytest.approx(1e-3)
+    np.testing.assert_allclose(np.asarray(d_ratio), np.asarray(d1), rtol=1e-5, atol=1e-10)
+
+
+def test_buffer_length_is_the_env_time_limit():
+    """Issue 30 item 4: R_phi's buffer keeps every step of an episode up to the env's
+    time limit by default (the regression target is the whole episode's return); a
+    shorter explicit length is refused before anything compiles, naming both numbers."""
+    env, p = envs_jax.make("KeyDoor-5x5")  # its default limit: 250 steps
+    static = cj.StaticConfig(method="coevo-regression", reward_hidden=(4,), action_embed_dim=2, buffer_episodes=4)
+    signal = L.make_learned(static, None, env, p)
+    example = collections.namedtuple("Example", "features action")(jnp.zeros((3, 2, 5)), jnp.zeros((3, 2), jnp.int32))
+    state = jax.eval_shape(signal.init, jax.random.PRNGKey(0), example, cj.default_hparams("coevo-regression"))
+    assert state.replay.train.steps["x"].shape == (4, 250, 5) and state.replay.segments.steps["x"].shape == (2, 250, 5)
+    with pytest.raises(cj.ConfigError, match=r"^StaticConfig.max_episode_len=32 is shorter than the env's time limit"
+                                             r" 250: .* None to keep all 250\)$"):
+        cj.Trainer(static.replace(max_episode_len=32), env, p)
+    _, p60 = envs_jax.make("KeyDoor-5x5", max_steps=60)
+    assert L.make_learned(static.replace(max_episode_len=64), None, env, p60)  # longer than the limit: allowed

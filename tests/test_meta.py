@@ -304,10 +304,10 @@ def _meta_updates(d, fracs):
 
 
 def test_meta_step_is_annealed_with_the_policy_lr():
-    """Item 6: phi's step size is meta_lr * lr_frac, so meta_lr / lr is constant
-    over a run: from the same state the step at lr_frac = 0.25 is a quarter of
+    """Item 6: phi's step size is meta_lr_ratio * lr * lr_frac, so it stays a fixed
+    multiple of the policy's lr over a run: from the same state the step at lr_frac = 0.25 is a quarter of
     the step at lr_frac = 1 (Adam's first step is proportional to its step size)."""
-    d = _data(cj.default_hparams("meta", meta_lr=1e-2), 3e-3, dtype=jnp.float32)
+    d = _data(cj.default_hparams("meta", meta_lr_ratio=40.0), 3e-3, dtype=jnp.float32)  # a step of 1e-2 at lr 2.5e-4
     full, quarter = _meta_updates(d, (1.0, 0.25))
     assert float(jnp.abs(full).max()) > 1e-3
     np.testing.assert_allclose(np.asarray(quarter), 0.25 * np.asarray(full), rtol=1e-4, atol=1e-9)

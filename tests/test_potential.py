@@ -6,12 +6,18 @@ equivalence with PPO at beta_int = 0. (The KeyDoor ground truth: test_credit.py.
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import coevo_jax as cj
+import envs_jax
 from coevo_jax.rollout import Trajectory
-from coevo_jax.signals import base
+from coevo_jax.signals import PolicyView, base
 from coevo_jax.signals import potential as pot
+
+
+#: what ``update`` reads of the policy: its annealing factor (here 1: no annealing)
+POLICY = PolicyView(None, None, None, jnp.float32(0.0), jnp.float32(1.0))
 
 
 def hp_(**kw):
@@ -132,7 +138,7 @@ def test_potential_loss_minimiser_is_the_discounted_return_to_go(max_len):
     kept, and their values are still exact."""
     static = cj.StaticConfig(method="siop", potential_hidden=(), potential_steps=1000, num_envs=3, rollout_len=6,
                              num_minibatches=1, potential_buffer_episodes=16, potential_episode_len=max_len)
-    hp = hp_(gamma=GAMMA, w_reg=0.0, potential_lr=0.02, potential_max_grad_norm=100.0)
+    hp = hp_(gamma=GAMMA, w_reg=0.0, lr=0.02, potential_lr_ratio=1.0, potential_max_grad_norm=100.0)
     sig = pot.make_potential(static)
     r1, r2 = chain_rollouts()
     state = sig.init(jax.random.PRNGKey(0), r1, hp)
@@ -140,7 +146,7 @@ def test_potential_loss_minimiser_is_the_discounted_return_to_go(max_len):
     state, _ = observe(state, r1, hp, None)
     state, m = observe(state, r2, hp, None)
     assert float(m["episodes_committed"]) == 3 + 3 + 6
-    state, metrics = jax.jit(sig.update)(state, r2, None, hp, jax.random.PRNGKey(1))
+    state, metrics = jax.jit(sig.update)(state, r2, POLICY, hp, jax.random.PRNGKey(1))
     phi = np.asarray(pot.potential_values(static, state, jnp.eye(9)))
     want_a, want_b = return_to_go(CHAIN_A), return_to_go(CHAIN_B)
     np.testing.assert_allclose(phi[:4], want_a, atol=1e-4)  # states 0, 1 are also in the time-outs
@@ -180,7 +186,8 @@ def test_credit_telescopes_per_episode(nstep, normalize):
     termination, ``Phi(final_obs)`` after a time-out or at the rollout's end."""
     gamma = 0.9
     traj = random_episodes_traj(jax.random.PRNGKey(2))
-    static = cj.StaticConfig(method="siop", potential_hidden=(8,), credit_nstep=nstep, num_envs=3, rollout_len=12)
+    static = cj.StaticConfig(method="siop", potential_hidden=(8,), credit_nstep=nstep, num_envs=3, rollout_len=12,
+                             potential_episode_len=16)
     hp = hp_(gamma=gamma, beta_ext=0.0, beta_int=1.0, normalize_int=normalize, potential_init=0.3)
     sig = pot.make_potential(static)
     state = perturbed_state(sig, traj, hp, jax.random.PRNGKey(3))
@@ -294,7 +301,7 @@ def test_policy_reward_pays_the_outcome_once():
     terminated episode the episodic stream's discounted sum is ``G - Phi(s_0)``;
     over a timed-out one ``G + gamma^T Phi(final_obs) - Phi(s_0)``."""
     traj = synthetic_traj()
-    static = cj.StaticConfig(method="siop", potential_hidden=(8,), num_envs=4, rollout_len=8)
+    static = cj.StaticConfig(method="siop", potential_hidden=(8,), num_envs=4, rollout_len=8, potential_episode_len=16)
     hp = hp_()
     assert float(hp.beta_ext) == float(hp.beta_int) == 1.0 and float(hp.normalize_int) == 0.0
     sig = pot.make_potential(static)
@@ -334,9 +341,9 @@ def test_replay_transitions_and_one_member_ensemble(kd_traj):
     """The replay holds the two ended episodes; a one-member ensemble's update
     equals :func:`pot.refit` on that member by hand."""
     static = cj.StaticConfig(method="siop", potential_hidden=(8,), potential_steps=3, ensemble_size=1,
-                             num_envs=4, rollout_len=8, num_minibatches=2)
+                             num_envs=4, rollout_len=8, num_minibatches=2, potential_episode_len=16)
     sig = pot.make_potential(static)
-    hp = hp_(potential_lr=1e-2)
+    hp = hp_(lr=1e-2, potential_lr_ratio=1.0)
     state = jax.jit(sig.init)(jax.random.PRNGKey(3), kd_traj, hp)
     state, om = jax.jit(sig.observe)(state, kd_traj, hp, None)
     buf = state.replay.train
@@ -355,7 +362,7 @@ def test_replay_transitions_and_one_member_ensemble(kd_traj):
     np.testing.assert_array_equal(b["next_obs"][2], kd_traj.next_obs[3, 1])
     assert np.asarray(b["terminated"]).tolist() == [False, True, False]
     key = jax.random.PRNGKey(5)
-    new, metrics = jax.jit(sig.update)(state, kd_traj, None, hp, key)
+    new, metrics = jax.jit(sig.update)(state, kd_traj, POLICY, hp, key)
     net = pot.make_potential_network(static)
     one = lambda t: jax.tree.map(lambda x: x[0], t)  # noqa: E731
     refit = jax.jit(pot.refit, static_argnums=(0, 6, 7))
@@ -367,13 +374,14 @@ def test_replay_transitions_and_one_member_ensemble(kd_traj):
 
 def test_update_reduces_loss_and_rewards_mix(kd_traj):
     static = cj.StaticConfig(method="siop", potential_hidden=(16,), potential_steps=40, ensemble_size=2,
-                             ensemble_combine="min", num_envs=4, rollout_len=8, num_minibatches=1)
+                             ensemble_combine="min", num_envs=4, rollout_len=8, num_minibatches=1,
+                             potential_episode_len=16)
     sig = pot.make_potential(static)
-    hp = hp_(potential_lr=3e-3, beta_ext=1.0, beta_int=0.5, credit_clip=0.05)
+    hp = hp_(lr=3e-3, potential_lr_ratio=1.0, beta_ext=1.0, beta_int=0.5, credit_clip=0.05)
     state, _ = sig.observe(jax.jit(sig.init)(jax.random.PRNGKey(0), kd_traj, hp), kd_traj, hp, None)
     upd = jax.jit(sig.update)
-    s1, m1 = upd(state, kd_traj, None, hp, jax.random.PRNGKey(0))
-    s2, m2 = upd(s1, kd_traj, None, hp, jax.random.PRNGKey(0))
+    s1, m1 = upd(state, kd_traj, POLICY, hp, jax.random.PRNGKey(0))
+    s2, m2 = upd(s1, kd_traj, POLICY, hp, jax.random.PRNGKey(0))
     assert float(m2["potential_loss"]) < float(m1["potential_loss"]) < float(m1["potential_first_loss"])
     assert float(m1["potential_fit"]) > 0
     _, streams, rm = jax.jit(sig.rewards)(s2, kd_traj, hp)
@@ -392,3 +400,44 @@ def test_divergence_flag():
     assert float(pot.potential_diverged(jnp.array([1.0, -50.0]), 1.0)) == 0.0
     assert float(pot.potential_diverged(jnp.array([1.0, 201.0]), 1.0)) == 1.0
     assert float(pot.potential_diverged(jnp.array([jnp.nan]), 1.0)) == 1.0
+
+
+# ----------------------------------------------------------------------------- issue 30: refit gate, window, lr ratio
+def test_refit_waits_for_complete_episodes(kd_traj):
+    """Issue 30 item 2: a refit on an empty replay takes no step (Phi and Adam's
+    count stay as initialised, refit_steps 0); with the two episodes of ``kd_traj``
+    it takes ``potential_steps``, unless ``min_refit_episodes`` asks for more.
+    Item 3: its step is ``potential_lr_ratio`` times the policy's lr."""
+    static = cj.StaticConfig(method="siop", potential_hidden=(8,), potential_steps=3, num_envs=4, rollout_len=8,
+                             num_minibatches=2, potential_episode_len=16)
+    sig = pot.make_potential(static)
+    hp = hp_(lr=1e-3, potential_lr_ratio=3.0)
+    empty = jax.jit(sig.init)(jax.random.PRNGKey(3), kd_traj, hp)
+    full, _ = jax.jit(sig.observe)(empty, kd_traj, hp, None)
+    update = jax.jit(sig.update)
+
+    def count(state):
+        return np.asarray(next(x.count for x in state.opt_state if isinstance(x, optax.ScaleByAdamState)))
+
+    def same(a, b):
+        return all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+    for state, min_episodes, steps in ((empty, 1, 0), (full, 1, 3), (full, 2, 3), (full, 3, 0)):
+        new, m = update(state, kd_traj, POLICY, hp.replace(min_refit_episodes=min_episodes), jax.random.PRNGKey(0))
+        assert count(new).tolist() == [steps] and float(m["refit_steps"]) == steps, (min_episodes, steps)
+        assert same(new.params, state.params) == (steps == 0)
+        assert float(m["potential_step_size"]) == pytest.approx(3e-3 if steps else 0.0)
+
+
+def test_replay_length_is_the_env_time_limit(kd_traj):
+    """Issue 30 item 4: by default the replay keeps every step of an episode up to
+    the env's time limit; a shorter explicit length is refused, naming both."""
+    env, params = envs_jax.make("KeyDoor-5x5", max_steps=60)
+    sig = pot.make_potential(cj.StaticConfig(method="siop"), None, env, params)
+    state = jax.eval_shape(sig.init, jax.random.PRNGKey(0), kd_traj, hp_())
+    assert state.replay.train.steps["obs"].shape[:2] == (64, 60)
+    env, params = envs_jax.make("KeyDoor-5x5")  # the default limit, 250 steps
+    with pytest.raises(cj.ConfigError, match=r"^StaticConfig.potential_episode_len=128 is shorter than the env's time"
+                                             r" limit 250: .* None to keep all 250\)$"):
+        pot.make_potential(cj.StaticConfig(method="siop", potential_episode_len=128), None, env, params)
+    assert pot.make_potential(cj.StaticConfig(method="siop", potential_episode_len=300), None, env, params)

@@ -19,7 +19,7 @@ jit0 = functools.partial(jax.jit, compiler_options=OPT0)  # semantic checks: com
 
 SMALL = dict(num_envs=4, rollout_len=8, total_steps=4 * 8 * 4, num_minibatches=1, update_epochs=1,
              hidden_sizes=(16, 16), reward_hidden=(16, 16), action_embed_dim=4, reward_steps=2,
-             buffer_episodes=8, max_episode_len=16)
+             buffer_episodes=8)  # R_phi's rows: the env's time limit
 
 
 # ----------------------------------------------------------------------------- the shared reward net (item 5)
@@ -95,13 +95,13 @@ def test_reward_input_is_validated():
 
 
 def test_frozen_reward_of_a_fixed_observation_stays_fixed_with_obs_input():
-    """Item 8d: with reward_lr = 0 (the frozen control) and reward_input = "obs",
+    """Item 8d: with reward_lr_ratio = 0 (the frozen control) and reward_input = "obs",
     R_phi of a fixed (observation, action) is the same before and after the policy
     trains; with "features" it is not (it reads the policy's drifting features)."""
     env, p = envs_jax.make("CartPole-v1")
     obs = jax.random.normal(jax.random.PRNGKey(5), (16, 4)) * 0.1
     act = jnp.arange(16) % 2
-    hp = cj.default_hparams("coevo-regression", reward_lr=0.0, k=1, lr=1e-2)
+    hp = cj.default_hparams("coevo-regression", reward_lr_ratio=0.0, k=1, lr=1e-2)
     out = {}
     for reward_input in ("obs", "features"):
         trainer = cj.Trainer(cj.StaticConfig(method="coevo-regression", reward_input=reward_input, **SMALL), env, p)

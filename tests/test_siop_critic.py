@@ -15,7 +15,7 @@ from coevo_jax import episodes as ep
 from coevo_jax.ppo import gae, stream_advantages
 from coevo_jax.signals import critic_shaping as cs
 from coevo_jax.signals import potential as pot
-from test_potential import GAMMA, chain_rollouts, fake_traj, return_to_go, segments
+from test_potential import GAMMA, POLICY, chain_rollouts, fake_traj, return_to_go, segments
 from xla_options import OPT0
 
 
@@ -133,7 +133,7 @@ def test_outcome_potential_minimiser_is_the_discounted_outcome_to_go():
     consistent with it through their bootstrap."""
     static = cj.StaticConfig(method="siop", potential_hidden=(), potential_steps=1000, num_envs=3, rollout_len=6,
                              num_minibatches=1, potential_buffer_episodes=16, potential_episode_len=8)
-    hp = cj.default_hparams("siop", gamma=GAMMA, w_reg=0.0, potential_lr=0.02, potential_max_grad_norm=100.0,
+    hp = cj.default_hparams("siop", gamma=GAMMA, w_reg=0.0, lr=0.02, potential_lr_ratio=1.0, potential_max_grad_norm=100.0,
                             potential_outcome=1.0)
     sig = pot.make_potential(static)
     r1, r2 = chain_rollouts()
@@ -142,7 +142,7 @@ def test_outcome_potential_minimiser_is_the_discounted_outcome_to_go():
         state = sig.init(jax.random.PRNGKey(0), r1, hp)
         state, _ = sig.observe(state, r1, hp, None)
         state, _ = sig.observe(state, r2, hp, None)
-        return sig.update(state, r2, None, hp, jax.random.PRNGKey(1))
+        return sig.update(state, r2, POLICY, hp, jax.random.PRNGKey(1))
 
     state, metrics = jax.jit(run).lower(r1, r2, hp).compile(OPT0)(r1, r2, hp)
     phi = np.asarray(pot.potential_values(static, state, jnp.eye(9)))

@@ -169,7 +169,7 @@ def test_icm_trains_in_observe_and_pays_a_separate_stream():
     term, trunc = random_ends(jax.random.PRNGKey(6), (T, N))
     z = jnp.zeros((T, N, 2))
     traj = traj_of(jnp.zeros((T, N)), term, trunc, z, z, obs, jnp.roll(obs, -1, 0), action)
-    hp = cj.default_hparams("icm", icm_lr=3e-3, beta_int=0.5, normalize_int=0.0)
+    hp = cj.default_hparams("icm", icm_lr_ratio=12.0, beta_int=0.5, normalize_int=0.0)
     state = sig.init(jax.random.PRNGKey(0), traj, hp)
     observe = jax.jit(sig.observe)
     s1, m = observe(state, traj, hp, jax.random.PRNGKey(1))

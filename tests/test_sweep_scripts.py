@@ -70,7 +70,7 @@ def test_default_studies_keep_each_protocol():
     siop = built("siop_learning")
     assert [s.env for s in siop] == ["KeyDoor-5x5", "FourRooms"] and all(s.save_final for s in siop)
     assert [a.name for a in siop[0].arms] == ["ppo", "icm", "dense", "siop"] and siop[0].threshold == 0.9
-    assert dict(siop[0].arms[3].fixed) == {"lr": 5e-4, "k": 1, "normalize_int": 0.0, "potential_lr": 1e-3}
+    assert dict(siop[0].arms[3].fixed) == {"lr": 5e-4, "k": 1, "normalize_int": 0.0, "potential_lr_ratio": 2.0}
     keydoor, cartpole = built("coevo_learning")
     assert dict(cartpole.env_kwargs) == {"reward_freq": 20} and cartpole.threshold_metric == "episode_return"
     assert [a.name for a in keydoor.arms] == ["ppo", "coevo-regression"] and keydoor.num_seeds == 32
@@ -78,7 +78,7 @@ def test_default_studies_keep_each_protocol():
         arms = {a.name: a for a in s.arms}
         assert list(arms) == ["ppo", "meta", "meta-rint-only"] and s.env_kwargs == {"reward_freq": 20}
         assert arms["meta"].fixed["r_int_coef"] == pytest.approx(float(default_hparams("meta").r_int_coef))
-        assert arms["meta-rint-only"].fixed["r_ext_coef"] == 0.0 and "meta_lr" not in arms["ppo"].fixed
+        assert arms["meta-rint-only"].fixed["r_ext_coef"] == 0.0 and "meta_lr_ratio" not in arms["ppo"].fixed
     (scaled,) = built("meta_gradient", ["--envs", "CartPole-v1", "--settings", "ppo-x0.1,ppo-x10"])
     assert [(a.static.method, a.fixed["beta_ext"], a.fixed["beta_int"]) for a in scaled.arms] == [
         ("constant", 0.1, 0.0), ("constant", 10.0, 0.0)]
@@ -93,7 +93,8 @@ def test_default_studies_keep_each_protocol():
     tuned = load("compare_methods").load_admitted(os.path.join(ROOT, "sweeps", "admitted_tasks.json"))["doorkey5-t60"]
     assert dict(arms["dense"].fixed) == tuned.tuned["dense"] and dict(arms["siop"].fixed) == tuned.tuned["ppo"]
     assert arms["constant+c"].fixed["constant_reward"] == -arms["constant-c"].fixed["constant_reward"] > 0
-    assert arms["coevo-frozen"].static.method == "coevo-regression" and arms["coevo-frozen"].fixed["reward_lr"] == 0
+    assert arms["coevo-frozen"].static.method == "coevo-regression"
+    assert arms["coevo-frozen"].fixed["reward_lr_ratio"] == 0
     assert arms["siop-shuffled"].static.method == "siop-shuffled" and compare[0].env_kwargs == {"max_steps": 60}
     assert arms["ppo"].static.total_steps == tuned.total_steps and compare[0].threshold == 0.8
     assert not any(n.startswith("siop-replay") for n in arms)

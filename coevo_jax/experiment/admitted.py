@@ -40,7 +40,7 @@ class AdmittedTask:
 
         static = StaticConfig(method=method, num_envs=self.num_envs, rollout_len=self.rollout_len,
                               num_minibatches=self.num_minibatches, update_epochs=self.update_epochs,
-                              total_steps=self.total_steps, max_episode_len=64).replace(**(static_overrides or {}))
+                              total_steps=self.total_steps).replace(**(static_overrides or {}))
         return Arm(static, fixed={**self.hparams(method), **(overrides or {})}, label=label)
 
 

@@ -24,7 +24,8 @@ episode ends or not.
 end an episode). The ICM trains on every rollout, in ``observe`` (the paper
 trains it alongside the policy), not only at the K-gated refits: one shuffled
 epoch over the trajectory in ``static.num_minibatches`` minibatches (PPO's
-minibatch size), Adam at ``hp.icm_lr`` with global-norm clipping at
+minibatch size), Adam at ``hp.icm_lr_ratio * hp.lr`` (a multiple of the
+policy's lr, not annealed) with global-norm clipping at
 ``hp.max_grad_norm`` (the policy's; the ICM has no clip field of its own).
 ``update`` has nothing to do.
 """
@@ -116,7 +117,7 @@ def icm_train(icm: ICMNetwork, params, opt_state, data, hp, key, num_minibatches
         inv, fwd = inverse_loss(logits, action), forward_loss(phi_pred, phi_tp1)
         return icm_loss(inv, fwd, hp.icm_forward_weight), {"icm_inverse": inv, "icm_forward": fwd}
 
-    tx = make_optimizer(hp.max_grad_norm, hp.icm_lr)
+    tx = make_optimizer(hp.max_grad_norm, hp.icm_lr_ratio * hp.lr)
     params, opt_state, m = fit(loss_fn, params, opt_state, tx, data, key, num_minibatches=num_minibatches)
     m = jax.tree.map(jnp.mean, m)
     return params, opt_state, {"icm_loss": m["loss"], "icm_inverse": m["icm_inverse"], "icm_forward": m["icm_forward"]}
@@ -156,7 +157,8 @@ def make_icm(static, network, env, env_params) -> Signal:
 
 # ----------------------------------------------------------------------------- registration
 ICM_PARAMS = {
-    "icm_lr": unit(2.5e-4, doc="the ICM's Adam step (it trains on every rollout)"),
+    "icm_lr_ratio": weight(1.0, doc="the ICM's Adam step as a multiple of the policy's lr (it trains on every"
+                                    " rollout; not annealed)"),
     "icm_eta": weight(0.01, doc="scale of the forward-error bonus"),
     "icm_forward_weight": unit(0.2, doc="beta: weight of the forward loss (1 - beta: the inverse loss)"),
 }

@@ -38,8 +38,8 @@ full-batch Adam steps, or ``reward_steps x k`` under
 
 on a ring buffer of the ``static.buffer_episodes`` most recent complete
 episodes (:mod:`coevo_jax.episodes`; per step R_phi's input and the action, per
-episode its whole return; an episode longer than ``static.max_episode_len``
-keeps its last steps, each still with the whole episode's return as target).
+episode its whole return; a row holds ``static.max_episode_len`` steps, by default the env's time
+limit, so every step of an episode gets its return as target).
 A timed-out episode counts with the return it collected. The Adam step is
 ``hp.ircr_lr_ratio`` times the policy's current learning rate (annealed with
 it), clipped at ``hp.reward_max_grad_norm``.
@@ -65,15 +65,15 @@ import jax.numpy as jnp
 from flax import struct
 
 from coevo_jax import episodes as ep
-from coevo_jax.fit import fit, init_optimizer, make_optimizer, refit_steps
+from coevo_jax.fit import fit, init_optimizer, make_optimizer, refit_steps, refit_when
 from coevo_jax.registry import MethodSpec, Param, register_method
 from coevo_jax.reward_net import (
-    REWARD_NET_STATIC_CHECKS, check_reward_net_static, make_reward_net, reward_inputs,
+    REWARD_NET_STATIC_CHECKS, make_reward_net, reward_inputs,
 )
 from coevo_jax.signals.base import (
     ReturnScale, RewardStreams, Signal, float_metrics, init_return_scale, return_rms, scale_normalise,
 )
-from coevo_jax.signals.learned import REFIT_PARAMS, pearson
+from coevo_jax.signals.learned import REFIT_PARAMS, check_learned_static, pearson
 
 #: below this spread of the buffer's returns every normalised target is 0
 MIN_SPREAD = 1e-8
@@ -130,6 +130,7 @@ class IRCRState:
 def make_ircr(static, network, env, env_params) -> Signal:
     """The IRCR guidance reward (method ``ircr``; see the module docstring)."""
     net = make_reward_net(static, env, env_params)
+    window = ep.episode_window("max_episode_len", static.max_episode_len, env, env_params)
 
     def inputs(traj):
         return reward_inputs(traj, net.reward_input, net.obs_ndim)
@@ -142,7 +143,7 @@ def make_ircr(static, network, env, env_params) -> Signal:
         x = inputs(traj)
         num_envs = traj.action.shape[1]
         params = net.init(key, x[0], traj.action[0])
-        replay = ep.init_replay(static.buffer_episodes, static.max_episode_len, num_envs,
+        replay = ep.init_replay(static.buffer_episodes, window, num_envs,
                                 {"x": x[0, 0], "action": jnp.int32(0)}, {"full_return": jnp.float32(0.0)})
         return IRCRState(params, init_optimizer(params), init_return_scale(num_envs), replay)
 
@@ -159,22 +160,29 @@ def make_ircr(static, network, env, env_params) -> Signal:
         step_size = hp.ircr_lr_ratio * policy.lr
         tx = make_optimizer(hp.reward_max_grad_norm, step_size)
 
+        steps = refit_steps(static.reward_steps, static, hp)
+
         def loss_fn(params, batch):
             return guidance_loss(guidance(params, *batch), target, mask), {}
 
-        # full-batch steps: every step reads the whole buffer
-        params, opt_state, ms = fit(loss_fn, state.params, state.opt_state, tx, lambda _: (x, actions), key,
-                                    steps=refit_steps(static.reward_steps, static, hp))
-        g = guidance(params, x, actions)
+        def refit(learner):
+            # full-batch steps: every step reads the whole buffer
+            params, opt_state, ms = fit(loss_fn, *learner, tx, lambda _: (x, actions), key, steps=steps)
+            g = guidance(params, x, actions)
+            metrics = {
+                "ircr_first_loss": ms["loss"][0], "ircr_loss": ms["loss"][-1], "ircr_grad_norm": ms["grad_norm"][-1],
+                "ircr_step_size": step_size, "refit_steps": steps,
+                # the fitted per-episode mean guidance against the episode's normalised return
+                "buffer_corr": pearson(episode_means(g, mask), target, buf.valid),
+            }
+            return (params, opt_state), float_metrics(metrics)
+
+        # fewer than hp.min_refit_episodes complete episodes: no step, Adam's count untouched
+        (params, opt_state), metrics = refit_when(ep.refit_ready(buf, hp), refit, (state.params, state.opt_state))
         ret, some = buf.ends["full_return"], buf.valid.any()
-        metrics = {
-            "ircr_first_loss": ms["loss"][0], "ircr_loss": ms["loss"][-1], "ircr_grad_norm": ms["grad_norm"][-1],
-            "ircr_step_size": step_size, "buffer_size": buf.valid.sum(),
-            # the fitted per-episode mean guidance against the episode's normalised return
-            "buffer_corr": pearson(episode_means(g, mask), target, buf.valid),
-            "buffer_return_min": jnp.where(some, jnp.min(jnp.where(buf.valid, ret, jnp.inf)), 0.0),
-            "buffer_return_max": jnp.where(some, jnp.max(jnp.where(buf.valid, ret, -jnp.inf)), 0.0),
-        }
+        metrics = {**metrics, "buffer_size": buf.valid.sum().astype(jnp.float32),
+                   "buffer_return_min": jnp.where(some, jnp.min(jnp.where(buf.valid, ret, jnp.inf)), 0.0),
+                   "buffer_return_max": jnp.where(some, jnp.max(jnp.where(buf.valid, ret, -jnp.inf)), 0.0)}
         return state.replace(params=params, opt_state=opt_state), float_metrics(metrics)
 
     def rewards(state: IRCRState, traj, hp):
@@ -193,15 +201,15 @@ IRCR_PARAMS = {
     "ircr_lr_ratio": Param(4.0, 0.0, 1e4, doc="the guidance network's Adam step as a multiple of the policy's"
                                               " current lr (0: frozen at its initialisation)"),
     "reward_max_grad_norm": REFIT_PARAMS["reward_max_grad_norm"],
+    **ep.REFIT_GATE_PARAMS,
 }
 
 register_method(MethodSpec(
     "ircr", make_ircr, IRCR_PARAMS,
     # the paper replaces the external reward by r_g; refit every iteration (its data changes every rollout)
     {"beta_ext": 0.0, "beta_int": 1.0, "normalize_int": 0.0, "k": 1},
-    static_checks={**REWARD_NET_STATIC_CHECKS, "reward_steps": (1, 10_000), "buffer_episodes": (2, 1 << 16),
-                   "max_episode_len": (1, 1 << 16)},
-    check_static=check_reward_net_static, off={"beta_ext": 1.0, "beta_int": 0.0},
+    static_checks={**REWARD_NET_STATIC_CHECKS, "reward_steps": (1, 10_000), "buffer_episodes": (2, 1 << 16)},
+    check_static=check_learned_static, off={"beta_ext": 1.0, "beta_int": 0.0},
     doc="IRCR (Gangwani et al. 2020): a learned per-step guidance reward regressed on the min-max normalised"
         " return of each step's episode, replacing the external reward",
 ))

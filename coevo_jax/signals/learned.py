@@ -19,7 +19,7 @@ action. The refit objectives come from the reward-learning literature:
 * ``coevo-novelty``: the regression objective plus a random-network-distillation
   bonus (Burda et al. 2019) ``e_t = ||g(x_t) - f(x_t)||^2 / K``, ``f`` fixed and
   random, ``g`` trained on *every* rollout (in ``observe``; Adam at
-  ``hp.rnd_lr``, one shuffled epoch in ``static.num_minibatches`` minibatches)
+  ``hp.rnd_lr_ratio * hp.lr``, one shuffled epoch in ``static.num_minibatches`` minibatches)
   and read after that fit.
 
 **Rewards** (:class:`~coevo_jax.signals.base.RewardStreams`):
@@ -45,8 +45,16 @@ the start of the current refit (``drift_ema = 0``) the penalty and its
 gradient start at 0 and do not bind within a few steps; against the lagging
 anchor it holds R_phi back when the returns jump. ``extreme_weight`` penalises
 the squared tanh pre-activation (the outputs' saturation). The
-refit's Adam step is ``hp.reward_lr * policy.lr_frac``: annealed with the
-policy's learning rate, so their ratio is constant over a run.
+refit's Adam step is ``hp.reward_lr_ratio`` times the policy's learning rate
+of the iteration (``hp.lr * policy.lr_frac``, annealed with it): tuning the
+policy's lr moves R_phi's with it, and their ratio is constant over a run.
+
+**A refit needs data.** A refit (``static.reward_steps`` full-batch steps,
+times ``hp.k`` under ``static.refit_steps_per_k``) runs only when the training
+buffer holds at least ``hp.min_refit_episodes`` complete episodes; before that
+R_phi, its anchor and its Adam state stay as they are (no steps on an empty
+buffer advance Adam's count). ``signal/refit_steps`` is the steps a refit
+took (0 when skipped); the loop sums it into the run's ``refit_steps``.
 
 **Episode buffer** (:mod:`coevo_jax.episodes`). The refit reads a ring buffer
 of the ``static.buffer_episodes`` most recent *complete* episodes, per step
@@ -54,11 +62,12 @@ of the ``static.buffer_episodes`` most recent *complete* episodes, per step
 ``full_return``, filled in ``observe`` from each PPO rollout: no extra
 environment steps, every shape static, episodes continued across rollouts.
 Every 4th committed episode goes to a held-out validation buffer
-(``max(2, buffer_episodes // 4)``) that the diagnostics read. Episodes longer
-than ``static.max_episode_len = L`` keep their last L steps (where a sparse
-terminal reward lands); the fit's target ``ret`` is the external reward within
-the kept steps, so "sum of R_phi over the stored steps = ret" stays a
-well-posed decomposition. Under ``vmap`` with a batched ``k`` the gate becomes
+(``max(2, buffer_episodes // 4)``) that the diagnostics read. A buffer row
+holds ``L`` steps, ``static.max_episode_len``, by default (``None``) the env's
+time limit, so every step of every episode is decomposed
+(:func:`~coevo_jax.episodes.episode_window`: a shorter length is refused). The
+fit's target ``ret`` is the external reward within the stored steps, the whole
+episode's return. Under ``vmap`` with a batched ``k`` the gate becomes
 a select (see :func:`~coevo_jax.signals.base.gated_update`).
 """
 from __future__ import annotations
@@ -69,8 +78,12 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from coevo_jax.episodes import VAL_EVERY, EpisodeReplay, add_rollout, buffer_mask, episode_sum, init_replay
-from coevo_jax.fit import fit, init_optimizer, make_optimizer, refit_steps
+from coevo_jax.config import check_int
+from coevo_jax.episodes import (
+    MAX_WINDOW, REFIT_GATE_PARAMS, VAL_EVERY, EpisodeReplay, add_rollout, buffer_mask, episode_sum, episode_window,
+    init_replay, refit_ready,
+)
+from coevo_jax.fit import fit, init_optimizer, make_optimizer, refit_steps, refit_when
 from coevo_jax.registry import MethodSpec, Param, grad_clip, register_method, unit, weight
 from coevo_jax.reward_net import (
     REWARD_NET_STATIC_CHECKS, check_reward_net_static, make_reward_net, make_rnd_net, reward_inputs, rnd_error,
@@ -166,8 +179,9 @@ def ema_params(anchor, params, rate):
 
 
 def reward_step_size(hp, policy) -> jax.Array:
-    """The refit's Adam step ``hp.reward_lr * policy.lr_frac`` (annealed with the policy's lr)."""
-    return hp.reward_lr * policy.lr_frac
+    """The refit's Adam step ``hp.reward_lr_ratio * hp.lr * policy.lr_frac``: a
+    multiple of the policy's learning rate of the iteration (annealed with it)."""
+    return hp.reward_lr_ratio * hp.lr * policy.lr_frac
 
 
 def coevo_streams(r_ext, r_phi, bonus, scale: ReturnScale, hp):
@@ -183,15 +197,16 @@ def coevo_streams(r_ext, r_phi, bonus, scale: ReturnScale, hp):
 
 def rnd_fit(rnd, params, opt_state, target_params, x: jax.Array, hp, key, num_minibatches: int):
     """One shuffled epoch of predictor steps on ``x [B, D]`` (``num_minibatches``
-    minibatches; clip ``hp.reward_max_grad_norm``, Adam at ``hp.rnd_lr``).
-    Returns ``(params, opt_state, mean loss)``."""
+    minibatches; clip ``hp.reward_max_grad_norm``, Adam at ``hp.rnd_lr_ratio *
+    hp.lr``: a multiple of the policy's lr, not annealed, as it trains on every
+    rollout). Returns ``(params, opt_state, mean loss)``."""
     target = jax.lax.stop_gradient(rnd.apply(target_params, x))
 
     def loss_fn(p, mb):
         x_mb, target_mb = mb
         return rnd_error(rnd.apply(p, x_mb), target_mb).mean(), {}
 
-    tx = make_optimizer(hp.reward_max_grad_norm, hp.rnd_lr)
+    tx = make_optimizer(hp.reward_max_grad_norm, hp.rnd_lr_ratio * hp.lr)
     params, opt_state, m = fit(loss_fn, params, opt_state, tx, (x, target), key, num_minibatches=num_minibatches)
     return params, opt_state, m["loss"].mean()
 
@@ -220,6 +235,7 @@ def make_learned(static, network, env, env_params) -> Signal:
     if static.method not in METHODS:
         raise ValueError(f"make_learned: method must be one of {', '.join(METHODS)}, got {static.method!r}")
     novelty = static.method == "coevo-novelty"
+    window = episode_window("max_episode_len", static.max_episode_len, env, env_params)
     net = make_reward_net(static, env, env_params)
     rnd = make_rnd_net(static, env, env_params)
 
@@ -247,7 +263,7 @@ def make_learned(static, network, env, env_params) -> Signal:
         return LearnedState(
             params=params, anchor_params=params, opt_state=init_optimizer(params),
             rnd_target=rnd_target, rnd_params=rnd_params, rnd_opt_state=rnd_opt, scale=init_return_scale(num_envs),
-            replay=init_replay(static.buffer_episodes, static.max_episode_len, num_envs,
+            replay=init_replay(static.buffer_episodes, window, num_envs,
                                {"x": x[0, 0], "action": jnp.int32(0), "reward": jnp.float32(0.0)},
                                {"full_return": jnp.float32(0.0)}, VAL_EVERY),
         )
@@ -267,26 +283,35 @@ def make_learned(static, network, env, env_params) -> Signal:
     def update(state: LearnedState, traj, policy, hp, key):
         buf = state.replay.train
         x, actions, mask, ret = fit_data(buf)
-        r_anchor = jax.lax.stop_gradient(net.apply(state.anchor_params, x, actions)[0])
         step_size = reward_step_size(hp, policy)
         tx = make_optimizer(hp.reward_max_grad_norm, step_size)
+        steps = refit_steps(static.reward_steps, static, hp)
 
-        def loss_fn(params, batch):
-            r, pre = net.apply(params, *batch)
-            return reward_objective(r, pre, r_anchor, mask, ret, buf.valid, hp)
+        def refit(learner):
+            params, anchor_params, opt_state = learner
+            r_anchor = jax.lax.stop_gradient(net.apply(anchor_params, x, actions)[0])
 
-        # full-batch steps: every step reads the whole buffer
-        params, opt_state, ms = fit(loss_fn, state.params, state.opt_state, tx, lambda _: (x, actions), key,
-                                    steps=refit_steps(static.reward_steps, static, hp))
-        ms = {**{k: v for k, v in ms.items() if k not in ("loss", "grad_norm")}, "reward_grad_norm": ms["grad_norm"]}
-        metrics = {"first_reward_loss": ms["reward_loss"][0], **{k: v[-1] for k, v in ms.items()}}
-        r_new, _ = net.apply(params, x, actions)
-        metrics["buffer_corr"] = pearson(episode_sums(r_new, mask), ret, buf.valid)
+            def loss_fn(p, batch):
+                r, pre = net.apply(p, *batch)
+                return reward_objective(r, pre, r_anchor, mask, ret, buf.valid, hp)
+
+            # full-batch steps: every step reads the whole buffer
+            params, opt_state, ms = fit(loss_fn, params, opt_state, tx, lambda _: (x, actions), key, steps=steps)
+            ms = {**{k: v for k, v in ms.items() if k not in ("loss", "grad_norm")},
+                  "reward_grad_norm": ms["grad_norm"]}
+            metrics = {"first_reward_loss": ms["reward_loss"][0], **{k: v[-1] for k, v in ms.items()}}
+            r_new, _ = net.apply(params, x, actions)
+            metrics["buffer_corr"] = pearson(episode_sums(r_new, mask), ret, buf.valid)
+            metrics["reward_step_size"] = step_size
+            metrics["refit_steps"] = steps
+            return (params, ema_params(anchor_params, params, hp.drift_ema), opt_state), float_metrics(metrics)
+
+        # no complete episode (or fewer than min_refit_episodes): no step, Adam's count untouched
+        (params, anchor_params, opt_state), metrics = refit_when(
+            refit_ready(buf, hp), refit, (state.params, state.anchor_params, state.opt_state))
         metrics["buffer_size"] = buf.valid.sum().astype(jnp.float32)
-        metrics["reward_step_size"] = step_size
-        new = state.replace(params=params, anchor_params=ema_params(state.anchor_params, params, hp.drift_ema),
-                            opt_state=opt_state)
-        return new, float_metrics(metrics)
+        new = state.replace(params=params, anchor_params=anchor_params, opt_state=opt_state)
+        return new, metrics
 
     def rewards(state: LearnedState, traj, hp):
         x = inputs(traj)
@@ -303,6 +328,7 @@ def make_learned(static, network, env, env_params) -> Signal:
             "r_int_mean": r_phi.mean(),  # R_phi: the learned internal reward
             "r_int_var": r_phi.var(),
             "r_phi_mean": r_phi.mean(),
+            "r_phi_abs_mean": jnp.abs(r_phi).mean(),  # R_phi's size on the rollout
             "novelty_bonus_mean": zero if bonus is None else bonus.mean(),  # the raw RND error
             "intrinsic_mean": zero if bonus is None else streams.intrinsic.mean(),
             "int_return_rms": return_rms(scale),
@@ -321,13 +347,15 @@ def make_learned(static, network, env, env_params) -> Signal:
 # ----------------------------------------------------------------------------- registration
 #: R_phi's refit (all three methods)
 REFIT_PARAMS = {
-    "reward_lr": unit(5e-5, doc="the refit's Adam step (annealed with the policy's lr)"),
+    "reward_lr_ratio": weight(0.2, doc="the refit's Adam step as a multiple of the policy's lr of the iteration"
+                                       " (annealed with it)"),
     "reward_max_grad_norm": grad_clip(1.0, doc="global-norm clip of R_phi's and RND's steps"),
     "anchor_weight": weight(1.0, doc="weight of the external-reward anchor (fit)"),
     "drift_weight": weight(0.1, doc="penalty on drift of R_phi's outputs from the anchor's (drift_ema)"),
     "extreme_weight": weight(0.01, doc="penalty on extreme (saturated) outputs"),
     "drift_ema": Param(0.9, 0.0, 1.0, high_inclusive=False,
                        doc="the drift anchor: EMA (per refit) of R_phi's params; 0 = the last refit's"),
+    **REFIT_GATE_PARAMS,
 }
 #: the fit's objective: coevo-regression and coevo-ranking differ only in ranking_weight's value (one program)
 OBJECTIVE_PARAMS = {
@@ -337,21 +365,34 @@ OBJECTIVE_PARAMS = {
 }
 NOVELTY_PARAMS = {
     "novelty_coef": weight(0.5, doc="advantage weight of the RND novelty bonus (intrinsic stream)"),
-    "rnd_lr": unit(2.5e-4, doc="the RND predictor's Adam step (it trains on every rollout)"),
+    "rnd_lr_ratio": weight(1.0, doc="the RND predictor's Adam step as a multiple of the policy's lr (it trains on"
+                                    " every rollout; not annealed)"),
 }
-LEARNED_STATIC_CHECKS = {**REWARD_NET_STATIC_CHECKS, "reward_steps": (1, 10_000), "buffer_episodes": (2, 1 << 16),
-                         "max_episode_len": (1, 1 << 16)}
+LEARNED_STATIC_CHECKS = {**REWARD_NET_STATIC_CHECKS, "reward_steps": (1, 10_000), "buffer_episodes": (2, 1 << 16)}
+
+
+def check_window(static, name: str) -> None:
+    """:class:`~coevo_jax.registry.ConfigError` unless ``static.<name>`` is ``None``
+    (the env's time limit) or an integer in ``[1, MAX_WINDOW]``."""
+    if getattr(static, name) is not None:
+        check_int(static, name, 1, MAX_WINDOW)
+
+
+def check_learned_static(static) -> None:
+    """R_phi's checks and ``max_episode_len`` (``None`` or an integer in range)."""
+    check_reward_net_static(static)
+    check_window(static, "max_episode_len")
 # R_phi is a decomposition of the return, in the episodic stream, never normalised (module docstring)
 _MIXING = {"beta_ext": 1.0, "beta_int": 0.5}
 
 register_method(MethodSpec(
     "coevo-regression", make_learned, {**REFIT_PARAMS, **OBJECTIVE_PARAMS}, _MIXING,
-    static_checks=LEARNED_STATIC_CHECKS, check_static=check_reward_net_static, off={"beta_int": 0.0},
+    static_checks=LEARNED_STATIC_CHECKS, check_static=check_learned_static, off={"beta_int": 0.0},
     doc="co-evolving R_phi fit so its episode sums equal the external returns (RUDDER-style decomposition)",
 ))
 register_method(MethodSpec(
     "coevo-ranking", make_learned, {**REFIT_PARAMS, **OBJECTIVE_PARAMS}, {**_MIXING, "ranking_weight": 1.0},
-    static_checks=LEARNED_STATIC_CHECKS, check_static=check_reward_net_static, off={"beta_int": 0.0},
+    static_checks=LEARNED_STATIC_CHECKS, check_static=check_learned_static, off={"beta_int": 0.0},
     program="coevo-regression",
     doc="co-evolving R_phi fit to order episodes like their external returns (Bradley-Terry)",
 ))
@@ -359,7 +400,7 @@ register_method(MethodSpec(
     "coevo-novelty", make_learned, {**REFIT_PARAMS, **OBJECTIVE_PARAMS, **NOVELTY_PARAMS},
     # the RND bonus, in the intrinsic stream, divided by a running RMS of its return
     {**_MIXING, "normalize_int": 1.0, "novelty_coef": 0.3}, intrinsic_stream=True,
-    static_checks=LEARNED_STATIC_CHECKS, check_static=check_reward_net_static,
+    static_checks=LEARNED_STATIC_CHECKS, check_static=check_learned_static,
     off={"beta_int": 0.0, "novelty_coef": 0.0},
     doc="coevo-regression plus an RND novelty bonus in a non-episodic stream",
 ))

@@ -36,8 +36,8 @@ it by its own tiny return scale would turn it into unit-scale noise.
    advantages from the external reward alone and an external critic ``V_ext``;
 3. ``jax.grad`` of the outer objective w.r.t. ``phi`` differentiates through
    the unrolled inner steps (second order); phi takes one clipped Adam ascent
-   step (``hp.meta_lr * policy.lr_frac``: annealed with the policy's learning
-   rate, so their ratio is constant over a run) on that gradient divided by the
+   step (``hp.meta_lr_ratio * hp.lr * policy.lr_frac``: a multiple of the
+   policy's learning rate of the iteration, annealed with it) on that gradient divided by the
    policy's learning rate. ``V_ext`` is refit on the external GAE targets.
 
 Choices that differ from the reference code (which takes one look-ahead step
@@ -283,8 +283,9 @@ def fit_value(v_net: nn.Module, psi, psi_opt, obs: jax.Array, targets: jax.Array
 
 
 def meta_step_size(hp, policy) -> jax.Array:
-    """phi's Adam step: ``hp.meta_lr * policy.lr_frac`` (annealed with the policy's learning rate)."""
-    return hp.meta_lr * policy.lr_frac
+    """phi's Adam step: ``hp.meta_lr_ratio * hp.lr * policy.lr_frac`` (a multiple of the
+    policy's learning rate of the iteration, annealed with it)."""
+    return hp.meta_lr_ratio * hp.lr * policy.lr_frac
 
 
 def meta_update(state: MetaState, traj, policy, hp, key, reward_net: RewardNet, v_net: nn.Module,
@@ -354,7 +355,8 @@ META_PARAMS = {  # the mixing weights, then phi's optimiser
     "r_int_coef": weight(1.0, doc="advantage weight of the R_phi stream"),
     "r_int_episodic": Param(0.0, 0.0, 1.0, doc="1: R_phi is paid in the episodic return (LIRPG's construction;"
                                                " a positive R_phi is then a living reward), 0: its own stream"),
-    "meta_lr": unit(1e-4, doc="phi's Adam step (annealed with the policy's lr)"),
+    "meta_lr_ratio": weight(0.4, doc="phi's Adam step as a multiple of the policy's lr of the iteration"
+                                     " (annealed with it)"),
     "meta_max_grad_norm": grad_clip(1.0, doc="global-norm clip of phi's step"),
 }
 

@@ -20,7 +20,7 @@ reward. Two controls separate those explanations from credit assignment:
   learns as fast as ``siop``, SIOP's gain is not the timing of its credit.
 
 The frozen co-evolved reward, the third control, needs no module: it is
-``coevo-regression`` with ``reward_lr = 0`` (``R_phi`` stays the small random
+``coevo-regression`` with ``reward_lr_ratio = 0`` (``R_phi`` stays the small random
 function of its initialisation, :mod:`coevo_jax.reward_net`).
 """
 from __future__ import annotations

@@ -78,15 +78,20 @@ is exact for ``n = 1`` only.
 
 **Replay.** ``update`` fits ``Phi`` on a ring buffer of the
 ``static.potential_buffer_episodes`` most recent complete episodes
-(:mod:`coevo_jax.episodes`, filled by ``observe``; an episode longer than
-``static.potential_episode_len = L`` keeps its last ``L`` steps, whose return to
-go is still exact), not only on the current rollout: ``static.potential_steps``
-Adam steps (lr ``hp.potential_lr``, clipping ``hp.potential_max_grad_norm``),
-each on ``static.minibatch_size`` (PPO's minibatch size) transitions drawn
-uniformly from the stored steps: the on-policy state distribution of the last
-few policies, at a PPO minibatch's cost. The fixed point is then the value of
-that mixture of recent policies. ``rewards`` computes credit on the current
-trajectory with the freshly updated ``Phi``.
+(:mod:`coevo_jax.episodes`, filled by ``observe``; a row holds
+``static.potential_episode_len`` steps, by default (``None``) the env's time
+limit, so every step of an episode is replayed; a shorter length is refused),
+not only on the current rollout: ``static.potential_steps`` Adam steps (times
+``hp.k`` under ``static.refit_steps_per_k``; lr ``hp.potential_lr_ratio`` times
+the policy's lr of the iteration, annealed with it; clipping
+``hp.potential_max_grad_norm``), each on ``static.minibatch_size`` (PPO's
+minibatch size) transitions drawn uniformly from the stored steps: the
+on-policy state distribution of the last few policies, at a PPO minibatch's
+cost. The fixed point is then the value of that mixture of recent policies.
+A refit runs only when the replay holds at least ``hp.min_refit_episodes``
+complete episodes (before that ``Phi`` and its Adam state stay as they are);
+``signal/refit_steps`` is the steps it took. ``rewards`` computes credit on the
+current trajectory with the freshly updated ``Phi``.
 
 **No fit ramp.** The seed ramps the fit in because early outcomes are
 uninformative; with a consistent target they are exactly the early policy's
@@ -107,8 +112,8 @@ import jax
 import jax.numpy as jnp
 
 from coevo_jax import episodes as ep
-from coevo_jax.config import check_choice, check_sizes
-from coevo_jax.fit import fit, init_optimizer, make_optimizer, refit_steps
+from coevo_jax.config import check_choice, check_int, check_sizes
+from coevo_jax.fit import fit, init_optimizer, make_optimizer, refit_steps, refit_when
 from coevo_jax.registry import INF, MethodSpec, Param, grad_clip, register_method, unit, weight
 from coevo_jax.signals.base import (
     ReturnScale, RewardStreams, Signal, flat_obs, init_return_scale, return_rms, scale_normalise,
@@ -288,9 +293,16 @@ def combine_loss(terms: dict, hp):
     return hp.w_fit * terms["fit"] + hp.w_cons * terms["consistency"] + hp.w_reg * terms["l2"]
 
 
-def refit(network, params, opt_state, buf: ep.EpisodeBuffer, hp, key, steps, batch_size: int):
-    """``steps`` Adam steps of one member on ``batch_size`` transitions drawn from the replay
-    each. Returns ``(params, opt_state, per-step terms [steps])`` (``[2]``, first and last, for a traced count)."""
+def potential_step_size(hp, lr_frac=1.0) -> jax.Array:
+    """The potential's Adam step ``hp.potential_lr_ratio * hp.lr * lr_frac``: a
+    multiple of the policy's learning rate of the iteration (annealed with it)."""
+    return hp.potential_lr_ratio * hp.lr * lr_frac
+
+
+def refit(network, params, opt_state, buf: ep.EpisodeBuffer, hp, key, steps, batch_size: int, lr_frac=1.0):
+    """``steps`` Adam steps (:func:`potential_step_size`) of one member on ``batch_size``
+    transitions drawn from the replay each. Returns ``(params, opt_state, per-step
+    terms [steps])`` (``[2]``, first and last, for a traced count)."""
     reward = fit_rewards(buf, hp.potential_outcome)
     g0, boot = replay_targets(buf, hp.gamma, reward)
     value = lambda p, x: network.apply(p, flat_obs(x, x.ndim - 1))  # noqa: E731
@@ -306,7 +318,7 @@ def refit(network, params, opt_state, buf: ep.EpisodeBuffer, hp, key, steps, bat
                                      hp.gamma)
         return combine_loss(terms, hp), terms
 
-    tx = make_optimizer(hp.potential_max_grad_norm, hp.potential_lr)
+    tx = make_optimizer(hp.potential_max_grad_norm, potential_step_size(hp, lr_frac))
     return fit(loss_fn, params, opt_state, tx, sample, key, steps=steps)
 
 
@@ -337,6 +349,7 @@ def make_potential(static, network=None, env=None, env_params=None) -> Signal:
     are unused: ``Phi`` reads the trajectory's observations (module docstring)."""
     vnet = make_potential_network(static)
     size, how, nstep = int(static.ensemble_size), static.ensemble_combine, int(static.credit_nstep)
+    window = ep.episode_window("potential_episode_len", static.potential_episode_len, env, env_params)
 
     def values(params, obs, lead: int):
         """Combined ``Phi`` over ``obs [*lead_axes, *obs_shape]``: ``[*lead_axes]``."""
@@ -346,7 +359,7 @@ def make_potential(static, network=None, env=None, env_params=None) -> Signal:
         params = init_potential_params(vnet, key, flat_obs(traj.obs[0, :1], traj.obs.ndim - 2), hp.potential_init,
                                        size)
         steps, ends, _ = jax.tree.map(lambda x: x[0, 0], replay_fields(traj))
-        replay = ep.init_replay(static.potential_buffer_episodes, static.potential_episode_len, traj.reward.shape[1],
+        replay = ep.init_replay(static.potential_buffer_episodes, window, traj.reward.shape[1],
                                 steps, ends)
         return PotentialState(params, jax.vmap(init_optimizer)(params), replay,
                               init_return_scale(traj.reward.shape[1]), jnp.float32(0.0))
@@ -361,10 +374,20 @@ def make_potential(static, network=None, env=None, env_params=None) -> Signal:
 
     def update(state, traj, policy, hp, key):
         buf, steps = state.replay.train, refit_steps(static.potential_steps, static, hp)
-        member = lambda p, o, k: refit(vnet, p, o, buf, hp, k, steps, static.minibatch_size)  # noqa: E731
-        params, opt_state, terms = jax.vmap(member)(state.params, state.opt_state, jax.random.split(key, size))
-        metrics = {f"potential_{k}": v[:, -1].mean() for k, v in terms.items()}
-        metrics["potential_first_loss"] = terms["loss"][:, 0].mean()
+        member = lambda p, o, k: refit(vnet, p, o, buf, hp, k, steps, static.minibatch_size,  # noqa: E731
+                                       policy.lr_frac)
+
+        def fit_members(learner):
+            params, opt_state, terms = jax.vmap(member)(*learner, jax.random.split(key, size))
+            metrics = {f"potential_{k}": v[:, -1].mean() for k, v in terms.items()}
+            metrics["potential_first_loss"] = terms["loss"][:, 0].mean()
+            metrics["potential_step_size"] = potential_step_size(hp, policy.lr_frac)
+            metrics["refit_steps"] = jnp.asarray(steps, jnp.float32)
+            return (params, opt_state), metrics
+
+        # an empty replay (fewer than min_refit_episodes episodes): no step, Adam's count untouched
+        (params, opt_state), metrics = refit_when(ep.refit_ready(buf, hp), fit_members,
+                                                  (state.params, state.opt_state))
         return state._replace(params=params, opt_state=opt_state), metrics
 
     def rewards(state, traj, hp):
@@ -404,7 +427,8 @@ def trajectory_credit(static, state: PotentialState, traj, hp, obs_ndim: int | N
 
 # ----------------------------------------------------------------------------- registration
 POTENTIAL_PARAMS = {
-    "potential_lr": unit(5e-4, doc="the potential's Adam step"),
+    "potential_lr_ratio": weight(2.0, doc="the potential's Adam step as a multiple of the policy's lr of the"
+                                          " iteration (annealed with it)"),
     "potential_max_grad_norm": grad_clip(1.0, doc="global-norm clip of its steps"),
     "w_fit": weight(1.0, doc="Monte-Carlo return-to-go fit"),
     "w_cons": weight(1.0, doc="TD consistency, same fixed point as the fit"),
@@ -413,12 +437,15 @@ POTENTIAL_PARAMS = {
     "credit_clip": Param(1e6, 0.0, INF, low_inclusive=False, doc="|credit| cap after scaling (never binds by default)"),
     "potential_outcome": unit(0.0, doc="what Phi is the value of: 0 the return (every external reward), 1 the"
                                        " outcome (the final reward of a terminated episode only)"),
+    **ep.REFIT_GATE_PARAMS,
 }
 
 
-def check_potential_static(static) -> None:  # ConfigError for a bad potential_hidden or ensemble_combine
+def check_potential_static(static) -> None:  # ConfigError for a bad potential_hidden, ensemble_combine or window
     check_sizes(static, "potential_hidden")
     check_choice(static, "ensemble_combine", ("mean", "min"))
+    if static.potential_episode_len is not None:
+        check_int(static, "potential_episode_len", 1, ep.MAX_WINDOW)
 
 
 register_method(MethodSpec(
@@ -426,7 +453,7 @@ register_method(MethodSpec(
     # raw shaping: Phi is in units of the external return, so r_ext + F pays the outcome once (module docstring)
     defaults={"beta_ext": 1.0, "beta_int": 1.0, "normalize_int": 0.0},
     static_checks={"potential_steps": (1, 10_000), "potential_buffer_episodes": (1, 1 << 16),
-                   "potential_episode_len": (1, 1 << 16), "ensemble_size": (1, 64), "credit_nstep": (1, 1024)},
+                   "ensemble_size": (1, 64), "credit_nstep": (1, 1024)},
     check_static=check_potential_static,
     off={"beta_int": 0.0},
     doc="self-induced outcome potential: potential-based shaping with a learned value of the external reward",
