@@ -171,5 +171,6 @@ register_method(MethodSpec(
     intrinsic_stream=True,
     static_checks={"icm_feature_dim": (1, 4096)},
     off={"beta_int": 0.0},
+    tune={"beta_int": (0.01, 1.0), "icm_lr": (5e-5, 2.5e-3)},
     doc="ICM curiosity: the forward model's error, a non-episodic bonus stream",
 ))

@@ -396,5 +396,6 @@ register_method(MethodSpec(
                    "potential_episode_len": (1, 1 << 16), "ensemble_size": (1, 64), "credit_nstep": (1, 1024)},
     check_static=check_potential_static,
     off={"beta_int": 0.0},
+    tune={"potential_lr": (5e-5, 5e-3), "beta_int": (0.25, 2.0)},
     doc="self-induced outcome potential: potential-based shaping with a learned value of the external reward",
 ))
