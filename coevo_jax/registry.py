@@ -102,7 +102,11 @@ class MethodSpec:
     (``None`` where that does not apply). ``program``: another registered
     method whose compiled program this one runs, told apart only by HParams
     values (its ``defaults``): the same factory and streams, so the runner
-    compiles one program for both (``""``: its own).
+    compiles one program for both (``""``: its own). ``tune``: the method's
+    own key hyperparameters that equal-budget tuning searches
+    (:mod:`coevo_jax.experiment.tuning`, beside the policy's ``lr`` and
+    ``ent_coef`` that every method searches), field -> ``(low, high)``,
+    sampled log-uniformly: ``0 < low < high``, inside the field's range.
     """
 
     name: str
@@ -116,9 +120,10 @@ class MethodSpec:
     off: Mapping[str, float] | None = None
     program: str = ""
     doc: str = ""
+    tune: Mapping[str, tuple] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
-        for name in ("params", "defaults", "static_checks", "off"):
+        for name in ("params", "defaults", "static_checks", "off", "tune"):
             object.__setattr__(self, name, _frozen(getattr(self, name)))
         object.__setattr__(self, "requires", tuple(self.requires))
 
@@ -191,11 +196,25 @@ def register_method(spec: MethodSpec) -> MethodSpec:
     for field, rng in spec.static_checks.items():
         if len(rng) != 2 or rng[0] > rng[1]:
             raise ConfigError(f"method {spec.name!r}: static_checks[{field!r}]={rng!r} must be (lo, hi), lo <= hi")
+    for field, rng in spec.tune.items():
+        _check_search_range(field, rng, decls, spec.name)
     if spec.program:
         _check_program(spec)
     _METHODS[spec.name] = spec
     _DECLARED.clear()
     return spec
+
+
+def _check_search_range(field: str, rng, decls: dict, owner: str) -> None:
+    """``tune[field] = (low, high)``: a declared float field, ``0 < low < high``, both inside its range."""
+    p = decls.get(field)
+    if p is None:
+        raise ConfigError(f"method {owner!r}: tune names unknown HParams field {field!r};"
+                          f" fields are {', '.join(decls)}")
+    ok = isinstance(rng, tuple) and len(rng) == 2 and not p.integer
+    if not (ok and 0 < rng[0] < rng[1] and not p.outside(np.asarray(rng)).any()):
+        raise ConfigError(f"method {owner!r}: tune[{field!r}]={rng!r} must be (low, high) with 0 < low < high inside"
+                          f" HParams.{field}'s range {p.range_text()}{' (an integer field)' if p.integer else ''}")
 
 
 def _check_program(spec: MethodSpec) -> None:

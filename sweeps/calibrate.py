@@ -16,7 +16,10 @@ on ``--tune-seeds`` seeds kept apart from the evaluation seeds (base seed
 success IQM (ties: AUC); **eval** runs both at their tuned values on
 ``--num-seeds`` fresh paired seeds. Thresholds are fixed here, in advance. The
 admitted tasks, budgets and tuned values are written to ``--admitted`` (default
-``sweeps/admitted_tasks.json``), which the other studies read.
+``sweeps/admitted_tasks.json``), which the other studies read. A task calibrated
+again keeps the other methods' tuned values (``sweeps/tune.py``); ppo's or
+dense's values that differ from those recorded are refused unless
+``--replace-tuned`` (the old move to the task's ``tuned_history``).
 
     python sweeps/calibrate.py                                  # every candidate
     python sweeps/calibrate.py --tasks doorkey5-t60,fourrooms-t100 --num-seeds 20
@@ -33,6 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from coevo_jax.config import ConfigError, StaticConfig  # noqa: E402
 from coevo_jax.experiment import Arm, Study, cli, options  # noqa: E402
+from coevo_jax.experiment.tuning import TUNE_SEED_OFFSET  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # name -> (env, env_kwargs, env steps per run, num_envs, rollout_len[, (num_minibatches, update_epochs)])
@@ -59,7 +63,6 @@ CANDIDATES = {
 }
 DEFAULT_GRID = "lr=3e-4,1e-3;ent_coef=0.003,0.03"
 RANDOM_MAX, PPO_MAX, POI_LOW_MIN = 0.2, 0.8, 0.6  # the admission rule, fixed in advance
-TUNE_SEED_OFFSET = 1000
 METHODS = ("ppo", "dense")  # sparse PPO and the oracle
 
 
@@ -75,6 +78,9 @@ def build_parser():
                    help="multiply every candidate's env steps by X, > 0 (default: 1)")
     p.add_argument("--admitted", default=os.path.join(HERE, "admitted_tasks.json"),
                    help="where to write the admitted tasks (default: sweeps/admitted_tasks.json)")
+    p.add_argument("--replace-tuned", action="store_true",
+                   help="replace ppo's / dense's different recorded values (the old go to tuned_history; with"
+                        " --replot: record a finished run's) (default: refuse)")
     options.add_study_options(p, num_seeds=20)
     return p
 
@@ -137,19 +143,31 @@ def verdict(result) -> dict:
     return admit(random_row(result.study)["final_success_iqm"], *(result.scores(m)["final_success"] for m in METHODS))
 
 
-def write_admitted(path: str, admitted: list, evaluated: list, num_seeds: int) -> None:
+def write_admitted(path: str, admitted: list, evaluated: list, num_seeds: int, replace_tuned: bool = False) -> None:
     """Write the admitted tasks to ``path``: this run's verdicts replace those of the
     same tasks; tasks admitted by an earlier run and not ``evaluated`` now are kept.
     Each task records its own ``num_seeds``; the top-level ``num_seeds`` is that of
-    tasks without one (an existing file's value is kept)."""
+    tasks without one (an existing file's value is kept). A task admitted again keeps its
+    recorded tuned values, history and tuning records; this run's ppo / dense values join
+    them by :func:`~coevo_jax.experiment.admitted.record_tuned` (different values:
+    :class:`ConfigError` unless ``replace_tuned``; nothing is written then)."""
+    from coevo_jax.experiment.admitted import record_tuned
     from coevo_jax.experiment.folder import atomic_write_text
 
-    kept = []
+    kept, old = [], {}
     if os.path.exists(path):
         with open(path) as f:
             data = json.load(f)
-        kept = [t for t in data.get("tasks", []) if t["task"] not in evaluated]
+        tasks = data.get("tasks", [])
+        kept = [t for t in tasks if t["task"] not in evaluated]
+        old = {t["task"]: t for t in tasks}
         num_seeds = data.get("num_seeds", num_seeds)
+    for entry in admitted:
+        prior = old.get(entry["task"], {})
+        values = entry.pop("tuned")
+        entry.update({k: prior[k] for k in ("tuned", "tuning", "tuned_history") if k in prior})
+        for method, v in values.items():
+            record_tuned(entry, method, v, None, replace_tuned)
     order = {name: i for i, name in enumerate(CANDIDATES)}
     tasks = sorted(kept + admitted, key=lambda t: order.get(t["task"], len(order)))
     rule = {"random_max": RANDOM_MAX, "ppo_max": PPO_MAX, "poi_ci_low_min": POI_LOW_MIN}
@@ -185,8 +203,9 @@ def report(args, stages) -> str:
                              "dense_success_iqm": v["dense"], "p_dense_over_ppo": v["poi"]})
     table = format_table(rows, markdown=True)
     atomic_write_text(os.path.join(args.out, "calibration.md"), table + "\n")
-    if not args.replot:
-        write_admitted(args.admitted, admitted, [res.study.name for res in stages[1]], args.num_seeds)
+    if not args.replot or args.replace_tuned:
+        write_admitted(args.admitted, admitted, [res.study.name for res in stages[1]], args.num_seeds,
+                       args.replace_tuned)
     return (f"Calibration: admitted when random <= {RANDOM_MAX}, ppo IQM <= {PPO_MAX} and P(dense > ppo) CI low >"
             f" {POI_LOW_MIN}; final = episodes finished in the last 10% of env steps; {args.num_seeds} paired seeds,"
             f" lr/ent tuned on {args.tune_seeds} separate seeds per grid point\n{table}\n\n"

@@ -1,11 +1,13 @@
 #!/usr/bin/env python
 """Every reward method, with controls, on the tasks calibration admitted.
 
-The tasks, budgets, rollout shapes and tuned lr / entropy coefficients come from
-``sweeps/admitted_tasks.json`` (written by ``sweeps/calibrate.py``): dense runs
-at its own tuned values, every other method at sparse PPO's (the learned reward
-adds to PPO; its own hyperparameters stay at the library defaults). Arms, all on
-the same paired seeds and budget, one study per task through the one runner:
+The tasks, budgets, rollout shapes and tuned hyperparameters come from
+``sweeps/admitted_tasks.json`` (written by ``sweeps/calibrate.py`` and
+``sweeps/tune.py``): each method runs at the values tuned for it on the task
+(``sweeps/tune.py``: the same number of configurations for every method), a
+method without its own at sparse PPO's lr / entropy coefficient and library
+defaults (the report names them). Arms, all on the same paired seeds and budget,
+one study per task through the one runner:
 
 * the methods: ppo, dense (oracle), icm, coevo-regression, coevo-ranking,
   coevo-novelty, siop, meta;
@@ -13,7 +15,8 @@ the same paired seeds and budget, one study per task through the one runner:
   ``+c`` and of ``-c`` per step mixed like R_phi (a living bonus, a step
   penalty), ``coevo-frozen`` (coevo-regression with ``reward_lr_ratio = 0``: R_phi
   never refit) and ``siop-shuffled`` (SIOP's credit moved to random steps of the
-  same episode: the placebo);
+  same episode: the placebo); each control at its method's tuned values
+  (``siop-shuffled`` at siop's, the constants at ppo's);
 * the uniform-random row (:func:`coevo_jax.controls.random_row`);
 * with ``--ablations``, SIOP's ablations (why it does or does not beat PPO):
   the potential's replay of the last 8 or 256 episodes (default 64), an
@@ -50,7 +53,8 @@ from coevo_jax.experiment.results import rows_to_csv  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_TASKS = ("doorkey5-t60", "doorkey5-h40")
-METHODS = ("ppo", "dense", "icm", "coevo-regression", "coevo-ranking", "coevo-novelty", "siop", "meta")
+METHODS = ("ppo", "dense", "icm", "coevo-regression", "coevo-ranking", "coevo-novelty", "siop", "meta", "ircr",
+           "siop-critic")
 C = 0.02  # |c| of the constant control: a learned decomposition's per-step reward here (return ~1 over tens of steps)
 CONTROLS = {  # label -> (method, HParams overrides)
     "constant+c": ("constant", {"constant_reward": C}),
@@ -58,6 +62,7 @@ CONTROLS = {  # label -> (method, HParams overrides)
     "coevo-frozen": ("coevo-regression", {"reward_lr_ratio": 0.0}),
     "siop-shuffled": ("siop-shuffled", {}),
 }
+CONTROL_TUNED_AS = {"siop-shuffled": "siop"}  # a placebo runs at the values of the method it mimics
 ABLATIONS = {  # label -> (method, HParams overrides, StaticConfig overrides)
     "siop-replay-8": ("siop", {}, {"potential_buffer_episodes": 8}),
     "siop-replay-256": ("siop", {}, {"potential_buffer_episodes": 256}),
@@ -93,7 +98,7 @@ def studies(args) -> list:
     for name in tasks:
         task = admitted[name]
         arms = [task.arm(m) for m in methods]
-        arms += [task.arm(m, label, hp) for label, (m, hp) in controls.items()]
+        arms += [task.arm(m, label, hp, tuned_as=CONTROL_TUNED_AS.get(label)) for label, (m, hp) in controls.items()]
         arms += [task.arm(m, label, hp, static) for label, (m, hp, static) in ablations.items()]
         out.append(Study(task.env, tuple(arms), args.num_seeds, env_kwargs=dict(task.env_kwargs), base_seed=args.seed,
                          num_chunks=args.num_chunks, threshold=args.threshold, name=name))
@@ -105,9 +110,15 @@ def report(args, results) -> str:
     from coevo_jax.analysis.tables import arm_finals, ci, write_table
     from coevo_jax.controls import random_row
 
-    rows, finals = [], {}
+    admitted = load_admitted(args.admitted)
+    rows, finals, notes = [], {}, []
     for res in results:
         task = res.study.name
+        methods = [a.static.method for a in res.study.arms if a.name not in CONTROLS and a.name not in ABLATIONS]
+        untuned = admitted[task].untuned(methods) if task in admitted else methods
+        if untuned:
+            notes.append(f"{task}: not tuned by sweeps/tune.py (at ppo's or calibration's lr / ent_coef and library"
+                         f" defaults): {', '.join(untuned)}")
         finals[task] = arm_finals(res)
         floor = random_row(res.study)
         for r in [floor] + res.summary:
@@ -134,7 +145,7 @@ def report(args, results) -> str:
                                   title="final success (episodes of the last 10% of env steps)")
     return ("final = episodes finished in the last 10% of env steps; IQM, 95% stratified-bootstrap CIs and"
             " P(> ppo) from rliable over paired seeds; steps to threshold: median over the seeds that reach it\n"
-            + table)
+            + table + "".join(f"\n{n}" for n in notes))
 
 
 def main(argv=None) -> int:

@@ -9,7 +9,8 @@ of the self-induced outcome potential (SIOP) -- with sparse PPO and PPO on the
 hand-designed dense reward as reference lines and the uniform-random policy as
 the floor, on a task calibration admitted (``sweeps/admitted_tasks.json``: random
 success <= 0.2, room above sparse PPO, the dense oracle beats PPO), with the
-lr / entropy coefficient tuned there (dense its own, every other method ppo's).
+hyperparameters tuned there for each method (``sweeps/tune.py``; a method without
+its own runs at ppo's lr / entropy coefficient).
 
 **Compute-matched** by default (``StaticConfig.refit_steps_per_k``): a refit
 takes ``reward_steps x K`` (``potential_steps x K``) gradient steps, so R_phi and
@@ -134,9 +135,10 @@ def studies(args) -> list:
     arms = []
     for m in methods:  # the reference methods are not swept
         static = static_for(m, task, total_steps, matched and m not in REFERENCE_METHODS)
-        arms.append(Arm(static, {} if m in REFERENCE_METHODS else {"k": ks}, fixed=task.hparams(m)))
+        tuned = {f: v for f, v in task.hparams(m).items() if f != "k"}  # each method's tuned values; K is swept
+        arms.append(Arm(static, {} if m in REFERENCE_METHODS else {"k": ks}, fixed=tuned))
         if m in NORMALISED and not args.no_normalised:
-            arms.append(Arm(static, {"k": ks}, fixed={**task.hparams(m), "normalize_int": 1.0}, label=NORMALISED[m]))
+            arms.append(Arm(static, {"k": ks}, fixed={**tuned, "normalize_int": 1.0}, label=NORMALISED[m]))
     arms = tuple(arms)
     settings = sum(1 if not a.grid else len(ks) for a in arms)
     num_seeds = args.num_seeds if args.num_seeds is not None else max(MIN_SEEDS, math.ceil(MIN_RUNS / settings))

@@ -179,7 +179,7 @@ def study_default_plots(out: str, study, plans, curves: dict, runs: dict) -> lis
         xs = sorted({float(v) for p in plans for v in p.arm.grid.get(field, ())})
         lines = {}
         for ai, p in ((ai, p) for ai, p in enumerate(plans) if field in p.arm.grid):
-            others = [f for f in p.arm.grid if f != field]
+            others = [] if p.arm.zipped else [f for f in p.arm.grid if f != field]  # zipped: one line per arm
             for combo in sorted({tuple(s[f] for f in others) for s in p.settings}):
                 label = p.arm.name + (f" ({_setting_label(dict(zip(others, combo)))})" if others else "")
                 per_x = []

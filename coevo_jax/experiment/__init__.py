@@ -7,7 +7,8 @@ chunks, run keys), ``worker`` (compile and run one share), ``checkpoint``
 (orbax save / restore / refuse), ``launcher`` (worker processes, progress,
 hosts), ``folder`` (the output folder), ``results`` (merge, summary, files),
 ``metrics`` (final score, steps to threshold, AUC), ``runner`` (the entry
-point), ``cli`` (what the scripts in ``sweeps/`` share).
+point), ``cli`` (what the scripts in ``sweeps/`` share), ``admitted`` (the
+admitted tasks and their tuned values), ``tuning`` (the equal-budget search).
 """
 from coevo_jax.experiment.plan import build_plan
 from coevo_jax.experiment.results import StudyResult, format_table, load_result, rebuild_outputs

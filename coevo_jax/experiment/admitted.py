@@ -1,12 +1,24 @@
 """The admitted-task file that ``sweeps/calibrate.py`` writes and the method
 studies read: which tasks and budgets can tell the reward methods apart, with
-the rollout shape and the lr / entropy coefficient tuned for ppo and dense."""
+the rollout shape and each method's tuned hyperparameters.
+
+Per task, ``tuned`` maps a method to the HParams values every study on the
+task runs it with: calibration writes ppo's and dense's (lr, ent_coef from its
+grid), ``sweeps/tune.py`` each method's from the equal-budget search
+(:mod:`coevo_jax.experiment.tuning`), with how they were chosen under
+``tuning``. A method without values of its own runs at sparse PPO's.
+Recorded values are never replaced silently: :func:`record_tuned` refuses a
+different value unless told to replace it, and then keeps the old one under
+``tuned_history``."""
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
+import time
 from typing import Mapping
+
+import numpy as np
 
 from coevo_jax.config import ConfigError
 
@@ -19,29 +31,41 @@ class AdmittedTask:
     total_steps: int
     num_envs: int
     rollout_len: int
-    tuned: Mapping[str, Mapping[str, float]]  # "ppo" / "dense" -> {"lr": ..., "ent_coef": ...}
+    tuned: Mapping[str, Mapping[str, float]]  # method -> {HParams field: value}; "ppo" always present
     random_success: float
     ppo_success_iqm: float
     dense_success_iqm: float
     num_minibatches: int = 4  # PPO's passes at calibration
     update_epochs: int = 4
+    tuning: Mapping[str, Mapping] = dataclasses.field(default_factory=dict)  # method -> how tune.py chose it
 
-    def hparams(self, method: str) -> dict:
-        """The tuned lr / ent_coef a method runs with: dense its own, every other method ppo's."""
-        return dict(self.tuned["dense" if method == "dense" else "ppo"])
+    def hparams(self, method: str, tuned_as: str | None = None) -> dict:
+        """The tuned values ``method`` runs with: those recorded for it (or for ``tuned_as``,
+        e.g. a placebo runs at its method's), otherwise sparse PPO's."""
+        return dict(self.tuned.get(tuned_as or method, self.tuned["ppo"]))
+
+    def untuned(self, methods) -> list[str]:
+        """The ``methods`` whose values here did not come from the equal-budget tuning (``sweeps/tune.py``)."""
+        return [m for m in methods if m not in self.tuning]
+
+    def static(self, method: str, **overrides):
+        """The :class:`~coevo_jax.config.StaticConfig` of ``method`` at this task's budget, rollout
+        shape and PPO passes (``overrides`` replace further fields)."""
+        from coevo_jax.config import StaticConfig
+
+        return StaticConfig(method=method, num_envs=self.num_envs, rollout_len=self.rollout_len,
+                            num_minibatches=self.num_minibatches, update_epochs=self.update_epochs,
+                            total_steps=self.total_steps).replace(**overrides)
 
     def arm(self, method: str, label: str = "", overrides: Mapping[str, float] | None = None,
-            static_overrides: Mapping[str, object] | None = None):
-        """An :class:`~coevo_jax.experiment.spec.Arm` of ``method`` at this task's budget,
-        rollout shape and PPO passes, with its tuned lr / ent_coef (and ``overrides``);
-        ``static_overrides`` replace further :class:`~coevo_jax.config.StaticConfig` fields."""
-        from coevo_jax.config import StaticConfig
+            static_overrides: Mapping[str, object] | None = None, tuned_as: str | None = None):
+        """An :class:`~coevo_jax.experiment.spec.Arm` of ``method`` at :meth:`static` with its tuned
+        values (:meth:`hparams`) and ``overrides`` on top; ``static_overrides`` replace further
+        :class:`~coevo_jax.config.StaticConfig` fields."""
         from coevo_jax.experiment.spec import Arm
 
-        static = StaticConfig(method=method, num_envs=self.num_envs, rollout_len=self.rollout_len,
-                              num_minibatches=self.num_minibatches, update_epochs=self.update_epochs,
-                              total_steps=self.total_steps).replace(**(static_overrides or {}))
-        return Arm(static, fixed={**self.hparams(method), **(overrides or {})}, label=label)
+        fixed = {**self.hparams(method, tuned_as), **(overrides or {})}
+        return Arm(self.static(method, **(static_overrides or {})), fixed=fixed, label=label)
 
 
 def load_admitted(path: str) -> dict[str, AdmittedTask]:
@@ -70,3 +94,61 @@ def chosen_task(args) -> tuple[AdmittedTask, dict[str, AdmittedTask]]:
 
     admitted = load_admitted(args.admitted)
     return admitted[options.names(args.task, "--task", list(admitted))[0]], admitted
+
+
+def same_values(a: Mapping[str, float], b: Mapping[str, float]) -> bool:
+    """Whether two ``{field: value}`` hold the same fields and values (to float32 precision: values
+    that went through an HParams leaf compare equal to the numbers they were made from)."""
+    return set(a) == set(b) and all(np.isclose(float(a[f]), float(b[f]), rtol=1e-6, atol=0.0) for f in a)
+
+
+def record_tuned(entry: dict, method: str, values: Mapping[str, float], tuning: Mapping | None,
+                 replace: bool = False) -> bool:
+    """Record ``method``'s tuned ``values`` (and ``tuning``: how they were chosen, ``None``:
+    not by the equal-budget tuning) in a task ``entry`` of the admitted-task file (a JSON
+    dict, changed in place). Returns whether the values changed.
+
+    Equal values keep their entry (a given ``tuning`` replaces the old one). Different
+    values already recorded are a :class:`ConfigError` unless ``replace``; then the old
+    values and their ``tuning`` move to ``entry["tuned_history"]``, with the time."""
+    tuned, records = entry.setdefault("tuned", {}), entry.setdefault("tuning", {})
+    old = tuned.get(method)
+    values = {f: float(v) for f, v in values.items()}
+    if old is not None and same_values(old, values):
+        if tuning is not None:
+            records[method] = dict(tuning)
+        return False
+    if old is not None:
+        if not replace:
+            show = ", ".join(f"{f}={v:.4g}" for f, v in sorted(old.items()))
+            new = ", ".join(f"{f}={v:.4g}" for f, v in sorted(values.items()))
+            raise ConfigError(f"{entry['task']}: {method} already has tuned values {show}, not {new}; pass"
+                              " --replace-tuned to record the new ones (the old move to tuned_history)")
+        entry.setdefault("tuned_history", []).append({
+            "method": method, "tuned": old, "tuning": records.get(method),
+            "replaced": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())})
+    tuned[method] = values
+    if tuning is None:
+        records.pop(method, None)
+    else:
+        records[method] = dict(tuning)
+    return True
+
+
+def write_tuned(path: str, task: str, values: Mapping[str, Mapping[str, float]], tuning: Mapping[str, Mapping],
+                replace: bool = False) -> list[str]:
+    """:func:`record_tuned` for each method of ``values`` (``{method: {field: value}}``, with
+    ``tuning[method]``) into task ``task`` of the file at ``path``, all or nothing (a refused
+    method writes nothing). Returns the methods whose values changed."""
+    from coevo_jax.experiment.folder import atomic_write_text
+
+    if not os.path.exists(path):
+        raise ConfigError(f"no admitted-task file at {path}: run sweeps/calibrate.py first")
+    with open(path) as f:
+        data = json.load(f)
+    entry = next((t for t in data.get("tasks", []) if t["task"] == task), None)
+    if entry is None:
+        raise ConfigError(f"{path} does not admit task {task!r}")
+    changed = [m for m in values if record_tuned(entry, m, values[m], tuning.get(m), replace)]
+    atomic_write_text(path, json.dumps(data, indent=1) + "\n")
+    return changed

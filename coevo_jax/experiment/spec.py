@@ -39,16 +39,18 @@ def _py(x):
 class Arm:
     """One method (``static``) with its grid of HParams values.
 
-    ``grid``: HParams field -> values (cartesian product, in the order given);
-    ``fixed``: overrides applied to every grid point on top of
-    ``default_hparams(static.method)``; ``label`` names the arm in tables
-    (default: the method name).
+    ``grid``: HParams field -> values (cartesian product, in the order given;
+    with ``zipped``, point ``i`` takes value ``i`` of every field: a list of
+    arbitrary points, e.g. a tuning sample); ``fixed``: overrides applied to
+    every grid point on top of ``default_hparams(static.method)``; ``label``
+    names the arm in tables (default: the method name).
     """
 
     static: StaticConfig
     grid: Mapping[str, Sequence[float]] = dataclasses.field(default_factory=dict)
     fixed: Mapping[str, float] = dataclasses.field(default_factory=dict)
     label: str = ""
+    zipped: bool = False
 
     @property
     def name(self) -> str:
@@ -57,18 +59,26 @@ class Arm:
     def settings(self) -> list[dict]:
         """The grid points: a list of ``{field: value}``."""
         fields = list(self.grid)
-        return [dict(zip(fields, vals)) for vals in itertools.product(*(list(self.grid[f]) for f in fields))]
+        columns = [list(self.grid[f]) for f in fields]
+        if not self.zipped:
+            return [dict(zip(fields, vals)) for vals in itertools.product(*columns)]
+        if len({len(c) for c in columns}) > 1:
+            raise ConfigError(f"{self.name}: a zipped grid needs as many values for every field, got"
+                              f" {', '.join(f'{f}: {len(c)}' for f, c in zip(fields, columns))}")
+        return [dict(zip(fields, vals)) for vals in zip(*columns)]
 
     def to_json(self) -> dict:
-        return {"label": self.name, "static": dataclasses.asdict(self.static),
-                "grid": [[k, [_py(x) for x in v]] for k, v in self.grid.items()],  # pairs keep the field order
-                "fixed": {k: _py(v) for k, v in self.fixed.items()}}
+        d = {"label": self.name, "static": dataclasses.asdict(self.static),
+             "grid": [[k, [_py(x) for x in v]] for k, v in self.grid.items()],  # pairs keep the field order
+             "fixed": {k: _py(v) for k, v in self.fixed.items()}}
+        return {**d, "zipped": True} if self.zipped else d  # (a crossed grid's config.json has no such key)
 
     @staticmethod
     def from_json(d: dict) -> "Arm":
         fields = {f.name for f in dataclasses.fields(StaticConfig)}
         static = {k: tuple(v) if isinstance(v, list) else v for k, v in d["static"].items() if k in fields}
-        return Arm(StaticConfig(**static), {k: tuple(v) for k, v in d["grid"]}, dict(d["fixed"]), d["label"])
+        return Arm(StaticConfig(**static), {k: tuple(v) for k, v in d["grid"]}, dict(d["fixed"]), d["label"],
+                   bool(d.get("zipped", False)))
 
 
 @dataclasses.dataclass(frozen=True)

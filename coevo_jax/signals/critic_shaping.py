@@ -78,6 +78,6 @@ register_method(MethodSpec(
     "siop-critic", make_critic_shaping, {"credit_clip": POTENTIAL_PARAMS["credit_clip"]},
     # siop's mixing: raw shaping in units of the external return
     {"beta_ext": 1.0, "beta_int": 1.0, "normalize_int": 0.0},
-    static_checks={"credit_nstep": (1, 1024)}, off={"beta_int": 0.0},
+    static_checks={"credit_nstep": (1, 1024)}, off={"beta_int": 0.0}, tune={"beta_int": (0.25, 2.0)},
     doc="control: siop's shaping credit gamma V(s') - V(s) with PPO's own critic V as the potential",
 ))

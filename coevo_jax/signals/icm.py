@@ -173,5 +173,6 @@ register_method(MethodSpec(
     intrinsic_stream=True,
     static_checks={"icm_feature_dim": (1, 4096)},
     off={"beta_int": 0.0},
+    tune={"beta_int": (0.01, 1.0), "icm_lr_ratio": (0.1, 10.0)},
     doc="ICM curiosity: the forward model's error, a non-episodic bonus stream",
 ))

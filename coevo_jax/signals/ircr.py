@@ -209,7 +209,7 @@ register_method(MethodSpec(
     # the paper replaces the external reward by r_g; refit every iteration (its data changes every rollout)
     {"beta_ext": 0.0, "beta_int": 1.0, "normalize_int": 0.0, "k": 1},
     static_checks={**REWARD_NET_STATIC_CHECKS, "reward_steps": (1, 10_000), "buffer_episodes": (2, 1 << 16)},
-    check_static=check_learned_static, off={"beta_ext": 1.0, "beta_int": 0.0},
+    check_static=check_learned_static, off={"beta_ext": 1.0, "beta_int": 0.0}, tune={"ircr_lr_ratio": (0.2, 20.0)},
     doc="IRCR (Gangwani et al. 2020): a learned per-step guidance reward regressed on the min-max normalised"
         " return of each step's episode, replacing the external reward",
 ))

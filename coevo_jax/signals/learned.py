@@ -384,16 +384,18 @@ def check_learned_static(static) -> None:
     check_window(static, "max_episode_len")
 # R_phi is a decomposition of the return, in the episodic stream, never normalised (module docstring)
 _MIXING = {"beta_ext": 1.0, "beta_int": 0.5}
+#: what equal-budget tuning searches (coevo_jax.experiment.tuning): R_phi's step and its weight in the reward
+TUNE = {"reward_lr_ratio": (0.01, 2.0), "beta_int": (0.1, 2.0)}
 
 register_method(MethodSpec(
     "coevo-regression", make_learned, {**REFIT_PARAMS, **OBJECTIVE_PARAMS}, _MIXING,
-    static_checks=LEARNED_STATIC_CHECKS, check_static=check_learned_static, off={"beta_int": 0.0},
+    static_checks=LEARNED_STATIC_CHECKS, check_static=check_learned_static, off={"beta_int": 0.0}, tune=TUNE,
     doc="co-evolving R_phi fit so its episode sums equal the external returns (RUDDER-style decomposition)",
 ))
 register_method(MethodSpec(
     "coevo-ranking", make_learned, {**REFIT_PARAMS, **OBJECTIVE_PARAMS}, {**_MIXING, "ranking_weight": 1.0},
     static_checks=LEARNED_STATIC_CHECKS, check_static=check_learned_static, off={"beta_int": 0.0},
-    program="coevo-regression",
+    program="coevo-regression", tune=TUNE,
     doc="co-evolving R_phi fit to order episodes like their external returns (Bradley-Terry)",
 ))
 register_method(MethodSpec(
@@ -401,6 +403,6 @@ register_method(MethodSpec(
     # the RND bonus, in the intrinsic stream, divided by a running RMS of its return
     {**_MIXING, "normalize_int": 1.0, "novelty_coef": 0.3}, intrinsic_stream=True,
     static_checks=LEARNED_STATIC_CHECKS, check_static=check_learned_static,
-    off={"beta_int": 0.0, "novelty_coef": 0.0},
+    off={"beta_int": 0.0, "novelty_coef": 0.0}, tune={**TUNE, "novelty_coef": (0.03, 1.0)},
     doc="coevo-regression plus an RND novelty bonus in a non-episodic stream",
 ))

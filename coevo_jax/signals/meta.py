@@ -378,5 +378,6 @@ register_method(MethodSpec(
     static_checks={**REWARD_NET_STATIC_CHECKS, "meta_inner_steps": (1, 64), "meta_truncate": (0, 63)},
     check_static=check_meta_static,
     off={"r_int_coef": 0.0},
+    tune={"meta_lr_ratio": (0.04, 4.0), "r_int_coef": (0.01, 1.0)},
     doc="LIRPG: R_phi trained by the meta-gradient of the external objective, a non-episodic stream",
 ))

@@ -456,5 +456,6 @@ register_method(MethodSpec(
                    "ensemble_size": (1, 64), "credit_nstep": (1, 1024)},
     check_static=check_potential_static,
     off={"beta_int": 0.0},
+    tune={"potential_lr_ratio": (0.2, 20.0), "beta_int": (0.25, 2.0)},
     doc="self-induced outcome potential: potential-based shaping with a learned value of the external reward",
 ))

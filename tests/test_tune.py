@@ -1,0 +1,187 @@
+"""Equal-budget tuning (coevo_jax.experiment.tuning, sweeps/tune.py): the sample, the rule,
+the seeds, and the tuned values' way into the admitted-task file and every study's hparams."""
+import importlib.util
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from coevo_jax.config import ConfigError
+from coevo_jax.experiment import tuning
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ADMITTED = os.path.join(ROOT, "sweeps", "admitted_tasks.json")
+TASK = "doorkey5-t60-16k"
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(f"sweep_{name}", os.path.join(ROOT, "sweeps", f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_every_method_gets_the_same_number_of_configurations_inside_its_ranges():
+    from coevo_jax.registry import method_spec, registered_methods
+
+    samples = {}
+    for m in registered_methods():
+        space = tuning.search_space(m)
+        assert list(space)[:2] == ["lr", "ent_coef"] and set(method_spec(m).tune) <= set(space)
+        samples[m] = tuning.sample_configs(space, 16, seed=0)
+        assert len(samples[m]) == 16 and len({tuple(c.values()) for c in samples[m]}) == 16
+        for c in samples[m]:
+            assert list(c) == list(space) and all(space[f][0] <= v <= space[f][1] for f, v in c.items())
+    # the learned rewards search their own step sizes, and every method sees the same lr / ent_coef points
+    assert {"reward_lr_ratio", "beta_int"} <= set(samples["coevo-regression"][0]) and "potential_lr_ratio" in samples["siop"][0]
+    policy = [[(c["lr"], c["ent_coef"]) for c in s] for s in samples.values()]
+    assert all(p == policy[0] for p in policy)
+    # quasi-random: the 16 lr coordinates leave no gap wider than 2/16 of the unit interval (circularly)
+    u = np.sort(tuning.unit_sample(16, 2, seed=0)[:, 0])
+    assert np.max(np.diff(np.concatenate([u, [u[0] + 1.0]]))) <= 2 / 16 + 1e-9
+    # one arm per method, every configuration vmapped in it: the same run count for each method
+    mod = load("tune")
+    (study,) = mod.tune_studies(mod.build_parser().parse_args(["--methods", "ppo,siop,coevo-ranking"]), [])
+    assert [len(a.settings()) * study.num_seeds for a in study.arms] == [48, 48, 48]
+    assert all(a.zipped and a.settings() == samples[a.name] for a in study.arms)
+    assert mod.main(["--num-configs", "8", "--out", "/nonexistent/x"]) == 2
+    from coevo_jax.experiment import cli
+
+    shared = {a.dest for a in cli.study_parser("x", "", "out")._actions}
+    assert all("default" in a.help for a in mod.build_parser()._actions if a.dest not in shared)
+
+
+def test_a_method_cannot_declare_a_search_range_outside_its_field():
+    import dataclasses
+
+    from coevo_jax.registry import method_spec, register_method
+
+    for tune, msg in (({"nope": (1e-3, 1e-2)}, "tune names unknown HParams field 'nope'"),
+                      ({"lr": (0.0, 1e-2)}, r"tune\['lr'\]=\(0.0, 0.01\) must be \(low, high\)"),
+                      ({"ent_coef": (0.1, 0.01)}, "0 < low < high")):
+        with pytest.raises(ConfigError, match=msg):
+            register_method(dataclasses.replace(method_spec("ppo"), name="ppo-bad-tune", tune=tune))
+
+
+def _synthetic_result(study, success):
+    """A finished tuning study whose runs have the success curves ``success [configs, seeds, I]``,
+    stored in a shuffled run order."""
+    from coevo_jax.experiment.results import StudyResult
+
+    arm = study.arms[0]
+    n, s, iters = success.shape
+    order = np.random.default_rng(0).permutation(n * s)
+    setting, seed = order // s, order % s
+    curves = {"success_rate": success[setting, seed].astype(np.float32),
+              "env_steps": np.tile(np.arange(1, iters + 1, dtype=np.float32) * 128, (n * s, 1))}
+    runs = {"label": np.full(n * s, arm.name), "setting": setting, "seed": seed,
+            **{f"hp/{f}": np.asarray([arm.settings()[i][f] for i in setting]) for f in arm.grid}}
+    return StudyResult("", study, curves, runs, [], {})
+
+
+def test_the_rule_picks_the_highest_mean_auc_of_success():
+    mod = load("tune")
+    args = mod.build_parser().parse_args(["--methods", "ppo", "--tune-seeds", "2"])
+    (study,) = mod.tune_studies(args, [])
+    iters = 10
+    success = np.full((16, 2, iters), 0.1)
+    success[0, :, 8:] = 1.0  # the best final success, but a late start: AUC 0.28
+    success[3] = 0.5  # steady: AUC 0.5 on both seeds (the best)
+    success[5, 0], success[5, 1] = 0.9, np.nan  # one lucky seed, no episode on the other: mean AUC 0.45
+    success[9] = 0.5  # a tie with config 3, sampled later
+    result = _synthetic_result(study, success)
+    scores = tuning.arm_scores(result, "ppo")
+    assert scores.shape == (16, 2) and np.allclose(scores[3], 0.5) and np.allclose(scores[5], [0.9, 0.0])
+    assert np.allclose(scores[0], 0.1 * 0.8 + 0.2)
+    assert tuning.select_config(scores) == 3
+    config, _, best = mod.chosen(result)["ppo"]
+    assert best == 3 and config == study.arms[0].settings()[3]
+    # evaluation: the chosen configuration, exactly, on fresh seeds; dense joins at its recorded values
+    (ev,) = mod.eval_studies(args, [[result]])
+    arms = {a.name: a for a in ev.arms}
+    assert dict(arms["ppo"].fixed) == config and not arms["ppo"].grid and list(arms) == ["ppo", "dense"]
+    from coevo_jax.experiment.admitted import load_admitted
+
+    assert dict(arms["dense"].fixed) == load_admitted(ADMITTED)[TASK].tuned["dense"]
+    # tuning and evaluation seeds never meet
+    from coevo_jax.experiment.plan import run_keys
+
+    assert study.base_seed == ev.base_seed + tuning.TUNE_SEED_OFFSET and ev.num_seeds == 20
+    tune_keys = {tuple(k) for k in np.asarray(run_keys(study.base_seed, np.arange(16)))}
+    eval_keys = {tuple(k) for k in np.asarray(run_keys(ev.base_seed, np.arange(ev.num_seeds)))}
+    assert len(tune_keys) == 16 and len(eval_keys) == 20 and not tune_keys & eval_keys
+
+
+def test_tuned_values_reach_every_study_and_are_never_replaced_silently(tmp_path):
+    from coevo_jax.experiment.admitted import load_admitted, write_tuned
+    from coevo_jax.experiment.plan import arm_hparams
+
+    path = str(tmp_path / "admitted.json")
+    shutil.copy(ADMITTED, path)
+    siop = {"lr": 0.00215, "ent_coef": 0.0128, "potential_lr_ratio": 0.31, "beta_int": 0.7}
+    reg = {"lr": 0.0011, "ent_coef": 0.004, "reward_lr_ratio": 0.022, "beta_int": 1.3}
+    record = {"rule": tuning.RULE, "num_configs": 16}
+    assert write_tuned(path, TASK, {"siop": siop, "coevo-regression": reg}, {"siop": record}) == [
+        "siop", "coevo-regression"]
+    task = load_admitted(path)[TASK]
+    assert task.hparams("siop") == siop and task.untuned(["siop", "coevo-regression", "ppo"]) == [
+        "coevo-regression", "ppo"]
+
+    compare = load("compare_methods")
+    (study,) = compare.studies(compare.build_parser().parse_args(["--tasks", TASK, "--admitted", path]))
+    arms = {a.name: a for a in study.arms}
+    assert dict(arms["siop"].fixed) == siop and dict(arms["siop-shuffled"].fixed) == siop
+    assert dict(arms["coevo-regression"].fixed) == reg and arms["coevo-frozen"].fixed["reward_lr_ratio"] == 0.0
+    assert arms["coevo-frozen"].fixed["beta_int"] == reg["beta_int"]
+    assert dict(arms["ppo"].fixed) == task.tuned["ppo"] and dict(arms["icm"].fixed) == task.tuned["ppo"]
+    hp = arm_hparams(arms["siop"])
+    assert all(np.isclose(float(getattr(hp, f)[0]), v, rtol=1e-6) for f, v in siop.items())
+
+    ks = load("k_sensitivity")
+    (kstudy,) = ks.studies(ks.build_parser().parse_args(["--admitted", path, "--num-seeds", "1"]))
+    karms = {a.name: a for a in kstudy.arms}
+    assert dict(karms["siop"].fixed) == siop and karms["siop-norm"].fixed == {**siop, "normalize_int": 1.0}
+    assert dict(karms["coevo-regression"].fixed) == reg and tuple(karms["siop"].grid["k"]) == ks.DEFAULT_KS
+    assert np.allclose(np.asarray(arm_hparams(karms["coevo-regression"]).reward_lr_ratio), reg["reward_lr_ratio"])
+
+    # equal values (to float32) pass; different ones are refused, then replaced with the old kept
+    assert write_tuned(path, TASK, {"siop": {**siop, "lr": float(np.float32(siop["lr"]))}}, {}) == []
+    with pytest.raises(ConfigError, match="siop already has tuned values .* pass --replace-tuned"):
+        write_tuned(path, TASK, {"ppo": task.tuned["ppo"], "siop": {**siop, "beta_int": 0.5}}, {})
+    assert load_admitted(path)[TASK].hparams("siop") == siop  # nothing written
+    write_tuned(path, TASK, {"siop": {**siop, "beta_int": 0.5}}, {"siop": record}, replace=True)
+    entry = next(t for t in json.load(open(path))["tasks"] if t["task"] == TASK)
+    assert entry["tuned"]["siop"]["beta_int"] == 0.5 and entry["tuned_history"][-1]["tuned"] == siop
+
+    # calibrating the task again keeps the other methods' values and refuses a different ppo
+    calibrate = load("calibrate")
+    old = dict(entry, tuned={"ppo": entry["tuned"]["ppo"], "dense": entry["tuned"]["dense"]})
+    for k in ("tuning", "tuned_history"):
+        old.pop(k)
+    calibrate.write_admitted(path, [json.loads(json.dumps(old))], [TASK], 20)
+    again = load_admitted(path)[TASK]
+    assert again.tuned["siop"]["beta_int"] == 0.5 and "siop" in again.tuning
+    changed = dict(old, tuned={**old["tuned"], "ppo": {"lr": 1e-3, "ent_coef": 0.03}})
+    with pytest.raises(ConfigError, match="ppo already has tuned values"):
+        calibrate.write_admitted(path, [json.loads(json.dumps(changed))], [TASK], 20)
+
+
+def test_a_zipped_grid_runs_its_points_not_their_product():
+    from coevo_jax.config import StaticConfig
+    from coevo_jax.experiment import Arm, Study
+    from coevo_jax.experiment.plan import arm_hparams
+    from coevo_jax.experiment.spec import config_text
+
+    configs = [{"lr": 1e-3, "ent_coef": 0.01}, {"lr": 2e-3, "ent_coef": 0.02}, {"lr": 3e-3, "ent_coef": 0.01}]
+    arm = tuning.tuning_arm(StaticConfig(method="ppo"), configs)
+    hp = arm_hparams(arm)
+    assert np.allclose(np.asarray(hp.lr), [1e-3, 2e-3, 3e-3]) and np.allclose(np.asarray(hp.ent_coef), [.01, .02, .01])
+    crossed = Arm(arm.static, arm.grid)
+    assert len(crossed.settings()) == 9 and "zipped" not in json.dumps(crossed.to_json())
+    study = Study("KeyDoor-5x5", (arm, crossed), 2)
+    back = Study.from_json(json.loads(config_text(study)))
+    assert [a.zipped for a in back.arms] == [True, False] and config_text(back) == config_text(study)
+    with pytest.raises(ConfigError, match="a zipped grid needs as many values for every field, got lr: 2, k: 1"):
+        Arm(arm.static, {"lr": (1e-3, 2e-3), "k": (1,)}, zipped=True).settings()
