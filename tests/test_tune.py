@@ -35,7 +35,7 @@ def test_every_method_gets_the_same_number_of_configurations_inside_its_ranges()
         for c in samples[m]:
             assert list(c) == list(space) and all(space[f][0] <= v <= space[f][1] for f, v in c.items())
     # the learned rewards search their own step sizes, and every method sees the same lr / ent_coef points
-    assert {"reward_lr_ratio", "beta_int"} <= set(samples["coevo-regression"][0]) and "potential_lr_ratio" in samples["siop"][0]
+    assert all(any("lr" in f for f in method_spec(m).tune) for m in ("coevo-regression", "siop", "icm", "meta"))
     policy = [[(c["lr"], c["ent_coef"]) for c in s] for s in samples.values()]
     assert all(p == policy[0] for p in policy)
     # quasi-random: the 16 lr coordinates leave no gap wider than 2/16 of the unit interval (circularly)
@@ -114,14 +114,22 @@ def test_the_rule_picks_the_highest_mean_auc_of_success():
     assert len(tune_keys) == 16 and len(eval_keys) == 20 and not tune_keys & eval_keys
 
 
+def task_values(method, path):
+    from coevo_jax.experiment.admitted import load_admitted
+
+    return load_admitted(path)[TASK].hparams(method)
+
+
 def test_tuned_values_reach_every_study_and_are_never_replaced_silently(tmp_path):
     from coevo_jax.experiment.admitted import load_admitted, write_tuned
     from coevo_jax.experiment.plan import arm_hparams
 
     path = str(tmp_path / "admitted.json")
     shutil.copy(ADMITTED, path)
-    siop = {"lr": 0.00215, "ent_coef": 0.0128, "potential_lr_ratio": 0.31, "beta_int": 0.7}
-    reg = {"lr": 0.0011, "ent_coef": 0.004, "reward_lr_ratio": 0.022, "beta_int": 1.3}
+    # values of the declared fields (whatever their names), as the tuner would pick them
+    siop = tuning.sample_configs(tuning.search_space("siop"), 16)[5]
+    reg = tuning.sample_configs(tuning.search_space("coevo-regression"), 16)[7]
+    assert "beta_int" in siop and siop != task_values("ppo", path)
     record = {"rule": tuning.RULE, "num_configs": 16}
     assert write_tuned(path, TASK, {"siop": siop, "coevo-regression": reg}, {"siop": record}) == [
         "siop", "coevo-regression"]
@@ -133,8 +141,8 @@ def test_tuned_values_reach_every_study_and_are_never_replaced_silently(tmp_path
     (study,) = compare.studies(compare.build_parser().parse_args(["--tasks", TASK, "--admitted", path]))
     arms = {a.name: a for a in study.arms}
     assert dict(arms["siop"].fixed) == siop and dict(arms["siop-shuffled"].fixed) == siop
-    assert dict(arms["coevo-regression"].fixed) == reg and arms["coevo-frozen"].fixed["reward_lr_ratio"] == 0.0
-    assert arms["coevo-frozen"].fixed["beta_int"] == reg["beta_int"]
+    frozen = compare.CONTROLS["coevo-frozen"][1]  # R_phi's step at 0
+    assert dict(arms["coevo-regression"].fixed) == reg and dict(arms["coevo-frozen"].fixed) == {**reg, **frozen}
     assert dict(arms["ppo"].fixed) == task.tuned["ppo"] and dict(arms["icm"].fixed) == task.tuned["ppo"]
     hp = arm_hparams(arms["siop"])
     assert all(np.isclose(float(getattr(hp, f)[0]), v, rtol=1e-6) for f, v in siop.items())
@@ -144,7 +152,8 @@ def test_tuned_values_reach_every_study_and_are_never_replaced_silently(tmp_path
     karms = {a.name: a for a in kstudy.arms}
     assert dict(karms["siop"].fixed) == siop and karms["siop-norm"].fixed == {**siop, "normalize_int": 1.0}
     assert dict(karms["coevo-regression"].fixed) == reg and tuple(karms["siop"].grid["k"]) == ks.DEFAULT_KS
-    assert np.allclose(np.asarray(arm_hparams(karms["coevo-regression"]).reward_lr_ratio), reg["reward_lr_ratio"])
+    khp = arm_hparams(karms["coevo-regression"])
+    assert all(np.allclose(np.asarray(getattr(khp, f)), v, rtol=1e-6) for f, v in reg.items())
 
     # equal values (to float32) pass; different ones are refused, then replaced with the old kept
     assert write_tuned(path, TASK, {"siop": {**siop, "lr": float(np.float32(siop["lr"]))}}, {}) == []
