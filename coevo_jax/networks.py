@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from coevo_jax.config import ConfigError, StaticConfig
+from coevo_jax.encoding import encode_obs, obs_vocab
 from coevo_jax.transformer import TransformerActorCritic
 from envs_jax.text.tokens import AGENT, PAD, USER
 from envs_jax.text.turns import TurnEnv
@@ -99,17 +100,19 @@ def _act(name: str):
 
 
 class ActorCritic(nn.Module):
-    """MLP actor-critic. ``__call__(obs [..., D]) -> (logits [..., A], value [...] or [..., 2], features [..., H])``."""
+    """MLP actor-critic. ``__call__(obs [..., D]) -> (logits [..., A], value [...] or [..., 2], features [..., H])``;
+    ``obs`` read through :func:`~coevo_jax.encoding.encode_obs` (``vocab > 0``: token ids, one-hot)."""
 
     num_actions: int
     hidden_sizes: Sequence[int] = (64, 64)
     activation: str = "tanh"
     value_heads: int = 1
+    vocab: int = 0
 
     @nn.compact
     def __call__(self, obs):
         act = _act(self.activation)
-        x = obs.astype(jnp.float32)
+        x = encode_obs(obs, 1, self.vocab)
         h = x
         for i, width in enumerate(self.hidden_sizes):
             h = act(nn.Dense(width, kernel_init=orthogonal(np.sqrt(2)), name=f"actor_{i}")(h))
@@ -331,7 +334,8 @@ def make_policy_network(static: StaticConfig, env, env_params) -> nn.Module:
             max_len=int(space.shape[-1]),
             value_heads=static.value_heads,
         )
-    return ActorCritic(num_actions, tuple(static.hidden_sizes), static.activation, static.value_heads)
+    return ActorCritic(num_actions, tuple(static.hidden_sizes), static.activation, static.value_heads,
+                       obs_vocab(env, env_params))
 
 
 def features_dim(network: nn.Module, params, example_obs: jax.Array) -> int:

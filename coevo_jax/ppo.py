@@ -43,12 +43,20 @@ def stream_advantages(streams, traj, hp):
     """Advantages and value targets of a :class:`~coevo_jax.signals.base.RewardStreams`.
 
     The episodic stream takes :func:`gae` with the trajectory's end flags and
-    the critic's first head; the intrinsic stream (if any) takes :func:`gae`
-    with no episode ends (its return runs on through resets, bootstrapping from
-    the second head at ``next_obs``) and the second head. The advantages add,
-    the intrinsic one times ``streams.intrinsic_coef``. ``traj.value`` /
-    ``traj.next_value`` are ``[T, N]`` for one stream, ``[T, N, 2]`` for two.
-    Returns ``(advantages [T, N], targets [T, N] or [T, N, 2])``.
+    the critic's first head, bootstrapping from ``traj.next_value`` (the value of
+    ``next_obs``, the pre-reset final observation at an episode's end). The
+    intrinsic stream (if any) takes :func:`gae` with no episode ends and the
+    second head, bootstrapping from ``traj.cont_value``: its return runs on
+    through resets, ``G_t = r_t + gamma * G_{t+1}`` with ``G_{t+1}`` the return
+    from the state the env continues from, which after an episode's end is the
+    next episode's first observation, not the final one (a state the process
+    never continues from, and one the intrinsic head never trains on). Then
+    every ``delta`` subtracts the value the previous one added, and the
+    lambda-return telescopes to the discounted bonus across episode ends. The
+    advantages add, the intrinsic one times ``streams.intrinsic_coef``.
+    ``traj.value`` / ``traj.next_value`` / ``traj.cont_value`` are ``[T, N]``
+    for one stream, ``[T, N, 2]`` for two. Returns ``(advantages [T, N],
+    targets [T, N] or [T, N, 2])``.
     """
     if streams.intrinsic is None:
         return gae(streams.episodic, traj.value, traj.next_value, traj.terminated, traj.truncated,
@@ -58,8 +66,11 @@ def stream_advantages(streams, traj, hp):
                          f" = 2); the trajectory's values have shape {traj.value.shape}")
     adv_e, target_e = gae(streams.episodic, traj.value[..., 0], traj.next_value[..., 0], traj.terminated,
                           traj.truncated, hp.gamma, hp.gae_lambda)
+    if traj.cont_value is None:
+        raise ValueError("an intrinsic reward stream bootstraps from traj.cont_value (the value of the observation"
+                         " after each step's auto-reset); this trajectory has none")
     never = jnp.zeros_like(traj.terminated)
-    adv_i, target_i = gae(streams.intrinsic, traj.value[..., 1], traj.next_value[..., 1], never, never,
+    adv_i, target_i = gae(streams.intrinsic, traj.value[..., 1], traj.cont_value[..., 1], never, never,
                           hp.gamma, hp.gae_lambda)
     return adv_e + streams.intrinsic_coef * adv_i, jnp.stack([target_e, target_i], axis=-1)
 

@@ -9,11 +9,11 @@
   collection time, as in the project's source note (the policy's hidden state
   as the state representation). These features move as the policy trains, so
   R_phi with frozen phi is *not* a frozen reward function of the state;
-* ``"obs"``: the observation itself, flattened to ``[D]``; integer
-  observations (token buffers) are one-hot encoded per position inside the
-  net (``vocab`` classes), float ones are read as they are. A frozen phi then
-  is a frozen function of ``(s, a)``: the control that ``reward_lr_ratio = 0`` /
-  ``meta_lr_ratio = 0`` is meant to be.
+* ``"obs"``: the observation itself, flattened to ``[D]`` and read through
+  the encoder every learned network shares (:func:`coevo_jax.encoding.encode_obs`:
+  token buffers one-hot per position, ``vocab`` classes; float observations as
+  they are). A frozen phi then is a frozen function of ``(s, a)``: the control
+  that ``reward_lr_ratio = 0`` / ``meta_lr_ratio = 0`` is meant to be.
 
 **Architecture**: ``concat(x, embed(a))`` -> Dense+ReLU per ``hidden`` ->
 Dense(1) -> tanh, ``r in [-1, 1]``; ``pre`` is the pre-tanh activation. The
@@ -38,20 +38,12 @@ import jax
 import jax.numpy as jnp
 
 from coevo_jax.config import check_choice, check_sizes
+from coevo_jax.encoding import encode_obs, obs_vocab
 from coevo_jax.networks import orthogonal
 from coevo_jax.signals.base import flat_obs
 
 REWARD_INPUTS = ("features", "obs")
 HEAD_GAIN = 1e-3
-
-
-def encode_input(x: jax.Array, vocab: int) -> jax.Array:
-    """``x [..., D] -> [..., D * vocab]`` one-hot per position when ``vocab > 0``
-    (token ids, stored as numbers), else ``x`` as float32 ``[..., D]``."""
-    if vocab > 0:
-        one_hot = jax.nn.one_hot(x.astype(jnp.int32), vocab, dtype=jnp.float32)
-        return one_hot.reshape(x.shape[:-1] + (-1,))
-    return x.astype(jnp.float32)
 
 
 class RewardNet(nn.Module):
@@ -66,14 +58,14 @@ class RewardNet(nn.Module):
     action_embed_dim: int = 16
     reward_input: str = "features"
     obs_ndim: int = 1
-    vocab: int = 0  # > 0: x holds token ids, one-hot encoded with this many classes
+    vocab: int = 0  # > 0: x holds token ids, one-hot encoded with this many classes (encode_obs)
 
     @nn.compact
     def __call__(self, x, action):
         one_hot = jax.nn.one_hot(action, self.num_actions, dtype=jnp.float32)
         emb = nn.Dense(self.action_embed_dim, use_bias=False, kernel_init=nn.initializers.normal(1.0),
                        name="action_embed")(one_hot)
-        h = jnp.concatenate([encode_input(x, self.vocab), emb], axis=-1)
+        h = jnp.concatenate([encode_obs(x, 1, self.vocab), emb], axis=-1)
         for i, width in enumerate(self.hidden):
             h = nn.relu(nn.Dense(width, name=f"dense_{i}")(h))
         pre = nn.Dense(1, kernel_init=orthogonal(HEAD_GAIN), name="head")(h)[..., 0]
@@ -90,7 +82,7 @@ class RNDNet(nn.Module):
 
     @nn.compact
     def __call__(self, x):
-        h = encode_input(x, self.vocab)
+        h = encode_obs(x, 1, self.vocab)
         for i, width in enumerate(self.hidden):
             h = nn.relu(nn.Dense(width, name=f"dense_{i}")(h))
         return nn.Dense(self.out, name="out")(h)
@@ -103,7 +95,8 @@ def rnd_error(pred: jax.Array, target: jax.Array) -> jax.Array:
 
 def reward_inputs(traj, reward_input: str, obs_ndim: int) -> jax.Array:
     """What R_phi reads from a ``[T, N]`` trajectory: ``traj.features [T, N, H]``
-    (``"features"``) or ``traj.obs`` flattened to float32 ``[T, N, D]`` (``"obs"``)."""
+    (``"features"``) or ``traj.obs`` flattened to ``[T, N, D]`` (``"obs"``; its
+    dtype kept: the net encodes it, :func:`coevo_jax.encoding.encode_obs`)."""
     if reward_input == "features":
         return traj.features.astype(jnp.float32)
     if reward_input == "obs":
@@ -114,14 +107,6 @@ def reward_inputs(traj, reward_input: str, obs_ndim: int) -> jax.Array:
 def apply_reward(net: RewardNet, params, traj):
     """``(r [T, N], pre [T, N])``: R_phi on a trajectory's inputs and actions."""
     return net.apply(params, reward_inputs(traj, net.reward_input, net.obs_ndim), traj.action)
-
-
-def obs_vocab(env, env_params) -> int:
-    """Classes of an integer observation (``high + 1``), 0 for float observations."""
-    space = env.observation_space(env_params)
-    if jnp.issubdtype(jnp.dtype(space.dtype), jnp.integer):
-        return int(jnp.max(jnp.asarray(space.high))) + 1
-    return 0
 
 
 def make_reward_net(static, env, env_params) -> RewardNet:

@@ -30,7 +30,12 @@ class Trajectory(NamedTuple):
     ``next_obs[t]`` is the observation the step produced before any auto-reset
     (``info["final_obs"]``), so ``next_obs[t] == obs[t+1]`` unless the episode
     ended at ``t``. ``next_value`` is the critic on ``next_obs`` (bootstraps
-    truncated episodes). ``episode_*`` fields are set on ``episode_done`` steps.
+    truncated episodes). ``cont_value`` is the critic on the observation the
+    env continues from after step ``t`` (after any auto-reset): ``value[t+1]``
+    for ``t < T - 1`` and the value of the next rollout's first observation at
+    ``T - 1``; it bootstraps the non-episodic (intrinsic) stream, whose return
+    runs on into the next episode. ``episode_*`` fields are set on
+    ``episode_done`` steps.
     """
 
     obs: jax.Array  # [T, N, ...]
@@ -49,6 +54,7 @@ class Trajectory(NamedTuple):
     episode_length: jax.Array  # [T, N]
     episode_success: jax.Array  # [T, N]
     legal_mask: Any = None  # [T, N, A] bool legal actions at obs[t] (envs with a legal-action mask), else None
+    cont_value: Any = None  # [T, N] critic on the observation after step t, after any auto-reset (see above)
 
 
 def flatten_time(traj_field: jax.Array) -> jax.Array:
@@ -145,7 +151,9 @@ def rollout(network: nn.Module, params, env, env_params, state: RolloutState, ke
     mask = current_legal_mask(env, env_params, state.env_state)
     (state, _), steps = jax.lax.scan(one_step, (state, mask), jax.random.split(key, length))
     next_value = network.apply(params, steps["next_obs"])[1]
-    return state, Trajectory(next_value=next_value, **steps)
+    last_value = network.apply(params, state.obs)[1]  # the next rollout's first observation
+    cont_value = jnp.concatenate([steps["value"][1:], last_value[None]], axis=0)
+    return state, Trajectory(next_value=next_value, cont_value=cont_value, **steps)
 
 
 # Cached rollouts decode the partner's reply / a fresh prompt on compacted groups of
@@ -186,7 +194,7 @@ def _rollout_cached(network, params, env, env_params, state: RolloutState, key, 
         reset = jnp.logical_or(fields["terminated"], fields["truncated"])
         out, cache = decode_rows(decode(chunk), cache, obs, out_final, reset, reset_group)
         step = dict(obs=ro.obs, action=action, logp=logp, value=value, features=features,
-                    next_value=out_final[1], legal_mask=mask, **fields)
+                    next_value=out_final[1], cont_value=out[1], legal_mask=mask, **fields)
         return (RolloutState(env_state, obs), next_mask, out, cache), step
 
     mask = current_legal_mask(env, env_params, state.env_state)

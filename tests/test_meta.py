@@ -84,7 +84,7 @@ def _data(hp, lr, seed=0, dtype=jnp.float64, warm_steps=3, dead_unit=False, mask
     traj = Trajectory(obs, jnp.asarray(action, jnp.int32), jnp.asarray(logp, dtype), value, features,
                       jnp.asarray(reward, dtype), jnp.asarray(reward, dtype), jnp.asarray(terminated),
                       jnp.asarray(truncated), next_obs, next_value, z.astype(bool), z, z, z,
-                      None if legal is None else jnp.asarray(legal))
+                      None if legal is None else jnp.asarray(legal), next_value)  # next_obs = obs[t+1]: no resets
     # Adam's state after warm_steps steps on N(0, 1) gradients
     leaves, treedef = jax.tree.flatten(theta)
     mu, nu = [np.zeros(x.shape) for x in leaves], [np.zeros(x.shape) for x in leaves]

@@ -83,6 +83,7 @@ def synthetic_trajectory(seed: int, obs_shape, num_actions: int, heads: int, hid
         episode_done=done, episode_return=np.where(done, reward + 0.5, 0.0).astype(f32),
         episode_length=np.where(done, 5.0, 0.0).astype(f32), episode_success=np.where(term, 1.0, 0.0).astype(f32),
     )
+    traj = traj._replace(cont_value=traj.next_value)  # next_obs = obs[t+1]: the env continues from it
     return jax.tree.map(jnp.asarray, traj)
 
 
@@ -90,7 +91,7 @@ def episodic_view(traj: Trajectory) -> Trajectory:
     """The trajectory as a one-critic policy sees it (the first value head)."""
     if traj.value.ndim == 2:
         return traj
-    return traj._replace(value=traj.value[..., 0], next_value=traj.next_value[..., 0])
+    return traj._replace(value=traj.value[..., 0], next_value=traj.next_value[..., 0], cont_value=traj.cont_value[..., 0])
 
 
 def signal_pass(signal, network, key, traj, params, opt_state, hp):

@@ -1,6 +1,8 @@
 """Reward construction shared by every method: scale-only normalisation, the
 non-episodic intrinsic stream with its own critic head, the dense oracle's
 declared capability, and ICM's per-iteration training."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,10 +14,14 @@ from coevo_jax.ppo import stream_advantages
 from coevo_jax.rollout import Trajectory
 from coevo_jax.signals import base
 from coevo_jax.signals import icm as icm_mod
+from xla_options import OPT0
+
+jit0 = functools.partial(jax.jit, compiler_options=OPT0)  # semantic checks: compile fast
 
 
-def traj_of(reward, terminated, truncated, value, next_value, obs=None, next_obs=None, action=None):
-    """A Trajectory with the given ``[T, N]`` fields (values may be ``[T, N, 2]``); the rest zeros."""
+def traj_of(reward, terminated, truncated, value, next_value, obs=None, next_obs=None, action=None, cont_value=None):
+    """A Trajectory with the given ``[T, N]`` fields (values may be ``[T, N, 2]``); the rest zeros
+    (``cont_value`` defaults to ``next_value``)."""
     T, N = reward.shape
     z = jnp.zeros((T, N), jnp.float32)
     obs = jnp.zeros((T, N, 3)) if obs is None else obs
@@ -23,7 +29,8 @@ def traj_of(reward, terminated, truncated, value, next_value, obs=None, next_obs
         obs=obs, action=jnp.zeros((T, N), jnp.int32) if action is None else action, logp=z, value=value,
         features=jnp.zeros((T, N, 2)), reward=reward, dense_reward=reward, terminated=terminated, truncated=truncated,
         next_obs=obs if next_obs is None else next_obs, next_value=next_value,
-        episode_done=terminated | truncated, episode_return=z, episode_length=z, episode_success=z)
+        episode_done=terminated | truncated, episode_return=z, episode_length=z, episode_success=z,
+        cont_value=next_value if cont_value is None else cont_value)
 
 
 def random_ends(key, shape, p_term=0.1, p_trunc=0.05):
@@ -74,16 +81,19 @@ def test_return_scale_tracks_the_discounted_return_rms():
 # ----------------------------------------------------------------------------- the intrinsic stream
 def test_constant_bonus_has_zero_intrinsic_advantage():
     """External reward 0, a constant bonus c > 0 with the intrinsic critic at its
-    fixed point c / (1 - gamma): the advantage is 0 on every step, episode ends
-    included. Paid into the episodic stream instead, the same bonus makes ending
-    an episode costly (a living reward)."""
+    fixed point c / (1 - gamma) on every state the env continues from: the
+    advantage is 0 on every step, episode ends included, whatever the head says
+    of the final observations (it never trains on them; here 0). Paid into the
+    episodic stream instead, the same bonus makes ending an episode costly (a
+    living reward)."""
     T, N, c, gamma = 64, 6, 0.3, 0.99
     term, trunc = random_ends(jax.random.PRNGKey(2), (T, N), 0.1, 0.05)
     assert bool(term.any()) and bool(trunc.any())
     hp = cj.default_hparams("icm", gamma=gamma, gae_lambda=0.95)
     v_int = jnp.full((T, N), c / (1 - gamma))
     value = jnp.stack([jnp.zeros((T, N)), v_int], -1)
-    traj = traj_of(jnp.zeros((T, N)), term, trunc, value, value)
+    final = jnp.stack([jnp.zeros((T, N)), jnp.where(term | trunc, 0.0, v_int)], -1)  # V_int(next_obs)
+    traj = traj_of(jnp.zeros((T, N)), term, trunc, value, final, cont_value=value)
     bonus = jnp.full((T, N), c)
     adv, targets = stream_advantages(base.RewardStreams(jnp.zeros((T, N)), bonus), traj, hp)
     np.testing.assert_allclose(adv, 0.0, atol=1e-4)
@@ -116,6 +126,89 @@ def test_two_streams_add_and_one_stream_is_plain_gae():
     np.testing.assert_array_equal(stream_advantages(base.RewardStreams(r_e[..., 0]), one, hp)[0], a_e)
     with pytest.raises(ValueError, match="two value heads"):
         stream_advantages(base.RewardStreams(r_e[..., 0], r_i[..., 0]), one, hp)
+
+
+def test_intrinsic_return_runs_into_the_next_episode():
+    """The non-episodic return is ``G_t = r_t + gamma * G_{t+1}`` through episode
+    ends, ``G_{t+1}`` from the state the env continues from (after an end: the
+    next episode's first observation). With lambda = 1 the intrinsic value
+    target is exactly the discounted bonus to the rollout's end plus
+    ``gamma^(T - t) V_int(s_T)``, whatever the critic says elsewhere, and
+    nothing depends on ``V_int(final_obs)`` (``next_value``'s second head),
+    which the head never trains on. The episodic stream still bootstraps a
+    time-out from ``V_ext(final_obs)``."""
+    T, N, gamma = 24, 5, 0.9
+    k = jax.random.split(jax.random.PRNGKey(7), 4)
+    term, trunc = random_ends(k[0], (T, N), 0.15, 0.1)
+    assert bool(term.any()) and bool(trunc.any())
+    bonus = jax.random.uniform(k[1], (T, N))
+    value = jax.random.normal(k[2], (T, N, 2))
+    last = jax.random.normal(k[3], (N, 2))  # the critic on the next rollout's first observation
+    cont = jnp.concatenate([value[1:], last[None]], 0)
+    hp = cj.default_hparams("icm", gamma=gamma, gae_lambda=1.0)
+
+    def targets(next_value):
+        traj = traj_of(jnp.zeros((T, N)), term, trunc, value, next_value, cont_value=cont)
+        return np.asarray(stream_advantages(base.RewardStreams(jnp.zeros((T, N)), bonus), traj, hp)[1])
+
+    garbage = 100.0 * jax.random.normal(k[0], (T, N, 2))  # V(final_obs) on done steps, anything
+    tgt = targets(jnp.where((term | trunc)[..., None], garbage, cont))
+    g, expected = np.asarray(last[:, 1], np.float64), np.zeros((T, N))
+    for t in reversed(range(T)):
+        g = np.asarray(bonus[t], np.float64) + gamma * g
+        expected[t] = g
+    np.testing.assert_allclose(tgt[..., 1], expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(targets(cont)[..., 1], tgt[..., 1], rtol=1e-5, atol=1e-5)
+    # the episodic head: a time-out bootstraps from V_ext(final_obs), a termination from nothing
+    assert not np.allclose(targets(cont)[..., 0], tgt[..., 0])
+    with pytest.raises(ValueError, match="cont_value"):
+        stream_advantages(base.RewardStreams(bonus, bonus), traj_of(bonus, term, trunc, value, value)._replace(
+            cont_value=None), hp)
+
+
+# ----------------------------------------------------------------------------- bonus first, then train
+def _bonus_setup(method):
+    """``(signal, traj, hp)`` for ICM (KeyDoor observations) or coevo-novelty (policy features)."""
+    env, p = envs_jax.make("KeyDoor-5x5")
+    T, N = 8, 4
+    key = jax.random.PRNGKey(5)
+    obs = jax.random.bernoulli(key, 0.3, (T, N) + env.observation_space(p).shape).astype(jnp.float32)
+    action = jax.random.randint(key, (T, N), 0, 6)
+    z = jnp.zeros((T, N, 2))
+    traj = traj_of(jnp.zeros((T, N)), jnp.zeros((T, N), bool), jnp.zeros((T, N), bool), z, z, obs,
+                   jnp.roll(obs, -1, 0), action)._replace(features=jax.random.normal(key, (T, N, 8)))
+    static = cj.StaticConfig(method=method, hidden_sizes=(16,), icm_feature_dim=8, num_envs=N, rollout_len=T,
+                             num_minibatches=4, reward_hidden=(16, 16), action_embed_dim=4, buffer_episodes=2,
+                             max_episode_len=4)
+    hp = cj.default_hparams(method, icm_lr=3e-3, rnd_lr=3e-3, normalize_int=0.0)
+    from coevo_jax.signals import make_signal
+    return make_signal(static, None, env, p), traj, hp
+
+
+@pytest.mark.parametrize("method", ["icm", "coevo-novelty"])
+def test_bonus_is_read_before_the_model_trains_on_the_rollout(method):
+    """ICM's and RND's bonus of a rollout is the error of the model *before*
+    ``observe`` trained it on that rollout (as at collection time in Pathak et
+    al. and Burda et al.): the same as the untrained model's bonus on the first
+    rollout, not the bonus of the model that has just fit these transitions
+    (for RND, whose predictor fits the error itself, a smaller one)."""
+    sig, traj, hp = _bonus_setup(method)
+
+    @jit0
+    def run(key):
+        s0 = sig.init(key, traj, hp)
+        s1, _ = sig.observe(s0, traj, hp, jax.random.fold_in(key, 1))
+        before = sig.rewards(s0, traj, hp)[1].intrinsic  # the model that collected the rollout
+        used = sig.rewards(s1, traj, hp)[1].intrinsic  # what PPO gets after observe
+        # the model as it is after training on the rollout
+        post = s1._replace(bonus_params=s1.params) if method == "icm" else s1.replace(rnd_bonus_params=s1.rnd_params)
+        return before, used, sig.rewards(post, traj, hp)[1].intrinsic
+
+    before, used, after = run(jax.random.PRNGKey(0))
+    np.testing.assert_allclose(used, before, rtol=1e-6)
+    assert np.abs(np.asarray(after - before)).max() > 1e-3 * float(before.max())  # the order matters
+    if method == "coevo-novelty":
+        assert float(after.mean()) < 0.9 * float(before.mean())  # the fitted predictor shrinks the bonus
 
 
 @pytest.mark.parametrize("method,heads", [("ppo", 1), ("siop", 1), ("icm", 2), ("coevo-novelty", 2), ("meta", 2)])
@@ -185,7 +278,7 @@ def test_icm_trains_in_observe_and_pays_a_separate_stream():
     _, streams, _ = sig.rewards(s1, traj, hp)
     assert float(streams.intrinsic_coef) == pytest.approx(0.5)
     net = icm_mod.ICMNetwork(6, 8, (16,))
-    _, phi_tp1, _, phi_pred = net.apply(s1.params, traj.obs, traj.next_obs, traj.action)
+    _, phi_tp1, _, phi_pred = net.apply(s1.bonus_params, traj.obs, traj.next_obs, traj.action)
     np.testing.assert_allclose(streams.intrinsic, icm_mod.intrinsic_reward(phi_pred, phi_tp1, hp.icm_eta),
                                rtol=1e-5, atol=1e-8)
     np.testing.assert_array_equal(streams.episodic, traj.reward)

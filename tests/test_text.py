@@ -443,7 +443,7 @@ def test_cached_rollout_equals_plain_rollout():
     """The key-value-cached rollout (prefill + incremental decoding, with
     auto-resets and truncated bootstrap values) gives the plain rollout's
     trajectory: same actions, and the same logp / value / next_value /
-    features up to float rounding. Vmapped over two seeds and started
+    cont_value / features up to float rounding. Vmapped over two seeds and started
     mid-episode (a prefill of long buffers), with 4 envs: the replies and the
     fresh prompts are decoded one env at a time (groups of 1), so steps where
     several envs need one run extra groups inside a batched while_loop."""
@@ -470,8 +470,12 @@ def test_cached_rollout_equals_plain_rollout():
     assert int(jnp.max(jnp.sum(turn_ends & ~plain.episode_done, -1))) >= 2  # steps that needed a second group
     np.testing.assert_array_equal(plain.action, cached.action)
     np.testing.assert_array_equal(plain.obs, cached.obs)
-    for field in ("logp", "value", "next_value", "features"):
+    for field in ("logp", "value", "next_value", "cont_value", "features"):
         np.testing.assert_allclose(getattr(plain, field), getattr(cached, field), atol=1e-4, rtol=1e-4, err_msg=field)
+    # cont_value: the critic after the auto-reset (obs[t+1]), not on the final observation (next_value)
+    np.testing.assert_allclose(plain.cont_value[:, :-1], plain.value[:, 1:], atol=1e-5, rtol=1e-5)
+    done = np.asarray(plain.episode_done)
+    assert np.abs(np.asarray(plain.cont_value - plain.next_value)[done]).min() > 0
 
 
 def _two_rollouts(model, mp, name="TwentyQuestions", n=4, length=40, use_legal_mask=False):

@@ -108,10 +108,11 @@ def test_trained_models_credit_and_figure(booking, tmp_path):
     static = StaticConfig(method="coevo-regression", network="bag", action_head="utterance", num_envs=2,
                           rollout_len=4, total_steps=8, num_minibatches=1, update_epochs=1, d_model=8,
                           hidden_sizes=(8,), reward_hidden=(8,))
-    vnet = make_potential_network(static)
-    params0 = init_potential_params(vnet, jax.random.PRNGKey(0), jnp.zeros((1, d["obs"].shape[1])), 0.5, 1)
+    vocab = env.vocab_size
+    vnet = make_potential_network(static, vocab)
+    params0 = init_potential_params(vnet, jax.random.PRNGKey(0), jnp.zeros((1, d["obs"].shape[1]), jnp.int32), 0.5, 1)
     state = PotentialState(params0, None, None, None, None)
-    phi = tc.potential_of(static, state, d["obs"])
+    phi = tc.potential_of(static, state, d["obs"], vocab)
     assert phi.shape == (len(d["obs"]),) and np.allclose(phi, 0.5, atol=0.05)  # init: the bias potential_init
     trainer = Trainer(static, env, params)
     pp = jax.jit(trainer.network.init, compiler_options=OPT0)(jax.random.PRNGKey(1), jnp.asarray(d["obs"][:1]))

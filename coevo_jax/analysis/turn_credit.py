@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from coevo_jax.encoding import obs_vocab
 from envs_jax.text.tokens import AGENT, PAD, USER, decode
 
 
@@ -124,11 +125,11 @@ def siop_credit(phi: np.ndarray, gamma: float, terminated: bool) -> np.ndarray:
     return gamma * phi[1:] - phi[:-1]
 
 
-def potential_of(static, signal_state, obs: np.ndarray) -> np.ndarray:
-    """SIOP's trained ``Phi`` over dialogue buffers ``obs [B, L]``: ``[B]``."""
+def potential_of(static, signal_state, obs: np.ndarray, vocab: int) -> np.ndarray:
+    """SIOP's trained ``Phi`` over dialogue buffers ``obs [B, L]`` of ``vocab`` token classes: ``[B]``."""
     from coevo_jax.signals.potential import potential_values
 
-    return np.asarray(jax.jit(lambda o: potential_values(static, signal_state, o, 1))(jnp.asarray(obs)))
+    return np.asarray(jax.jit(lambda o: potential_values(static, signal_state, o, 1, vocab))(jnp.asarray(obs)))
 
 
 def rphi_rewards(trainer, policy_params, reward_params, obs: np.ndarray, actions: np.ndarray) -> np.ndarray:
@@ -239,7 +240,7 @@ def turn_credit_report(result, run: int = 0, out: str | None = None, seed: int =
         credit = phi = rphi = None
         if siop in models:
             trainer, state = models[siop]
-            phi = potential_of(trainer.static, state.signal_state, d["obs"])
+            phi = potential_of(trainer.static, state.signal_state, d["obs"], obs_vocab(trainer.env, trainer.env_params))
             credit = siop_credit(phi, gamma, d["terminated"])
         if coevo in models:
             trainer, state = models[coevo]

@@ -6,7 +6,8 @@ each iteration, after collecting a ``[T, N]`` :class:`~coevo_jax.rollout.Traject
 
 1. ``observe(state, traj, hp, key) -> (state, metrics)``: every iteration;
    bookkeeping (episode buffers) and the models that train on every rollout
-   (ICM, the RND predictor);
+   (ICM, the RND predictor; they keep their parameters from before this
+   training, and the rollout's bonus is read with those: bonus first, then train);
 2. ``update(state, traj, policy, hp, key) -> (state, metrics)``: the refit,
    run only when ``iteration % hp.k == 0`` (the loop gates it);
 3. ``rewards(state, traj, hp) -> (state, RewardStreams, metrics)``: the
@@ -215,6 +216,8 @@ class _MLP(nn.Module):
 
 
 def flat_obs(obs: jax.Array, obs_ndim: int) -> jax.Array:
-    """``[..., *obs_shape] -> [..., D]`` float32, flattening the last ``obs_ndim`` axes."""
+    """``[..., *obs_shape] -> [..., D]``, flattening the last ``obs_ndim`` axes; the
+    dtype is kept (token ids stay ids). Networks read observations through
+    :func:`coevo_jax.encoding.encode_obs`, never as these raw numbers."""
     lead = obs.shape[: obs.ndim - obs_ndim]
-    return obs.reshape(lead + (-1,)).astype(jnp.float32)
+    return obs.reshape(lead + (-1,))

@@ -1,8 +1,9 @@
 """Intrinsic Curiosity Module (Pathak, Agrawal, Efros and Darrell 2017,
 "Curiosity-driven Exploration by Self-supervised Prediction").
 
-A feature encoder ``phi(s)`` (MLP, ``static.icm_feature_dim`` outputs), an
-inverse model ``g(phi(s_t), phi(s_t+1)) -> logits of a_t`` and a forward model
+A feature encoder ``phi(s)`` (MLP, ``static.icm_feature_dim`` outputs, on the
+observation read through :func:`coevo_jax.encoding.encode_obs`: token buffers
+one-hot), an inverse model ``g(phi(s_t), phi(s_t+1)) -> logits of a_t`` and a forward model
 ``f(phi(s_t), onehot(a_t)) -> phi(s_t+1)``. The encoder is shaped by the inverse
 loss only: in the forward loss both feature vectors are ``stop_gradient``-ed, so
 the features keep only what the agent's actions can influence. Loss
@@ -28,6 +29,12 @@ minibatch size), Adam at ``hp.icm_lr_ratio * hp.lr`` (a multiple of the
 policy's lr, not annealed) with global-norm clipping at
 ``hp.max_grad_norm`` (the policy's; the ICM has no clip field of its own).
 ``update`` has nothing to do.
+
+**Bonus first, then train.** The bonus of a rollout is the forward error of
+the model *before* it trained on that rollout (``ICMState.bonus_params``, the
+parameters ``observe`` started from), as at collection time in Pathak et al.
+and Burda et al.: a model that has just fit these transitions would shrink the
+bonus on exactly the transitions that were new.
 """
 from __future__ import annotations
 
@@ -38,6 +45,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from coevo_jax.encoding import encode_obs, obs_vocab
 from coevo_jax.fit import fit, init_optimizer, make_optimizer
 from coevo_jax.registry import MethodSpec, register_method, unit, weight
 from coevo_jax.rollout import flatten_time
@@ -49,13 +57,16 @@ from coevo_jax.signals.base import (
 class ICMNetwork(nn.Module):
     """Encoder, inverse and forward models.
 
-    ``encode(obs [..., D]) -> phi [..., F]``; ``inverse(phi_t, phi_tp1) -> logits
-    [..., A]``; ``forward(phi_t, action [...]) -> phi_tp1_pred [..., F]``.
+    ``encode(obs [..., D]) -> phi [..., F]`` (``obs`` flattened, read through
+    :func:`~coevo_jax.encoding.encode_obs` with ``vocab`` token classes, 0 for
+    float observations); ``inverse(phi_t, phi_tp1) -> logits [..., A]``;
+    ``forward(phi_t, action [...]) -> phi_tp1_pred [..., F]``.
     """
 
     num_actions: int
     feature_dim: int = 32
     hidden: tuple = (64,)
+    vocab: int = 0
 
     def setup(self):
         self.encoder = mlp(self.hidden, self.feature_dim, nn.relu)
@@ -63,7 +74,7 @@ class ICMNetwork(nn.Module):
         self.forward_model = mlp(self.hidden, self.feature_dim, nn.relu)
 
     def encode(self, obs):
-        return self.encoder(obs.astype(jnp.float32))
+        return self.encoder(encode_obs(obs, 1, self.vocab))
 
     def inverse(self, phi_t, phi_tp1):
         return self.inverse_model(jnp.concatenate([phi_t, phi_tp1], axis=-1))
@@ -106,6 +117,7 @@ class ICMState(NamedTuple):
     params: Any
     opt_state: Any
     scale: ReturnScale  # running RMS of the intrinsic return
+    bonus_params: Any  # the parameters before the last observe trained them: the bonus of that rollout
 
 
 def icm_train(icm: ICMNetwork, params, opt_state, data, hp, key, num_minibatches: int):
@@ -126,7 +138,8 @@ def icm_train(icm: ICMNetwork, params, opt_state, data, hp, key, num_minibatches
 def make_icm(static, network, env, env_params) -> Signal:
     """ICM curiosity reward source (method ``icm``); ``network`` (the policy) is unused."""
     num_actions = env.action_space(env_params).n
-    icm = ICMNetwork(num_actions, int(static.icm_feature_dim), (int(static.hidden_sizes[0]),))
+    icm = ICMNetwork(num_actions, int(static.icm_feature_dim), (int(static.hidden_sizes[0]),),
+                     obs_vocab(env, env_params))
     obs_ndim = len(env.observation_space(env_params).shape)
 
     def transitions(traj):
@@ -135,16 +148,16 @@ def make_icm(static, network, env, env_params) -> Signal:
     def init(key, traj, hp):
         o = flat_obs(traj.obs[0, :1], obs_ndim)
         params = icm.init(key, o, o, traj.action[0, :1])
-        return ICMState(params, init_optimizer(params), init_return_scale(traj.action.shape[1]))
+        return ICMState(params, init_optimizer(params), init_return_scale(traj.action.shape[1]), params)
 
     def observe(state, traj, hp, key):
         data = jax.tree.map(flatten_time, transitions(traj))
         params, opt_state, metrics = icm_train(icm, state.params, state.opt_state, data, hp, key,
                                                static.num_minibatches)
-        return state._replace(params=params, opt_state=opt_state), metrics
+        return state._replace(params=params, opt_state=opt_state, bonus_params=state.params), metrics
 
     def rewards(state, traj, hp):
-        _, phi_tp1, _, phi_pred = icm.apply(state.params, *transitions(traj))
+        _, phi_tp1, _, phi_pred = icm.apply(state.bonus_params, *transitions(traj))
         r_int = intrinsic_reward(phi_pred, phi_tp1, hp.icm_eta)
         scale, r_norm = scale_normalise(state.scale, r_int, hp.gamma, hp.normalize_int)
         streams = RewardStreams(hp.beta_ext * traj.reward, r_norm, hp.beta_int)

@@ -19,8 +19,10 @@ action. The refit objectives come from the reward-learning literature:
 * ``coevo-novelty``: the regression objective plus a random-network-distillation
   bonus (Burda et al. 2019) ``e_t = ||g(x_t) - f(x_t)||^2 / K``, ``f`` fixed and
   random, ``g`` trained on *every* rollout (in ``observe``; Adam at
-  ``hp.rnd_lr_ratio * hp.lr``, one shuffled epoch in ``static.num_minibatches`` minibatches)
-  and read after that fit.
+  ``hp.rnd_lr_ratio * hp.lr``, one shuffled epoch in ``static.num_minibatches`` minibatches).
+  The bonus of a rollout is read with ``g`` as it was *before* that fit
+  (``rnd_bonus_params``), as at collection time in Burda et al.: a predictor
+  that has just fit the rollout would shrink the bonus on the states that were new.
 
 **Rewards** (:class:`~coevo_jax.signals.base.RewardStreams`):
 
@@ -225,6 +227,7 @@ class LearnedState:
     rnd_target: Any
     rnd_params: Any
     rnd_opt_state: Any
+    rnd_bonus_params: Any  # the predictor before the last observe's fit: the bonus of that rollout
     scale: ReturnScale
     replay: EpisodeReplay
 
@@ -262,7 +265,8 @@ def make_learned(static, network, env, env_params) -> Signal:
             rnd_target = rnd_params = rnd_opt = ()
         return LearnedState(
             params=params, anchor_params=params, opt_state=init_optimizer(params),
-            rnd_target=rnd_target, rnd_params=rnd_params, rnd_opt_state=rnd_opt, scale=init_return_scale(num_envs),
+            rnd_target=rnd_target, rnd_params=rnd_params, rnd_opt_state=rnd_opt, rnd_bonus_params=rnd_params,
+            scale=init_return_scale(num_envs),
             replay=init_replay(static.buffer_episodes, window, num_envs,
                                {"x": x[0, 0], "action": jnp.int32(0), "reward": jnp.float32(0.0)},
                                {"full_return": jnp.float32(0.0)}, VAL_EVERY),
@@ -278,7 +282,8 @@ def make_learned(static, network, env, env_params) -> Signal:
             return state, {"rnd_loss": jnp.float32(0.0)}
         rp, ro, loss = rnd_fit(rnd, state.rnd_params, state.rnd_opt_state, state.rnd_target, flatten_time(x), hp, key,
                                static.num_minibatches)
-        return state.replace(rnd_params=rp, rnd_opt_state=ro), {"rnd_loss": loss.astype(jnp.float32)}
+        return (state.replace(rnd_params=rp, rnd_opt_state=ro, rnd_bonus_params=state.rnd_params),
+                {"rnd_loss": loss.astype(jnp.float32)})
 
     def update(state: LearnedState, traj, policy, hp, key):
         buf = state.replay.train
@@ -316,7 +321,7 @@ def make_learned(static, network, env, env_params) -> Signal:
     def rewards(state: LearnedState, traj, hp):
         x = inputs(traj)
         r_phi, _ = net.apply(state.params, x, traj.action)
-        bonus = rnd_error(rnd.apply(state.rnd_params, x), rnd.apply(state.rnd_target, x)) if novelty else None
+        bonus = rnd_error(rnd.apply(state.rnd_bonus_params, x), rnd.apply(state.rnd_target, x)) if novelty else None
         scale, streams = coevo_streams(traj.reward, r_phi, bonus, state.scale, hp)
         val = state.replay.val
         v_x, v_actions, vmask, v_ret = fit_data(val)

@@ -63,6 +63,7 @@ import jax.numpy as jnp
 import optax
 
 from coevo_jax.config import ConfigError
+from coevo_jax.encoding import encode_obs, obs_vocab
 from coevo_jax.fit import fit, fit_step, init_optimizer, make_optimizer
 from coevo_jax.ppo import PPOBatch, gae, ppo_loss, stream_advantages
 from coevo_jax.registry import MethodSpec, Param, grad_clip, register_method, unit, weight
@@ -71,21 +72,29 @@ from coevo_jax.reward_net import (
 )
 from coevo_jax.rollout import flatten_time, mask_logits
 from coevo_jax.signals.base import (
-    ReturnScale, RewardStreams, Signal, flat_obs, float_metrics, init_return_scale, mlp, no_observe, return_rms,
+    ReturnScale, RewardStreams, Signal, float_metrics, init_return_scale, mlp, no_observe, return_rms,
     update_return_scale,
 )
 
 
 class ValueNet(nn.Module):
     """``V_ext``: ``obs [..., *obs_shape] -> value [...]`` (tanh MLP on the
-    observation flattened over its trailing ``obs_ndim`` dims, as float)."""
+    observation flattened over its trailing ``obs_ndim`` dims and read through
+    :func:`~coevo_jax.encoding.encode_obs`: ``vocab > 0`` token classes, one-hot)."""
 
     hidden: tuple = (64, 64)
     obs_ndim: int = 1
+    vocab: int = 0
 
     @nn.compact
     def __call__(self, obs):
-        return mlp(self.hidden, 1, activation=nn.tanh, name="mlp")(flat_obs(obs, self.obs_ndim))[..., 0]
+        return mlp(self.hidden, 1, activation=nn.tanh, name="mlp")(encode_obs(obs, self.obs_ndim, self.vocab))[..., 0]
+
+
+def make_value_net(static, env, env_params) -> ValueNet:
+    """``V_ext`` for ``env`` (widths ``static.reward_hidden``)."""
+    space = env.observation_space(env_params)
+    return ValueNet(tuple(static.reward_hidden), len(space.shape), obs_vocab(env, env_params))
 
 
 class MetaState(NamedTuple):
@@ -324,9 +333,8 @@ def make_meta(static, network, env, env_params) -> Signal:
     """LIRPG meta-gradient reward source (method ``meta``): the streams of
     :func:`meta_streams`, phi refit by :func:`meta_update` whenever the loop
     runs ``update``."""
-    obs_ndim = len(env.observation_space(env_params).shape)
     reward_net = make_reward_net(static, env, env_params)
-    v_net = ValueNet(tuple(static.reward_hidden), obs_ndim)
+    v_net = make_value_net(static, env, env_params)
 
     def init(key, traj, hp):
         k_r, k_v = jax.random.split(key)

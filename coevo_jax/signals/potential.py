@@ -97,8 +97,10 @@ current trajectory with the freshly updated ``Phi``.
 uninformative; with a consistent target they are exactly the early policy's
 values, which is what ``Phi`` should track, so ``fit_ramp_iters`` is gone.
 
-**Phi reads the environment observation** (flattened to float), not the
-policy's features, which drift as the policy trains. **Ensembles**:
+**Phi reads the environment observation** through the encoder every learned
+network shares (:func:`coevo_jax.encoding.encode_obs`: token buffers one-hot,
+float observations as they are), not the policy's features, which drift as the
+policy trains. **Ensembles**:
 ``static.ensemble_size`` members with independent initialisations and
 minibatches, combined per state by ``static.ensemble_combine`` (``"mean"`` or
 ``"min"``) before the credit; any combination is again a potential.
@@ -113,6 +115,7 @@ import jax.numpy as jnp
 
 from coevo_jax import episodes as ep
 from coevo_jax.config import check_choice, check_int, check_sizes
+from coevo_jax.encoding import encode_obs, obs_vocab
 from coevo_jax.fit import fit, init_optimizer, make_optimizer, refit_steps, refit_when
 from coevo_jax.registry import INF, MethodSpec, Param, grad_clip, register_method, unit, weight
 from coevo_jax.signals.base import (
@@ -124,7 +127,8 @@ sg = jax.lax.stop_gradient
 
 # ----------------------------------------------------------------------------- network
 class PotentialNetwork(nn.Module):
-    """MLP ``Phi: [..., D] -> [...]`` over flattened float observations.
+    """MLP ``Phi: [..., D] -> [...]`` over flattened observations, read through
+    :func:`~coevo_jax.encoding.encode_obs` (``vocab > 0``: token ids, one-hot).
 
     Optional LayerNorm after every hidden Dense. The output layer starts near
     zero (kernel ``N(0, 1e-4)``) with bias 0; :func:`init_potential_params`
@@ -134,11 +138,12 @@ class PotentialNetwork(nn.Module):
     hidden: tuple = (64, 64)
     layernorm: bool = False
     activation: str = "relu"
+    vocab: int = 0  # > 0: the observations are token ids of this many classes
 
     @nn.compact
     def __call__(self, obs):
         act = {"tanh": nn.tanh, "relu": nn.relu}[self.activation]
-        x = obs.astype(jnp.float32)
+        x = encode_obs(obs, 1, self.vocab)
         for i, width in enumerate(self.hidden):
             x = nn.Dense(width, name=f"hidden_{i}")(x)
             if self.layernorm:
@@ -148,9 +153,12 @@ class PotentialNetwork(nn.Module):
         return out[..., 0]
 
 
-def make_potential_network(static) -> PotentialNetwork:
-    """The potential network for ``static`` (hidden sizes, LayerNorm, activation)."""
-    return PotentialNetwork(tuple(static.potential_hidden), bool(static.potential_layernorm), static.activation)
+def make_potential_network(static, vocab: int = 0) -> PotentialNetwork:
+    """The potential network for ``static`` (hidden sizes, LayerNorm, activation)
+    on observations with ``vocab`` token classes (0: float observations;
+    :func:`coevo_jax.encoding.obs_vocab`)."""
+    return PotentialNetwork(tuple(static.potential_hidden), bool(static.potential_layernorm), static.activation,
+                            vocab)
 
 
 def init_potential_params(network: PotentialNetwork, key: jax.Array, example_obs: jax.Array, init_value, size: int):
@@ -345,9 +353,10 @@ def replay_fields(traj):
 
 
 def make_potential(static, network=None, env=None, env_params=None) -> Signal:
-    """SIOP reward source (method ``siop``). The policy ``network`` and the env
-    are unused: ``Phi`` reads the trajectory's observations (module docstring)."""
-    vnet = make_potential_network(static)
+    """SIOP reward source (method ``siop``). The policy ``network`` is unused:
+    ``Phi`` reads the trajectory's observations (module docstring), encoded with
+    the env's vocabulary (``env=None``: float observations)."""
+    vnet = make_potential_network(static, 0 if env is None else obs_vocab(env, env_params))
     size, how, nstep = int(static.ensemble_size), static.ensemble_combine, int(static.credit_nstep)
     window = ep.episode_window("potential_episode_len", static.potential_episode_len, env, env_params)
 
@@ -409,19 +418,20 @@ def make_potential(static, network=None, env=None, env_params=None) -> Signal:
     return Signal(init, observe, update, rewards)
 
 
-def potential_values(static, state: PotentialState, obs: jax.Array, obs_ndim: int = 1) -> jax.Array:
-    """Combined ``Phi`` of a trained :class:`PotentialState` over ``obs [..., *obs_shape]``."""
-    vnet = make_potential_network(static)
+def potential_values(static, state: PotentialState, obs: jax.Array, obs_ndim: int = 1, vocab: int = 0) -> jax.Array:
+    """Combined ``Phi`` of a trained :class:`PotentialState` over ``obs [..., *obs_shape]``
+    (``vocab``: the env's token classes, :func:`coevo_jax.encoding.obs_vocab`; 0 for float observations)."""
+    vnet = make_potential_network(static, vocab)
     flat = flat_obs(obs, obs_ndim)
     return combine_members(member_values(vnet, state.params, flat), static.ensemble_combine)
 
 
-def trajectory_credit(static, state: PotentialState, traj, hp, obs_ndim: int | None = None):
+def trajectory_credit(static, state: PotentialState, traj, hp, obs_ndim: int | None = None, vocab: int = 0):
     """``(raw credit [T, N], Phi(obs) [T, N], Phi(next_obs) [T, N])`` of a trained
-    potential on ``traj`` (credit before scaling and clipping)."""
+    potential on ``traj`` (credit before scaling and clipping; ``vocab`` as in :func:`potential_values`)."""
     obs_ndim = traj.obs.ndim - 2 if obs_ndim is None else obs_ndim
-    phi = potential_values(static, state, traj.obs, obs_ndim)
-    phi_next = potential_values(static, state, traj.next_obs, obs_ndim)
+    phi = potential_values(static, state, traj.obs, obs_ndim, vocab)
+    phi_next = potential_values(static, state, traj.next_obs, obs_ndim, vocab)
     return trajectory_shaping(phi, phi_next, traj, hp, int(static.credit_nstep)), phi, phi_next
 
 
