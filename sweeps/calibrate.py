@@ -53,13 +53,9 @@ CANDIDATES = {
     "minigrid-doorkey6": ("MiniGrid-DoorKey-6x6", {}, 131_072, 16, 64),
     "minigrid-doorkey8": ("MiniGrid-DoorKey-8x8", {}, 262_144, 16, 64),
     # positive controls for credit assignment: the decision that matters pays many noisy steps later
-    # (a0 / n0: the sanity settings without distractor reward)
-    "keytodoor-a0": ("KeyToDoor-Distractor", {"apple_reward": 0.0}, 131_072, 16, 64),
     "keytodoor-a1": ("KeyToDoor-Distractor", {"apple_reward": 1.0}, 131_072, 16, 64),
-    "keytodoor-a2": ("KeyToDoor-Distractor", {"apple_reward": 2.0}, 131_072, 16, 64),
-    "chain-l32-n0": ("DelayedChain", {"length": 32, "noise_std": 0.0}, 65_536, 16, 64),
-    "chain-l32-n05": ("DelayedChain", {"length": 32, "noise_std": 0.5}, 65_536, 16, 64),
     "chain-l32-n1": ("DelayedChain", {"length": 32, "noise_std": 1.0}, 65_536, 16, 64),
+    "chain-l16-n05": ("DelayedChain", {"length": 16, "noise_std": 0.5}, 131_072, 16, 64),
 }
 DEFAULT_GRID = "lr=3e-4,1e-3;ent_coef=0.003,0.03"
 RANDOM_MAX, PPO_MAX, POI_LOW_MIN = 0.2, 0.8, 0.6  # the admission rule, fixed in advance
