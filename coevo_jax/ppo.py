@@ -151,3 +151,14 @@ def ppo_update(
     params, opt_state, metrics = fit(loss_fn, params, opt_state, make_optimizer(hp.max_grad_norm, lr), batch, key,
                                      epochs=num_epochs, num_minibatches=num_minibatches)
     return params, opt_state, jax.tree.map(jnp.mean, metrics)
+
+
+def explained_variance(values: jax.Array, targets: jax.Array) -> jax.Array:
+    """``1 - Var[targets - values] / Var[targets]`` of the critic's episodic head:
+    ``values, targets [T, N]`` or ``[T, N, 2]`` (the first head is read); 0 when
+    the targets do not vary."""
+    if targets.ndim == 3:
+        values, targets = values[..., 0], targets[..., 0]
+    var = targets.var()
+    return jnp.where(var > 1e-12, 1.0 - (targets - values).var() / jnp.where(var > 1e-12, var, 1.0), 0.0)
+

@@ -18,7 +18,7 @@ from coevo_jax.config import ConfigError, HParams, StaticConfig, as_arrays, vali
 from coevo_jax.networks import make_policy_network
 from coevo_jax.fit import init_optimizer
 from coevo_jax.packing import pack_windows
-from coevo_jax.ppo import PPOBatch, ppo_update, stream_advantages
+from coevo_jax.ppo import PPOBatch, explained_variance, ppo_update, stream_advantages
 from coevo_jax.rollout import RolloutState, Trajectory, flatten_time, rollout
 from coevo_jax.signals import PolicyView, Signal, check_env_outputs, gated_update, make_signal
 from coevo_jax.transformer import TransformerActorCritic
@@ -226,6 +226,8 @@ class Trainer:
             **ep_metrics,
             **ppo_metrics,
             "lr": lr,
+            # the critic against the targets it trains on (a shaped stream's, for shaping methods)
+            "value_explained_variance": explained_variance(traj.value, targets),
             "refit_steps": refit_total,  # cumulative: the effective compute of the learned reward / potential
             "r_used_mean": streams.episodic.mean(),
             "r_used_std": streams.episodic.std(),

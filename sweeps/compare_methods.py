@@ -130,8 +130,7 @@ def report(args, results) -> str:
                        f"{r['steps_to_threshold_median']:,.0f} ({r['reached_fraction']:.0%})"
                        if r["reached_fraction"] > 0.5 else f"never ({r['reached_fraction']:.0%})"}
             if "ppo" in finals[task] and r["arm"] in finals[task] and r["arm"] != "ppo":
-                poi = stats.probability_of_improvement(finals[task][r["arm"]], finals[task]["ppo"])
-                row["P(> ppo) [95% CI]"] = f"{poi['p']:.2f} [{poi['ci_low']:.2f}, {poi['ci_high']:.2f}]"
+                row["P(> ppo) [95% CI]"] = stats.improvement_cell(finals[task][r["arm"]], finals[task]["ppo"])
             else:
                 row["P(> ppo) [95% CI]"] = "-"
             row["below random"] = "BELOW" if r["final_success_iqm"] < floor["final_success_iqm"] else ""

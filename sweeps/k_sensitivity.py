@@ -185,10 +185,12 @@ def k_plots(result, ks, random_final) -> None:
 
 
 def report(args, results) -> str:
+    from coevo_jax.analysis import stats
     from coevo_jax.analysis.tables import write_table
     from coevo_jax.controls import random_row, random_scores
 
     result = results[0]
+    ppo_final = result.scores("ppo")["final_success"] if any(a.name == "ppo" for a in result.study.arms) else None
     random = random_scores(result.study)
     ks = tuple(sorted({int(k) for a in result.study.arms for k in a.grid.get("k", ())}))
     k_plots(result, ks, random["final_success"])
@@ -205,7 +207,8 @@ def report(args, results) -> str:
                      "return IQM": r["final_return_iqm"], "AUC success": r["auc_success_iqm"],
                      f"steps to {result.study.threshold:g} (median)": r["steps_to_threshold_median"],
                      "reached": r["reached_fraction"],
-                     "oscillation": float(np.nanmean(osc)) if len(idx) else float("nan")})
+                     "oscillation": float(np.nanmean(osc)) if len(idx) else float("nan"),
+                     "P(> ppo) [95% CI]": _p_over(stats, result, r, swept, ppo_final)})
     table = write_table(os.path.join(result.out, "k_table.md"), rows)
     matched = any(a.static.refit_steps_per_k for a in result.study.arms)
     return (f"\nK sensitivity on {result.study.name} ({result.study.env},"
@@ -214,6 +217,14 @@ def report(args, results) -> str:
             f" 95% stratified-bootstrap CI over seeds (rliable); steps to success {result.study.threshold:g}"
             f" (resolution {result.summary[0]['steps_resolution']} env steps); oscillation = variance of"
             " the return curve over the last 25% of iterations\n" + table)
+
+
+def _p_over(stats, result, row, swept: bool, ppo_final) -> str:
+    """rliable's probability that the row's final success beats ppo's (paired seeds), with its 95% CI."""
+    if ppo_final is None or row["arm"] in ("ppo", "random"):
+        return "-"
+    return stats.improvement_cell(result.scores(row["arm"], **({"k": row["k"]} if swept else {}))["final_success"],
+                                  ppo_final)
 
 
 def main(argv=None) -> int:

@@ -162,8 +162,7 @@ def report(args, stages) -> str:
         row.update({"seeds": r["n_seeds"], "success IQM [95% CI]": ci(r, "final_success"),
                     "AUC success": f"{r['auc_success_iqm']:.3f}"})
         if "ppo" in finals and label in finals and label != "ppo":
-            poi = stats.probability_of_improvement(finals[label], finals["ppo"])
-            row["P(> ppo) [95% CI]"] = f"{poi['p']:.2f} [{poi['ci_low']:.2f}, {poi['ci_high']:.2f}]"
+            row["P(> ppo) [95% CI]"] = stats.improvement_cell(finals[label], finals["ppo"])
         else:
             row["P(> ppo) [95% CI]"] = "-"
         row["below random"] = "BELOW" if r["final_success_iqm"] < floor["final_success_iqm"] else ""

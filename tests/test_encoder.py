@@ -81,7 +81,7 @@ def dialogue():
 
 SMALL = dict(num_envs=4, rollout_len=4, hidden_sizes=(8,), reward_hidden=(8,), potential_hidden=(8,),
              icm_feature_dim=4, action_embed_dim=4, buffer_episodes=2,
-             max_episode_len=4, potential_buffer_episodes=2, potential_episode_len=4, num_minibatches=1)
+             max_episode_len=16, potential_buffer_episodes=2, potential_episode_len=16, num_minibatches=1)
 
 
 def _signal_outputs(method, **static_kw):

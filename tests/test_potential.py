@@ -390,7 +390,8 @@ def test_update_reduces_loss_and_rewards_mix(kd_traj):
     np.testing.assert_allclose(streams.episodic, kd_traj.reward + 0.5 * jnp.clip(credit, -0.05, 0.05), rtol=1e-5,
                                atol=1e-7)
     assert set(rm) == {"potential_mean", "potential_min", "potential_max", "credit_mean", "credit_var",
-                       "credit_clip_frac", "credit_return_rms", "potential_diverged"}
+                       "credit_clip_frac", "credit_return_rms", "potential_diverged", "potential_critic_corr",
+                       "potential_critic_msgap"}
     assert float(rm["credit_clip_frac"]) > 0
     assert float(rm["potential_diverged"]) == 0.0
     assert float(state.max_abs_return) == pytest.approx(0.8)

@@ -162,3 +162,51 @@ def test_siop_critic_is_registered_as_a_control():
     spec = cj.method_spec("siop-critic")
     assert spec.off == {"beta_int": 0.0} and not spec.intrinsic_stream
     assert cj.default_hparams("siop-critic").beta_int == 1.0
+
+
+# ----------------------------------------------------------------------------- diagnostics (issue 32 item 2)
+def diag_traj():
+    """``[T=6, N=2]``: env 0 terminates at t=2 (reward 1) and times out at t=5; env 1 never ends."""
+    T, N = 6, 2
+    reward = np.zeros((T, N), np.float32)
+    reward[2, 0] = 1.0
+    term = np.zeros((T, N), bool)
+    term[2, 0] = True
+    trunc = np.zeros((T, N), bool)
+    trunc[5, 0] = True
+    z = jnp.zeros((T, N, 3))
+    return fake_traj(z, z, jnp.asarray(reward), jnp.asarray(term), jnp.asarray(trunc))
+
+
+def test_heldout_fit_compares_phi_with_the_realised_return_to_go():
+    traj = diag_traj()
+    phi_next = jnp.zeros((6, 2)).at[5, 0].set(0.5)  # the time-out's bootstrap Phi(final_obs)
+    g0 = [GAMMA**2, GAMMA, 1.0, GAMMA**2 * 0.5, GAMMA * 0.5, 0.5]  # env 0's return to go
+    exact = jnp.zeros((6, 2)).at[:, 0].set(jnp.asarray(g0))
+    m = pot.heldout_return_fit(exact, phi_next, traj, GAMMA)
+    assert float(m["potential_heldout_steps"]) == 6  # env 1's steps: no episode ended, not compared
+    assert float(m["potential_heldout_mae"]) == pytest.approx(0.0, abs=1e-7)
+    assert float(m["potential_heldout_corr"]) == pytest.approx(1.0, abs=1e-6)
+    off = pot.heldout_return_fit(exact.at[:, 0].add(0.1), phi_next, traj, GAMMA)
+    assert float(off["potential_heldout_mae"]) == pytest.approx(0.1, abs=1e-6)
+    flipped = pot.heldout_return_fit(-exact, phi_next, traj, GAMMA)
+    assert float(flipped["potential_heldout_corr"]) == pytest.approx(-1.0, abs=1e-6)
+
+
+def test_critic_agreement_and_explained_variance_by_hand():
+    from coevo_jax.ppo import explained_variance
+
+    traj = diag_traj()
+    v = jnp.arange(12.0).reshape(6, 2) / 10
+    traj = traj._replace(value=v)
+    same = pot.critic_agreement(v, traj)
+    assert float(same["potential_critic_corr"]) == pytest.approx(1.0, abs=1e-6)
+    assert float(same["potential_critic_msgap"]) == 0.0
+    shifted = pot.critic_agreement(2 * v + 1, traj)  # correlated, but far apart
+    assert float(shifted["potential_critic_corr"]) == pytest.approx(1.0, abs=1e-6)
+    assert float(shifted["potential_critic_msgap"]) == pytest.approx(float(jnp.mean((v + 1) ** 2)), rel=1e-6)
+    target = jnp.stack([v, -v], -1)  # two heads: the first is read
+    assert float(explained_variance(jnp.stack([v, v], -1), target)) == pytest.approx(1.0)
+    assert float(explained_variance(jnp.full((6, 2, 2), 0.55), target)) == pytest.approx(0.0, abs=1e-6)
+    assert float(explained_variance(v + 0.3, v)) == pytest.approx(1.0, abs=1e-6)  # a constant offset: EV 1
+    assert float(explained_variance(v, jnp.ones((6, 2)))) == 0.0  # targets without variance

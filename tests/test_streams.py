@@ -180,7 +180,7 @@ def _bonus_setup(method):
     static = cj.StaticConfig(method=method, hidden_sizes=(16,), icm_feature_dim=8, num_envs=N, rollout_len=T,
                              num_minibatches=4, reward_hidden=(16, 16), action_embed_dim=4, buffer_episodes=2,
                              max_episode_len=4)
-    hp = cj.default_hparams(method, icm_lr=3e-3, rnd_lr=3e-3, normalize_int=0.0)
+    hp = cj.default_hparams(method, icm_lr_ratio=12.0, rnd_lr_ratio=12.0, normalize_int=0.0)  # 3e-3 at lr 2.5e-4
     from coevo_jax.signals import make_signal
     return make_signal(static, None, env, p), traj, hp
 

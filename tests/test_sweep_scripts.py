@@ -202,3 +202,32 @@ def test_calibration_tunes_on_separate_seeds_and_evaluates_the_best_point():
     assert ev.base_seed == args.seed and ev.num_seeds == 20 and not any(a.grid for a in ev.arms)
     assert dict(ev.arms[0].fixed) == {"lr": 2.5e-4, "ent_coef": 0.01}
     assert dict(ev.arms[1].fixed) == {"lr": 1e-3, "ent_coef": 0.01}
+
+
+def test_staged_script_resumes_after_its_first_stage_finished(tmp_path, monkeypatch, capsys):
+    """A tune-then-evaluate script interrupted after its first stage: rerunning the command
+    loads the finished stage (no 'holds a finished study' refusal) and runs the next."""
+    from coevo_jax.experiment import cli
+
+    mod = load("ppo_learning")
+    tiny = dict(num_envs=2, rollout_len=8, total_steps=32, update_epochs=1, num_minibatches=1, hidden_sizes=(8,))
+    monkeypatch.setitem(mod.TASKS, "cartpole", {**mod.TASKS["cartpole"], "static": tiny})
+    argv = ["--tasks", "cartpole", "--num-seeds", "2", "--total-steps", "32", "--num-chunks", "1", "--processes", "1",
+            "--quiet", "--out", str(tmp_path / "staged"), "--no-compile-cache"]
+    calls = []
+
+    def second(args, earlier):
+        calls.append(len(earlier[0]))
+        if len(calls) == 1:
+            raise KeyboardInterrupt  # killed between the stages
+        return mod.studies(args)
+
+    stages = [("tune", lambda args, earlier: mod.studies(args)), ("eval", second)]
+    report = lambda args, stages: f"stages {len(stages)}"  # noqa: E731
+    with pytest.raises(KeyboardInterrupt):
+        cli.staged_main(mod.build_parser(), stages, report, argv)
+    assert os.path.exists(tmp_path / "staged" / "tune" / "FINISHED")
+    capsys.readouterr()
+    assert cli.staged_main(mod.build_parser(), stages, report, argv) == 0
+    assert calls == [1, 1] and "stages 2" in capsys.readouterr().out
+    assert os.path.exists(tmp_path / "staged" / "eval" / "FINISHED")

@@ -69,6 +69,12 @@ def probability_of_improvement(x: np.ndarray, y: np.ndarray, n_boot: int = 2000,
     return {"p": float(np.ravel(point["xy"])[0]), "ci_low": float(low), "ci_high": float(high)}
 
 
+def improvement_cell(x: np.ndarray, y: np.ndarray) -> str:
+    """``"p [ci_low, ci_high]"``: :func:`probability_of_improvement` of ``x`` over ``y`` for a table."""
+    poi = probability_of_improvement(x, y)
+    return f"{poi['p']:.2f} [{poi['ci_low']:.2f}, {poi['ci_high']:.2f}]"
+
+
 def summarize(x: np.ndarray, seed: int = 0) -> dict:
     """``mean, iqm, ci_low, ci_high`` (IQM bootstrap CI) of per-run scores ``[R]``."""
     lo, hi = bootstrap_ci(x, iqm, seed=seed)

@@ -74,8 +74,11 @@ def execution_kwargs(args) -> dict:
             "compile_cache": not args.no_compile_cache, "stop_after_chunks": args.stop_after_chunks}
 
 
-def run_studies(args, studies: list) -> list | None:
-    """Run (or resume, or with ``--replot`` reload) every study; ``None`` if any stopped early."""
+def run_studies(args, studies: list, last: bool = True) -> list | None:
+    """Run (or resume, or with ``--replot`` reload) every study; ``None`` if any stopped early.
+
+    A finished study of the same config is loaded, not rerun, when it is part of an interrupted
+    run: one of several studies, or of a stage before the ``last`` (tune, then evaluate)."""
     from coevo_jax.experiment.results import load_result, rebuild_outputs
     from coevo_jax.experiment.runner import run_study
 
@@ -86,12 +89,12 @@ def run_studies(args, studies: list) -> list | None:
     if len(studies) > 1 and os.path.exists(args.out) and not os.path.isdir(args.out):
         raise StudyError(f"{args.out} exists and is not a folder")
     finished = [os.path.exists(os.path.join(o, "FINISHED")) and _same_config(o, s) for o, s in zip(outs, studies)]
-    if len(studies) > 1 and all(finished) and not args.overwrite:
+    if last and len(studies) > 1 and all(finished) and not args.overwrite:
         raise StudyError(f"{args.out} holds these finished studies; pass --overwrite to replace them, --replot to"
                          " rebuild the report, or choose another --out")
     results = []
     for s, out, done in zip(studies, outs, finished):
-        if done and not args.overwrite and len(studies) > 1:  # the finished part of an interrupted run is kept
+        if done and not args.overwrite and (len(studies) > 1 or not last):  # an interrupted run's finished part
             results.append(load_result(out))
             continue
         res = run_study(s, out, overwrite=args.overwrite, progress=not args.quiet, **kw)
@@ -132,9 +135,9 @@ def staged_main(parser: OneLineParser, stages, report, argv=None) -> int:
             v = getattr(args, name, None)
             if isinstance(v, int) and v < low:
                 raise ConfigError(f"--{name.replace('_', '-')}={v} must be >= {low}")
-        for name, build in stages:
+        for i, (name, build) in enumerate(stages):
             stage_args = argparse.Namespace(**{**vars(args), "out": os.path.join(args.out, name) if name else args.out})
-            results = run_studies(stage_args, build(args, done))
+            results = run_studies(stage_args, build(args, done), last=i == len(stages) - 1)
             if results is None:
                 return 0
             done.append(results)

@@ -196,6 +196,18 @@ def gated_update(signal: Signal, do_update: jax.Array, state, traj, policy: Poli
     return state, {**metrics, "updated": do_update.astype(jnp.float32)}
 
 
+def pearson(x: jax.Array, y: jax.Array, w: jax.Array) -> jax.Array:
+    """Weighted Pearson correlation of ``x, y [E]`` over entries with ``w [E]``
+    = 1; 0 when either side has no variance or fewer than 2 entries."""
+    w = w.astype(jnp.float32)
+    n = jnp.maximum(w.sum(), 1.0)
+    mx, my = (w * x).sum() / n, (w * y).sum() / n
+    dx, dy = (x - mx) * w, (y - my) * w
+    cov, vx, vy = (dx * dy).sum(), (dx * dx).sum(), (dy * dy).sum()
+    ok = jnp.logical_and(vx > 1e-12, vy > 1e-12)
+    return jnp.where(ok, cov / jnp.sqrt(jnp.where(ok, vx * vy, 1.0)), 0.0)
+
+
 def mlp(hidden: tuple, out: int, activation=nn.relu, out_init=None, name=None) -> nn.Module:
     """A plain MLP module ``[..., D] -> [..., out]`` used by the reward sources."""
     return _MLP(tuple(hidden), out, activation, out_init, name=name)

@@ -92,7 +92,7 @@ from coevo_jax.reward_net import (
 )
 from coevo_jax.rollout import flatten_time
 from coevo_jax.signals.base import (
-    ReturnScale, RewardStreams, Signal, float_metrics, init_return_scale, return_rms, scale_normalise,
+    ReturnScale, RewardStreams, Signal, float_metrics, init_return_scale, pearson, return_rms, scale_normalise,
 )
 
 METHODS = ("coevo-regression", "coevo-ranking", "coevo-novelty")
@@ -144,18 +144,6 @@ def extreme_loss(pre: jax.Array, mask: jax.Array) -> jax.Array:
     """Saturation penalty: masked mean of the squared tanh pre-activation
     (``pre = atanh(r)``). ``pre, mask [E, L] -> ()``."""
     return _safe_mean(pre**2, mask)
-
-
-def pearson(x: jax.Array, y: jax.Array, w: jax.Array) -> jax.Array:
-    """Weighted Pearson correlation of ``x, y [E]`` over entries with ``w [E]``
-    = 1; 0 when either side has no variance or fewer than 2 entries."""
-    w = w.astype(jnp.float32)
-    n = jnp.maximum(w.sum(), 1.0)
-    mx, my = (w * x).sum() / n, (w * y).sum() / n
-    dx, dy = (x - mx) * w, (y - my) * w
-    cov, vx, vy = (dx * dy).sum(), (dx * dx).sum(), (dy * dy).sum()
-    ok = jnp.logical_and(vx > 1e-12, vy > 1e-12)
-    return jnp.where(ok, cov / jnp.sqrt(jnp.where(ok, vx * vy, 1.0)), 0.0)
 
 
 def reward_objective(r, pre, r_anchor, mask, ret, valid, hp):

@@ -23,9 +23,9 @@ transitions share this fixed point:
 With ``w_reg = 0`` the value function of the data's policy minimises both the
 fit and the consistency loss (the fit is its unbiased estimate, the
 consistency its Bellman equation), so the weights trade variance against bias
-but move no target. The seed's versions (fit ``V(s_T)`` to the whole
-undiscounted return, ``V(s_t) ~ V(s_t+1)`` without discount, a terminal
-potential fitted to the outcome) had no common fixed point.
+but move no target. (The seed document's undiscounted losses, fit ``V(s_T)``
+to the whole return and ``V(s_t) ~ V(s_t+1)``, with a terminal potential fitted
+to the outcome, have no common fixed point.)
 
 **Outcome or return** (``hp.potential_outcome``, traced, in ``[0, 1]``): the
 reward ``r`` in both losses is the external reward at 0 (the default: ``Phi``
@@ -53,10 +53,9 @@ the task. Over an episode ``sum_t gamma^t F_t = gamma^T Phi(s_T) - Phi(s_0)``
 outcome comes from ``r_ext``. The episodic stream is ``beta_ext * r_ext +
 beta_int * F`` (defaults 1 and 1); its discounted sum over a terminated episode
 is ``G - Phi(s_0)``: the outcome is paid once, minus a baseline that depends on
-the start state only. (The seed's "progress" form ``V(s_T) - V(s_0)`` with a
-fitted terminal value pays the outcome a second time and is not
-potential-based under discounting; it is gone, with the ``terminal_potential``,
-``credit_gamma`` and ``w_fit_all`` options.)
+the start state only. (The seed's "progress" form ``V(s_T) - V(s_0)`` with a fitted terminal value
+would pay the outcome a second time and is not potential-based under
+discounting.)
 
 **Scale** (``hp.normalize_int``, 0 by default for ``siop``): 1 divides ``F`` by
 a running RMS of its discounted return (:func:`~coevo_jax.signals.base.scale_normalise`,
@@ -119,7 +118,7 @@ from coevo_jax.encoding import encode_obs, obs_vocab
 from coevo_jax.fit import fit, init_optimizer, make_optimizer, refit_steps, refit_when
 from coevo_jax.registry import INF, MethodSpec, Param, grad_clip, register_method, unit, weight
 from coevo_jax.signals.base import (
-    ReturnScale, RewardStreams, Signal, flat_obs, init_return_scale, return_rms, scale_normalise,
+    ReturnScale, RewardStreams, Signal, flat_obs, init_return_scale, pearson, return_rms, scale_normalise,
 )
 
 sg = jax.lax.stop_gradient
@@ -352,6 +351,48 @@ def replay_fields(traj):
     return steps, ends, jnp.logical_or(traj.terminated, traj.truncated)
 
 
+def episodic_critic(traj) -> jax.Array:
+    """``V(obs) [T, N]``: the critic's episodic head (the first of two) at collection time."""
+    return traj.value[..., 0] if traj.value.ndim == traj.reward.ndim + 1 else traj.value
+
+
+def heldout_return_fit(phi: jax.Array, phi_next: jax.Array, traj, gamma) -> dict:
+    """How well ``Phi`` predicts the return of episodes it has not been fit on.
+
+    Called before the refit sees the rollout: ``phi, phi_next [T, N]`` are ``Phi(s_t)``,
+    ``Phi(s_t+1)``. The realised target of a step whose episode ends inside the
+    rollout is its discounted return to go, ``G_t = r_t + gamma G_t+1`` (0 after
+    a termination, ``Phi(final_obs)`` after a time-out, as in the fit). Returns the
+    Pearson correlation ``potential_heldout_corr``, the mean absolute error
+    ``potential_heldout_mae`` and the number of such steps ``potential_heldout_steps``
+    (the seed's "predicted vs realised return" curve, every step of the episode).
+    """
+    def step(carry, x):
+        g_next, ends_later = carry
+        r, term, trunc, pn = x
+        done = jnp.logical_or(term, trunc)
+        g = r + gamma * jnp.where(done, jnp.where(trunc, pn, 0.0), g_next)
+        valid = jnp.logical_or(done, ends_later)
+        return (g, valid), (g, valid)
+
+    n = traj.reward.shape[1]
+    _, (g, valid) = jax.lax.scan(step, (jnp.zeros(n), jnp.zeros(n, bool)),
+                                 (traj.reward.astype(jnp.float32), traj.terminated, traj.truncated, phi_next),
+                                 reverse=True)
+    w = valid.astype(jnp.float32)
+    return {"potential_heldout_corr": pearson(phi.ravel(), g.ravel(), valid.ravel()),
+            "potential_heldout_mae": (w * jnp.abs(phi - g)).sum() / jnp.maximum(w.sum(), 1.0),
+            "potential_heldout_steps": w.sum()}
+
+
+def critic_agreement(phi: jax.Array, traj) -> dict:
+    """``Phi`` against PPO's own critic on the rollout's states: their Pearson
+    correlation and mean squared gap (``potential_critic_corr``, ``potential_critic_msgap``)."""
+    v = episodic_critic(traj).astype(jnp.float32)
+    return {"potential_critic_corr": pearson(phi.ravel(), v.ravel(), jnp.ones(phi.size, bool)),
+            "potential_critic_msgap": jnp.mean((phi - v) ** 2)}
+
+
 def make_potential(static, network=None, env=None, env_params=None) -> Signal:
     """SIOP reward source (method ``siop``). The policy ``network`` is unused:
     ``Phi`` reads the trajectory's observations (module docstring), encoded with
@@ -374,12 +415,15 @@ def make_potential(static, network=None, env=None, env_params=None) -> Signal:
                               init_return_scale(traj.reward.shape[1]), jnp.float32(0.0))
 
     def observe(state, traj, hp, key):
+        # before the refit has seen this rollout: its finished episodes are held out
+        heldout = heldout_return_fit(values(state.params, traj.obs, 2), values(state.params, traj.next_obs, 2),
+                                     traj, hp.gamma)
         replay = ep.add_rollout(state.replay, *replay_fields(traj))
         seen = jnp.maximum(jnp.max(jnp.abs(traj.reward)),
                            jnp.max(jnp.where(traj.episode_done, jnp.abs(traj.episode_return), 0.0)))
         state = state._replace(replay=replay, max_abs_return=jnp.maximum(state.max_abs_return, seen))
         return state, {"replay_episodes": replay.train.valid.sum().astype(jnp.float32),
-                       "episodes_committed": replay.committed.astype(jnp.float32)}
+                       "episodes_committed": replay.committed.astype(jnp.float32), **heldout}
 
     def update(state, traj, policy, hp, key):
         buf, steps = state.replay.train, refit_steps(static.potential_steps, static, hp)
@@ -412,6 +456,7 @@ def make_potential(static, network=None, env=None, env_params=None) -> Signal:
             "credit_clip_frac": (jnp.abs(scaled) > hp.credit_clip).mean(),
             "credit_return_rms": return_rms(scale),
             "potential_diverged": potential_diverged(phi, state.max_abs_return),
+            **critic_agreement(phi, traj),
         }
         return state._replace(scale=scale), streams, metrics
 
