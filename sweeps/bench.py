@@ -146,10 +146,10 @@ def section_sweep(args):
     print(f"\n### Study runner (`coevo_jax.experiment.run_study`, PPO on KeyDoor-5x5, 8 envs x 16 steps,"
           f" {args.sweep_steps:,} steps per run, 4 checkpointed chunks, no compile cache)\n")
     table(["runs", "worker processes", "env steps/s (compiled chunks)", "env steps/s (wall, incl. compile)",
-           "compile s (summed over workers)", "s waited for another worker's compile", "wall s",
+           "compile s (summed over workers)", "wall s",
            "peak RSS MB per process", "compiled MB per run"],
           [[c["runs"], r["processes"], f"{r['env_steps'] / r['exec_s']:,.0f}", f"{r['env_steps'] / r['wall_s']:,.0f}",
-            f"{r['compile_s']:.1f}", f"{r['wait_s']:.1f}", f"{r['wall_s']:.1f}", f"{r['peak_mb']:,.0f}",
+            f"{r['compile_s']:.1f}", f"{r['wall_s']:.1f}", f"{r['peak_mb']:,.0f}",
             f"{r['mb_per_run']:.2f}"]
            for c, r in rows], notes)
 

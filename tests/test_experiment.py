@@ -19,9 +19,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
-import time
-import types
 
 import jax
 import numpy as np
@@ -35,7 +32,6 @@ from coevo_jax.experiment import Arm, Study, StudyError, load_result, run_study
 from coevo_jax.experiment.folder import check_out
 from coevo_jax.experiment.metrics import final_score
 from coevo_jax.experiment.plan import batch_size
-from coevo_jax.experiment.runner import covered_seconds
 from coevo_jax.experiment.spec import chunk_length, config_text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -165,7 +161,7 @@ def test_output_folder_contents(reference):
 
 def test_two_worker_processes_killed_and_resumed_equal_one_process(reference, workdir, monkeypatch):
     # the workers' XLA flags only change speed, not results (single-threaded Eigen gives the same bits);
-    # using this process's flags lets the workers reuse the reference run's compiled program from the cache
+    # using this process's flags lets process 0 (device 0, as here) reuse the reference's program from the cache
     monkeypatch.setenv("COEVO_JAX_WORKER_XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
     out = os.path.join(workdir, "two_procs")
     monkeypatch.setenv("COEVO_JAX_SIGKILL_AFTER_CHUNKS", "1")  # each worker dies as under kill -9
@@ -178,6 +174,8 @@ def test_two_worker_processes_killed_and_resumed_equal_one_process(reference, wo
     monkeypatch.delenv("COEVO_JAX_SIGKILL_AFTER_CHUNKS")
     res = run_study(CONFIG, out, processes=2, max_parallel=4, progress=False, compile_cache=CACHE)
     assert res.info["processes_per_host"] == 2 and set(res.info["workers"]) == {"0", "1"}
+    # the two workers were the two processes of one jax.distributed job
+    assert [w["processes"] for w in res.info["workers"].values()] == [2, 2]
     _assert_same_curves(res.curves, reference.curves)
 
 
@@ -247,14 +245,15 @@ def test_two_hosts_with_jax_distributed_equal_one_process(reference, workdir):
     with open(cfg, "w") as f:
         f.write(config_text(CONFIG))
     out = os.path.join(workdir, "multihost")
+    env = {**os.environ, "COEVO_JAX_WORKER_XLA_FLAGS": os.environ.get("XLA_FLAGS", "")}  # cached programs
     procs = [subprocess.Popen([sys.executable, "-c", MULTIHOST_SCRIPT.format(
         root=ROOT, cfg=cfg, out=out, cache=CACHE, port=port, pid=i)], stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True) for i in range(2)]
+        stderr=subprocess.STDOUT, text=True, env=env) for i in range(2)]
     texts = [p.communicate(timeout=900)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), [t[-1500:] for t in texts]
     assert "host 0 wrote results" in texts[0] and "host 1 left the results to process 0" in texts[1]
     res = load_result(out)
-    assert res.info["num_hosts"] == 2 and set(res.info["workers"]) == {"0", "1"}
+    assert res.info["num_hosts"] == 2 and [w["processes"] for w in res.info["workers"].values()] == [2, 2]
     _assert_same_curves(res.curves, reference.curves)
 
 
@@ -289,7 +288,7 @@ def test_methods_that_ride_on_another_programs_get_its_program_key():
     """``dense`` keys to ``ppo``'s program and ``coevo-ranking`` to ``coevo-regression``'s, so a worker
     compiles each once; methods with their own program (siop) keep their own key."""
     from coevo_jax.experiment.plan import build_plan
-    from coevo_jax.experiment.programs import program_key
+    from coevo_jax.experiment.worker import program_key
 
     static = cj.StaticConfig(num_envs=4, rollout_len=8, total_steps=64, update_epochs=1, num_minibatches=1)
     methods = ("ppo", "dense", "coevo-regression", "coevo-ranking", "siop")
@@ -297,132 +296,6 @@ def test_methods_that_ride_on_another_programs_get_its_program_key():
     keys = dict(zip(methods, (program_key(plan, 2) for plan in build_plan(study, check_trainers=False))))
     assert keys["dense"] == keys["ppo"] and keys["coevo-ranking"] == keys["coevo-regression"]
     assert len({keys[m] for m in ("ppo", "coevo-regression", "siop")}) == 3
-
-
-def test_a_program_saved_to_the_store_loads_and_runs_identically(reference, tmp_path):
-    """What one worker compiled, another loads from the launch's program store without tracing, and
-    runs bit for bit the same (a diverging run included); a missing or damaged entry is None; a
-    program from the persistent cache (which would serialize without its kernels) is not stored."""
-    from coevo_jax.experiment.plan import build_plan, run_keys
-    from coevo_jax.experiment.programs import (BATCH_AXIS, compile_program, load_program, program_key,
-                                               save_program)
-    from coevo_jax.experiment.worker import set_compile_cache
-
-    env, env_params = envs_jax.make("CartPole-v1")
-    plan, devices, store = build_plan(CONFIG)[0], jax.local_devices()[:1], str(tmp_path)
-    trainer, key = cj.Trainer(STATIC, env, env_params, batch_axis=BATCH_AXIS), program_key(plan, 2)
-    prev = set_compile_cache(CACHE)  # the reference run compiled this program: a cache hit
-    try:
-        cached = compile_program(trainer, plan.hp, 2, plan.chunk_len, devices)
-    finally:
-        set_compile_cache(prev)
-    assert cached.from_cache
-    save_program(store, key, cached)
-    assert load_program(store, key, devices) is None and not os.listdir(store)
-    prev = set_compile_cache(None)
-    try:
-        compiled = compile_program(trainer, plan.hp, 2, plan.chunk_len, devices)
-    finally:
-        set_compile_cache(prev)
-    assert not compiled.from_cache
-    save_program(store, key, compiled)
-    loaded = load_program(store, key, devices)
-    assert loaded.bytes_per_run == compiled.bytes_per_run
-    assert jax.tree.structure(loaded.state_abstract) == jax.tree.structure(compiled.state_abstract)
-    hp = jax.tree.map(lambda x: jax.device_put(np.asarray(x)[[0, 1]], compiled.sharding), plan.hp)  # good, bad
-    keys = run_keys(CONFIG.base_seed, np.array([0, 0]))
-    outs = [p.chunk(p.init(keys, hp), hp) for p in (compiled, loaded)]
-    assert bool(outs[0][0].diverged[1]) and not bool(outs[0][0].diverged[0])
-    for a, b in zip(jax.tree.leaves(outs[0]), jax.tree.leaves(outs[1])):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    other = program_key(build_plan(dataclasses.replace(CONFIG, num_chunks=4))[0], 2)
-    assert load_program(store, other, devices) is None  # another chunk length is another program
-    for f in glob.glob(os.path.join(store, "*.pkl")):
-        with open(f, "wb") as fh:
-            fh.write(b"not a program")
-    assert load_program(store, key, devices) is None  # damaged: the worker compiles instead
-
-
-def test_a_claimed_program_is_waited_for_not_compiled_twice(tmp_path, monkeypatch):
-    """Of two workers that need one program, the second waits for the first's and loads it; it
-    compiles itself only when the first released its claim without saving a program (one from the
-    persistent cache) or died holding it; a failed compile releases the claim."""
-    from coevo_jax.experiment import programs as P
-
-    store, saved = str(tmp_path), {}
-    monkeypatch.setattr(P, "save_program", lambda s, k, p: saved.__setitem__(k, p))
-    monkeypatch.setattr(P, "load_program", lambda s, k, d: saved.get(k))
-    there, here = types.SimpleNamespace(compile_s=0.0), types.SimpleNamespace(compile_s=0.0)
-    compiles = []
-
-    def compile_here():
-        compiles.append(1)
-        return here
-
-    def other_worker(key, program):  # holds the claim for a moment, then saves (or not) and releases
-        assert P.claim_program(store, key) and not P.claim_program(store, key)
-
-        def finish():
-            time.sleep(0.3)
-            if program is not None:
-                saved[key] = program
-            P.release_claim(store, key)
-        threading.Thread(target=finish).start()
-
-    other_worker("a", there)
-    program, source, waited = P.obtain_program(store, "a", None, compile_here)
-    assert (program, source) == (there, "waited") and waited >= 0.25 and not compiles
-    assert P.obtain_program(store, "a", None, compile_here) == (there, "loaded", 0.0) and not compiles
-    other_worker("b", None)  # its program came from the persistent cache: not saved
-    assert P.obtain_program(store, "b", None, compile_here)[:2] == (here, "compiled") and compiles == [1]
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    with open(P._claim_path(store, "c"), "w") as f:  # a claim left by a worker that died
-        f.write(str(dead.pid))
-    assert P.obtain_program(store, "c", None, compile_here)[:2] == (here, "compiled") and compiles == [1, 1]
-    assert saved["c"] is here
-    with pytest.raises(RuntimeError):
-        P.obtain_program(store, "d", None, lambda: (_ for _ in ()).throw(RuntimeError("compile failed")))
-    assert P.claim_program(store, "d")  # released by the failed compile
-    assert P.obtain_program(None, "e", None, compile_here) == (here, "compiled", 0.0)  # no store
-
-
-def test_workers_compile_one_at_a_time(tmp_path, monkeypatch):
-    """A worker about to compile while another compiles (another program) waits for its turn, and
-    the wait is reported apart from the compile; a turn left by a dead worker is taken over; a
-    failed compile hands the turn on."""
-    from coevo_jax.experiment import programs as P
-
-    store, spans, waits = str(tmp_path), [], []
-    monkeypatch.setattr(P, "save_program", lambda s, k, p: None)
-    monkeypatch.setattr(P, "load_program", lambda s, k, d: None)
-
-    def compile_for(seconds):
-        def fn():
-            t0 = time.time()
-            time.sleep(seconds)
-            spans.append((t0, time.time()))
-            return types.SimpleNamespace(compile_s=seconds)
-        return fn
-
-    first = threading.Thread(target=P.obtain_program, args=(store, "a", None, compile_for(0.4)))
-    first.start()
-    while not os.path.exists(P._turn_path(store)):
-        time.sleep(0.01)
-    program, source, waited = P.obtain_program(store, "b", None, compile_for(0.1), waits.append)
-    first.join()
-    assert source == "compiled" and waits == ["turn"] and waited >= 0.3
-    (a0, a1), (b0, b1) = spans
-    assert b0 >= a1  # the compiles did not overlap
-    assert not os.path.exists(P._turn_path(store))  # handed back
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    with open(P._turn_path(store), "w") as f:  # left by a worker that died while compiling
-        f.write(str(dead.pid))
-    assert P.obtain_program(store, "c", None, compile_for(0.0))[1:] == ("compiled", pytest.approx(0.0, abs=0.5))
-    with pytest.raises(RuntimeError):
-        P.obtain_program(store, "d", None, lambda: (_ for _ in ()).throw(RuntimeError("compile failed")))
-    assert not os.path.exists(P._turn_path(store))
 
 
 def test_arms_differing_only_in_hparam_values_share_one_compiled_program(reference, workdir):
@@ -434,16 +307,10 @@ def test_arms_differing_only_in_hparam_values_share_one_compiled_program(referen
                     compile_cache=CACHE)
     compile_s = res.info["workers"]["0"]["compile_s"]
     assert compile_s["twin"] == 0.0 and compile_s["ppo"] > 0.0
-    assert res.info["compile_wall_s"] == pytest.approx(compile_s["ppo"], rel=0.05, abs=0.5)
     ppo, copy = (res.runs["label"] == "ppo"), (res.runs["label"] == "twin")
     for name in ("episode_return", "loss"):
         np.testing.assert_array_equal(res.curves[name][copy], res.curves[name][ppo])
         np.testing.assert_array_equal(res.curves[name][ppo], reference.curves[name][GOOD_RUNS])
-
-
-def test_covered_seconds_counts_overlapping_compiles_once():
-    assert covered_seconds([]) == 0.0
-    assert covered_seconds([[0.0, 10.0], [5.0, 12.0], [20.0, 21.0], [1.0, 2.0]]) == pytest.approx(13.0)
 
 
 def test_unwritable_out_is_one_line_error(tmp_path, capsys):
@@ -550,20 +417,3 @@ def test_chunk_length_and_batch_size():
     assert batch_size(10, 2, 3, 1) == 3  # 5 runs per worker in 2 batches of 3 (the last padded)
     assert batch_size(10, 2, 3, 4) == 4  # rounded up to the device count
     assert batch_size(4, 1, None, 1) == 4
-
-
-@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="threads are found under /proc (Linux)")
-def test_chunks_run_at_a_lower_priority_than_compiles():
-    """In a fresh process (the change cannot be undone), XLA:CPU's execution threads get nice 10
-    and the main thread (which traces) keeps this process's priority."""
-    code = ("import os, jax, jax.numpy as jnp\n"
-            "from coevo_jax.experiment import cpu_priority as C\n"
-            "jax.jit(lambda x: x @ x)(jnp.ones((64, 64))).block_until_ready()\n"
-            "n = C.lower_execution_priority()\n"
-            "nices = sorted({os.getpriority(os.PRIO_PROCESS, t) for t in C.execution_threads()})\n"
-            "print(json.dumps([n, nices, os.getpriority(os.PRIO_PROCESS, 0)]))\n")
-    out = subprocess.run([sys.executable, "-c", "import json\n" + code], capture_output=True, text=True,
-                         timeout=120, check=True)
-    reniced, nices, main = json.loads(out.stdout.splitlines()[-1])
-    own = os.getpriority(os.PRIO_PROCESS, 0)
-    assert reniced >= 1 and nices == [max(10, own)] and main == own

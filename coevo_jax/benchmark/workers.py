@@ -268,7 +268,7 @@ def sweep(cfg):
     mem = [m["compiled_bytes_per_run"] for w in workers for m in (w.get("memory") or {}).values()]
     return {"wall_s": res.info["wall_s"], "env_steps": res.info["env_steps_this_call"],
             "processes": res.info["processes_per_host"], "exec_s": max(w["exec_s"] for w in workers),
-            "compile_s": res.info["compile_s_total"], "wait_s": res.info["wait_s_total"],
+            "compile_s": res.info["compile_s_total"],
             "peak_mb": max([w["peak_rss_mb"] or 0.0 for w in workers] + [peak_mb()]),
             "mb_per_run": max(mem) / 2 ** 20 if mem else float("nan")}
 

@@ -4,8 +4,8 @@ run by one runner (:func:`run_study`), with one definition of each metric
 
 Files, one idea each: ``spec`` (what to run), ``plan`` (runs -> batches ->
 chunks, run keys), ``worker`` (compile and run one share), ``checkpoint``
-(orbax save / restore / refuse), ``launcher`` (worker processes, progress,
-hosts), ``folder`` (the output folder), ``results`` (merge, summary, files),
+(orbax save / restore / refuse), ``launcher`` (``jax.distributed`` worker
+processes, progress), ``folder`` (the output folder), ``results`` (merge, summary, files),
 ``metrics`` (final score, steps to threshold, AUC), ``runner`` (the entry
 point), ``cli`` (what the scripts in ``sweeps/`` share), ``admitted`` (the
 admitted tasks and their tuned values), ``tuning`` (the equal-budget search).

@@ -41,7 +41,7 @@ def study_parser(prog: str, doc: str, default_out: str) -> OneLineParser:
                         " in DIR/<script>/ (e.g. docs/results; default: print only)")
     g = p.add_argument_group("execution (none of these changes the results)")
     g.add_argument("--processes", type=int, default=None, metavar="P",
-                   help="worker processes on this host, >= 1 (default: one per core on CPU, 1 on GPU/TPU)")
+                   help="jax.distributed worker processes on this host, >= 1 (default: one per core on CPU, 1 on GPU)")
     g.add_argument("--max-parallel", type=int, default=None, metavar="N",
                    help="at most N runs resident at once on this host, >= 1 (default: all runs of an arm)")
     g.add_argument("--no-compile-cache", action="store_true",
@@ -152,10 +152,9 @@ def staged_main(parser: OneLineParser, stages, report, argv=None) -> int:
     if args.replot:
         print(f"\nreport rebuilt from {args.out} in {time.time() - t0:.0f} s")
         return 0
-    keys = ("total_runs", "compile_s_total", "compile_wall_s", "wait_s_total")
-    runs, compile_s, compile_wall, wait_s = (sum(r.info.get(k, 0) for stage in done for r in stage) for k in keys)
-    print(f"\n{runs} runs in {time.time() - t0:.0f} s (compiling {compile_s:.0f} s summed over workers,"
-          f" {compile_wall:.0f} s of wall time; {wait_s:.0f} s waited for another worker's compile);"
+    runs, compile_s = (sum(r.info.get(k, 0) for stage in done for r in stage)
+                       for k in ("total_runs", "compile_s_total"))
+    print(f"\n{runs} runs in {time.time() - t0:.0f} s (compiling {compile_s:.0f} s summed over workers);"
           f" results in {args.out}")
     return 0
 

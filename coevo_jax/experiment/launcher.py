@@ -1,18 +1,18 @@
 """Worker processes and the progress bar.
 
-On CPU a study runs one worker subprocess per core, each pinned to its core
-with single-threaded Eigen (on the 2-core machines this is where the speed-up
-comes from); the parent polls their ``progress.json`` files into one bar. With
-``jax.distributed`` each host launches its own workers and :func:`barrier`
-synchronises the hosts.
+Every worker process is one ``jax.distributed`` process: on one host the
+launcher starts P of them with a coordinator on the loopback address; over
+several hosts each host's launcher starts its P, all joining one coordinator.
+On CPU each is pinned to a core with single-threaded Eigen (on the 2-core
+machines this is where the speed-up comes from). The launcher polls their
+``progress.json`` files into one bar; :func:`barrier` synchronises them.
 """
 from __future__ import annotations
 
 import os
-import shutil
+import socket
 import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -29,21 +29,13 @@ def fmt_time(s: float) -> str:
 
 
 class Progress:
-    """Aggregates the workers' progress into one bar on stdout: runs, iterations, env steps/s, ETA
-    (redrawn every 0.5 s on a terminal, a line every 10 s otherwise). Used from one thread only."""
+    """The workers' progress (``set(worker, progress.json data)``) as one line on stdout: runs,
+    iterations, env steps/s, ETA, phase (redrawn every 0.5 s on a terminal, a line every 10 s otherwise)."""
 
     def __init__(self, total_runs: int, total_iters: int, total_steps: int, enabled: bool = True):
-        self.total_runs, self.total_iters, self.total_steps = total_runs, total_iters, total_steps
-        self.enabled = enabled
-        self.stream = sys.stdout
-        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
-        self.interval = 0.5 if self.tty else 10.0
-        self.workers: dict[int, dict] = {}
-        self.t0 = time.time()
-        self.t_first = None  # when new (non-resumed) env steps first appeared
-        self.steps_first = 0
-        self.last_print = 0.0
-        self.last_line = ""
+        self.totals, self.enabled, self.workers = (total_runs, total_iters, total_steps), enabled, {}
+        self.tty = sys.stdout.isatty()
+        self.t0, self.first, self.last_print = time.time(), None, 0.0  # first: (time, steps) of the first new steps
 
     def set(self, worker: int, data: dict):
         self.workers[worker] = data
@@ -52,42 +44,27 @@ class Progress:
         runs, iters, steps, resumed = (sum(d.get(k, 0) for d in self.workers.values())
                                        for k in ("runs_done", "run_iterations", "env_steps", "env_steps_resumed"))
         now = time.time()
-        new = steps - resumed
-        if new > 0 and self.t_first is None:
-            self.t_first, self.steps_first = now, new
-        rate = (new - self.steps_first) / (now - self.t_first) if self.t_first and now > self.t_first else 0.0
-        eta = (self.total_steps - steps) / rate if rate > 0 else float("nan")
-        frac = iters / max(1, self.total_iters)
-        bar = "#" * int(frac * 20) + "." * (20 - int(frac * 20))
+        if steps > resumed and self.first is None:
+            self.first = (now, steps)
+        rate = (steps - self.first[1]) / (now - self.first[0]) if self.first and now > self.first[0] else 0.0
+        frac = iters / max(1, self.totals[1])
         phases = {w: d.get("phase", "") for w, d in sorted(self.workers.items())}
-        if not phases:
-            phase = "starting workers"
-        elif len(set(phases.values())) == 1:
-            phase = next(iter(phases.values()))
-        else:
-            phase = "; ".join(f"w{w}: {p}" for w, p in phases.items())
-        return (f"[{bar}] {100 * frac:5.1f}% runs {runs}/{self.total_runs} | iters {iters}/{self.total_iters}"
-                f" | {rate:,.0f} env steps/s | elapsed {fmt_time(now - self.t0)} | ETA {fmt_time(eta)} | {phase}")
+        phase = (next(iter(phases.values())) if len(set(phases.values())) == 1
+                 else "; ".join(f"w{w}: {p}" for w, p in phases.items()) or "starting workers")
+        return (f"[{'#' * int(frac * 20):.<20}] {100 * frac:5.1f}% runs {runs}/{self.totals[0]} | iters {iters}/"
+                f"{self.totals[1]} | {rate:,.0f} env steps/s | elapsed {fmt_time(now - self.t0)} | ETA"
+                f" {fmt_time((self.totals[2] - steps) / rate if rate > 0 else float('nan'))} | {phase}")
 
     def show(self, force: bool = False):
-        if not self.enabled:
-            return
-        now = time.time()
-        if not force and now - self.last_print < self.interval:
-            return
-        text = self.line()
-        if text == self.last_line and not force:
-            return
-        self.last_print, self.last_line = now, text
-        self.stream.write("\r\x1b[2K" + text if self.tty else text + "\n")
-        self.stream.flush()
+        if self.enabled and (force or time.time() - self.last_print >= (0.5 if self.tty else 10.0)):
+            self.last_print = time.time()
+            sys.stdout.write("\r\x1b[2K" + self.line() if self.tty else self.line() + "\n")
+            sys.stdout.flush()
 
     def close(self):
-        if self.enabled:
-            self.show(force=True)
-            if self.tty:
-                self.stream.write("\n")
-                self.stream.flush()
+        self.show(force=True)
+        if self.enabled and self.tty:
+            sys.stdout.write("\n")
 
 
 def worker_env(cpu: int | None, config_flags: str = "") -> dict:
@@ -99,63 +76,53 @@ def worker_env(cpu: int | None, config_flags: str = "") -> dict:
              "intra_op_parallelism_threads=1"]
     if "COEVO_JAX_WORKER_XLA_FLAGS" in env:  # an explicit choice (e.g. to share a cache with this process)
         flags, extra = env["COEVO_JAX_WORKER_XLA_FLAGS"], extra[:1]
-    extra += config_flags.split()
-    for f in extra:
+    for f in extra + config_flags.split():
         if f.split("=")[0] not in flags:
             flags += " " + f
-    env["XLA_FLAGS"] = flags.strip()
-    env["OMP_NUM_THREADS"] = "1"
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.update(XLA_FLAGS=flags.strip(), OMP_NUM_THREADS="1",
+               PYTHONPATH=root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""))
     if cpu is not None:
         env["COEVO_JAX_WORKER_CPU"] = str(cpu)
     return env
 
 
-def launch_workers(out, worker_ids, num_workers, cap, stop_after_chunks, compile_cache, progress: Progress,
-                    config_flags: str = ""):
-    """Start one subprocess per worker id, poll their progress files, return their statuses."""
-    try:
-        cpus = sorted(os.sched_getaffinity(0))
-    except AttributeError:
-        cpus = []
+def free_port() -> int:
+    """A TCP port free on the loopback address now (for a local coordinator)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launch_workers(out: str, worker_ids, args: dict, progress: Progress, config_flags: str = "") -> None:
+    """Start one ``jax.distributed`` worker process per id (``args``: the worker's options:
+    coordinator, num_processes, config_hash, ...) and poll their progress files into ``progress``
+    until all exit; :class:`StudyError` (one line) as soon as one fails."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     wdirs = {w: os.path.join(out, "checkpoints", f"w{w}") for w in worker_ids}
     procs = {}
-    logs = {}
-    store = tempfile.mkdtemp(prefix="coevo_jax_programs_")  # this launch's compiled programs (experiment.programs)
     try:
         for i, w in enumerate(worker_ids):
             os.makedirs(wdirs[w], exist_ok=True)
-            cmd = [sys.executable, "-m", "coevo_jax.experiment.worker", out, "--worker-index", str(w),
-                   "--num-workers", str(num_workers)]
-            for flag, value in (("--max-parallel", cap), ("--stop-after-chunks", stop_after_chunks),
-                                ("--compile-cache", compile_cache), ("--program-store", store)):
-                cmd += [] if value is None else [flag, str(value)]
-            cpu = cpus[i % len(cpus)] if cpus else None
-            logs[w] = open(os.path.join(wdirs[w], "log.txt"), "w")
-            procs[w] = subprocess.Popen(cmd, env=worker_env(cpu, config_flags), stdout=logs[w],
-                                        stderr=subprocess.STDOUT)
+            cmd = [sys.executable, "-m", "coevo_jax.experiment.worker", out, "--process-id", str(w)]
+            cmd += [x for k, v in args.items() if v is not None for x in (f"--{k.replace('_', '-')}", str(v))]
+            with open(os.path.join(wdirs[w], "log.txt"), "w") as log:
+                procs[w] = subprocess.Popen(cmd, env=worker_env(cpus[i % len(cpus)] if cpus else None, config_flags),
+                                            stdout=log, stderr=subprocess.STDOUT)
         while True:
             for w in worker_ids:
-                d = read_json(os.path.join(wdirs[w], "progress.json"))
-                if d is not None:
-                    progress.set(w, d)
+                progress.set(w, read_json(os.path.join(wdirs[w], "progress.json"), progress.workers.get(w, {})))
             progress.show()
             codes = {w: p.poll() for w, p in procs.items()}
-            failed = [w for w, c in codes.items() if c not in (None, 0)]
-            if failed:
-                w = failed[0]
-                logs[w].flush()
-                tail = open(os.path.join(wdirs[w], "log.txt")).read().strip().splitlines()
-                msg = next((ln for ln in reversed(tail) if ln.strip() and not ln.startswith(" ")), "no output")
-                raise StudyError(f"worker {w} failed (exit {codes[w]}): {msg}"
-                                 f" [log: {os.path.join(wdirs[w], 'log.txt')}]")
+            for w, code in codes.items():
+                if code not in (None, 0):
+                    tail = open(os.path.join(wdirs[w], "log.txt")).read().strip().splitlines()
+                    msg = next((ln for ln in reversed(tail) if ln.strip() and not ln.startswith(" ")), "no output")
+                    raise StudyError(f"worker {w} failed (exit {code}): {msg}"
+                                     f" [log: {os.path.join(wdirs[w], 'log.txt')}]")
             if all(c == 0 for c in codes.values()):
-                break
+                return
             time.sleep(0.5)
-        for w in worker_ids:
-            progress.set(w, read_json(os.path.join(wdirs[w], "progress.json"), {}))
-        return {w: progress.workers[w].get("status", "missing") for w in worker_ids}
     finally:
         for p in procs.values():
             if p.poll() is None:
@@ -164,14 +131,11 @@ def launch_workers(out, worker_ids, num_workers, cap, stop_after_chunks, compile
                     p.wait(10)
                 except subprocess.TimeoutExpired:
                     p.kill()
-        for f in logs.values():
-            f.close()
-        shutil.rmtree(store, ignore_errors=True)
 
 
 def barrier(name: str, timeout_s: int = 3600) -> None:
-    """Wait for every host (a no-op without ``jax.distributed``): the coordination
-    service's barrier, which needs no cross-host collective on the devices."""
+    """Wait for every ``jax.distributed`` process (a no-op without it): the coordination
+    service's barrier, which needs no collective on the devices."""
     import jax
 
     if jax.process_count() <= 1:

@@ -1,9 +1,10 @@
 """How a study is cut: runs -> worker shares -> batches -> chunks, and each run's key.
 
 Run ``r`` of an arm is grid point ``r // num_seeds``, seed ``r % num_seeds``.
-Workers take contiguous shares of each arm's runs; a worker cuts its share into
-batches of the same compiled shape on every worker (so one compiled program,
-and one persistent-cache entry, serves them all).
+Workers (``jax.distributed`` processes) take contiguous shares of each arm's
+runs; a worker cuts its share into batches of the same compiled shape on every
+worker (so one compiled program serves all of a worker's batches). A run's key
+comes from its seed index alone, never from the layout.
 """
 from __future__ import annotations
 

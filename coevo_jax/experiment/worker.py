@@ -1,16 +1,17 @@
-"""A worker: runs its share of every arm, batch by batch, chunk by chunk, checkpointing.
+"""A worker: compiles each arm's batch program and runs its share of every arm, chunk by chunk, checkpointing.
 
-``python -m coevo_jax.experiment.worker OUT --worker-index W --num-workers N``
-is what the launcher starts (one per core on CPU); ``run_worker`` is the same
-in-process. For each arm it compiles ``init`` and one chunk of
-``jit(vmap(Trainer.run_chunk))`` for its batch shape (or loads them from the
-launch's program store, :mod:`coevo_jax.experiment.programs`), then per batch:
-:func:`restore_or_init`, chunks with a checkpoint after each, and
-:func:`finish_batch` (the batch's curves to ``a{arm}_b{batch}.npz``).
+``python -m coevo_jax.experiment.worker OUT --coordinator H:P --num-processes N --process-id I``
+is one ``jax.distributed`` process (the launcher starts one per core on CPU);
+``run_worker`` is the same in-process. For each arm it compiles ``init`` and
+one chunk of ``jit(vmap(Trainer.run_chunk))`` for its batch shape (a program
+compiled before, by this or an earlier study, comes from JAX's persistent
+compilation cache), then per batch: :func:`restore_or_init`, chunks with a
+checkpoint after each, and :func:`finish_batch` (curves to ``a{arm}_b{batch}.npz``).
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -22,25 +23,72 @@ import time
 import numpy as np
 
 from coevo_jax.experiment import checkpoint
-from coevo_jax.experiment.cpu_priority import lower_execution_priority
 from coevo_jax.experiment.folder import atomic_savez, atomic_write_text
 from coevo_jax.experiment.plan import build_plan, make_env, run_keys, worker_batches
-from coevo_jax.experiment.programs import BATCH_AXIS, Program, compile_program, obtain_program, program_key
-from coevo_jax.experiment.spec import Study, config_hash
+from coevo_jax.experiment.spec import Study, StudyError, config_hash
+from coevo_jax.registry import program_of
 
-
-WAITING = {"program": "waiting for {}'s program (another worker compiles it)",
-           "turn": "waiting to compile {} (another worker is compiling)"}
+BATCH_AXIS = "runs"  # the vmapped (and sharded) run axis; K-gated refits branch on it (Trainer.batch_axis)
+# ``init`` runs once per batch: compiled without LLVM optimisation it compiles ~3x faster and its run time
+# (network init, env reset) stays negligible
+INIT_COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
 
 
 class Stopped(Exception):
     """Raised inside a worker when ``stop_after_chunks`` is reached (a deliberate interruption)."""
 
 
+@dataclasses.dataclass
+class Program:
+    """One arm's compiled batch program: ``init(keys, hp)``, ``chunk(state, hp)``."""
+
+    init: object
+    chunk: object
+    state_abstract: object
+    sharding: object
+    bytes_per_run: float
+
+
+def compile_program(trainer, hp, b: int, chunk_len: int, devices) -> Program:
+    """Compile ``init`` and one ``chunk_len``-iteration chunk for ``b`` runs sharded over ``devices``."""
+    import jax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    sharding = NamedSharding(Mesh(np.asarray(devices), (BATCH_AXIS,)), PartitionSpec(BATCH_AXIS))
+
+    def init_batch(keys, hp):
+        return jax.vmap(trainer.init)(keys, hp)
+
+    def chunk_batch(state, hp):
+        return jax.vmap(lambda s, h: trainer.run_chunk(s, h, chunk_len), axis_name=BATCH_AXIS)(state, hp)
+
+    def spec(x):
+        return jax.ShapeDtypeStruct((b,) + x.shape[1:], x.dtype, sharding=sharding)
+
+    keys_abs, hp_abs = jax.ShapeDtypeStruct((b, 2), np.uint32, sharding=sharding), jax.tree.map(spec, hp)
+    init_c = jax.jit(init_batch, out_shardings=sharding).lower(keys_abs, hp_abs).compile(INIT_COMPILER_OPTIONS)
+    state_abs = jax.tree.map(spec, jax.eval_shape(init_batch, keys_abs, hp_abs))
+    chunk_c = jax.jit(chunk_batch, out_shardings=sharding, donate_argnums=0).lower(state_abs, hp_abs).compile()
+    m = chunk_c.memory_analysis()
+    per_run = float("nan") if m is None else (
+        m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes) / b
+    return Program(init_c, chunk_c, state_abs, sharding, per_run)
+
+
+def program_key(plan, b: int) -> tuple:
+    """What a compiled batch program depends on: the arm's static config (its method
+    as the one whose program it runs, :func:`~coevo_jax.registry.program_of`), the
+    batch and chunk sizes and the hparams' structure (not their values, which are inputs)."""
+    import jax
+
+    static = plan.arm.static.replace(method=program_of(plan.arm.static.method))
+    leaves, treedef = jax.tree.flatten(plan.hp)
+    return static, b, plan.chunk_len, treedef, tuple((np.shape(x)[1:], np.asarray(x).dtype) for x in leaves)
+
+
 def default_compile_cache() -> str:
     """``$COEVO_JAX_COMPILE_CACHE`` or ``~/.cache/coevo_jax/xla``."""
-    return os.environ.get("COEVO_JAX_COMPILE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "coevo_jax",
-                                                                      "xla")
+    return os.environ.get("COEVO_JAX_COMPILE_CACHE") or os.path.expanduser("~/.cache/coevo_jax/xla")
 
 
 def set_compile_cache(path: str | None) -> str | None:
@@ -74,8 +122,7 @@ class Reporter:
     def __init__(self, path: str, callback=None):
         self.path, self.callback = path, callback
         self.data = {"status": "starting", "phase": "starting", "env_steps": 0, "env_steps_resumed": 0,
-                     "run_iterations": 0, "runs_done": 0, "peak_rss_mb": 0.0, "memory": {}, "compile_s": {},
-                     "wait_s": {}, "program_source": {}, "compile_spans": [], "exec_s": 0.0, "pid": os.getpid()}
+                     "run_iterations": 0, "runs_done": 0, "memory": {}, "compile_s": {}, "exec_s": 0.0}
 
     def add(self, **kw):
         self.update(**{k: self.data[k] + v for k, v in kw.items()})
@@ -83,21 +130,10 @@ class Reporter:
     def update(self, **kw):
         import resource
 
-        self.data.update(kw, updated=time.time(),
-                         peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0)
+        self.data.update(kw, peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0)
         atomic_write_text(self.path, json.dumps(self.data))
         if self.callback is not None:
             self.callback(dict(self.data))
-
-
-def restore_or_init(program: Program, mngr, record, study: Study, seeds: np.ndarray, hp, host_local: bool):
-    """``(state, curves, names, chunks_done)``: from the batch's checkpoint, or fresh from the runs' keys."""
-    import jax
-
-    got = checkpoint.restore(mngr, record, program.state_abstract, host_local, program.sharding)
-    if got is not None:
-        return got
-    return program.init(jax.device_put(run_keys(study.base_seed, seeds), program.sharding), hp), None, None, 0
 
 
 def state_arrays(host_state, real: int) -> dict:
@@ -122,17 +158,16 @@ def finish_batch(path: str, curves: np.ndarray, names, runs: np.ndarray, state, 
 
 
 def run_worker(out: str, worker: int, num_workers: int, max_parallel: int | None = None,
-               stop_after_chunks: int | None = None, callback=None, compile_cache: str | None = None,
-               program_store: str | None = None) -> str:
+               stop_after_chunks: int | None = None, callback=None, compile_cache: str | None = None) -> str:
     """Run (or resume) worker ``worker``'s share of the study in ``out``.
 
     Writes ``out/checkpoints/w{worker}/``: one orbax folder per unfinished
     batch, ``a{arm}_b{batch}.npz`` per finished one and ``progress.json``.
-    ``program_store``: the launch's folder of compiled programs, shared with
-    the other workers it started (see :mod:`coevo_jax.experiment.programs`).
     Returns ``"done"`` or ``"stopped"`` (after ``stop_after_chunks`` chunks).
     """
     import jax
+
+    from coevo_jax.train import Trainer
 
     text = open(os.path.join(out, "config.json")).read()
     study = Study.from_json(json.loads(text))
@@ -144,49 +179,33 @@ def run_worker(out: str, worker: int, num_workers: int, max_parallel: int | None
     prev_cache = set_compile_cache(compile_cache) if compile_cache else None
     devices = jax.local_devices()
     host_local = jax.process_count() > 1  # orbax refuses host-local jax.Arrays under jax.distributed
-    pin = os.environ.get("COEVO_JAX_WORKER_CPU")
-    pin = {int(pin)} if pin is not None else None
-    allowed = os.sched_getaffinity(0) if pin else None
-    if pin:  # one worker per core: the others' compiles run before this worker's chunks (cpu_priority)
-        rep.data["execution_threads_reniced"] = lower_execution_priority()
-    layouts = [worker_batches(p, worker, num_workers, max_parallel, len(devices)) for p in plans]
-
-    def done_path(ai, bi):
-        return os.path.join(wdir, f"a{ai}_b{bi}.npz")
-
-    chunks_run = 0
-    programs = {}  # program_key -> Program, shared by the arms of this worker
+    pin = os.environ.get("COEVO_JAX_WORKER_CPU")  # one worker per core: it compiles on all, runs on its own
+    pin, allowed = ({int(pin)}, os.sched_getaffinity(0)) if pin is not None else (None, None)
+    chunks_run, programs = 0, {}  # program_key -> Program, shared by the arms of this worker
     try:
-        finished = [(p, len(r)) for ai, (p, (b, bs)) in enumerate(zip(plans, layouts)) for bi, r in enumerate(bs)
-                    if os.path.exists(done_path(ai, bi))]
-        steps = sum(n * p.num_iterations * p.arm.static.steps_per_iteration for p, n in finished)
-        rep.update(status="running", env_steps=steps, env_steps_resumed=steps, devices=len(devices),
-                   run_iterations=sum(n * p.num_iterations for p, n in finished),
-                   runs_done=sum(n for _, n in finished))
-        # rotated arm order: workers compile different arms first, then load the others from the launch's
-        # program store (a worker that reaches a program another one is compiling waits for it)
-        first = (worker * len(plans)) // max(1, num_workers)
-        for ai in [(first + i) % len(plans) for i in range(len(plans))]:
-            plan, (b, batches) = plans[ai], layouts[ai]
-            todo = [bi for bi in range(len(batches)) if not os.path.exists(done_path(ai, bi))]
+        rep.update(status="running", devices=len(devices), processes=jax.process_count())
+        for ai, plan in enumerate(plans):
+            b, batches = worker_batches(plan, worker, num_workers, max_parallel, len(devices))
+            todo = [bi for bi in range(len(batches)) if not os.path.exists(os.path.join(wdir, f"a{ai}_b{bi}.npz"))]
+            n = sum(len(r) for bi, r in enumerate(batches) if bi not in todo)  # runs finished before a resume
+            steps = n * plan.num_iterations * plan.arm.static.steps_per_iteration
+            rep.add(env_steps=steps, env_steps_resumed=steps, run_iterations=n * plan.num_iterations, runs_done=n)
             if not todo:
                 continue
-            key = program_key(plan, b)
-            if key in programs:  # an arm that differs from one compiled here only in hparam values
-                program, compile_s, source = programs[key], 0.0, "shared"
-            else:
-                t0 = time.time()
-                program, source, waited = obtain_program(
-                    program_store, key, devices, lambda: _compile(plan, env, env_params, b, devices, rep, allowed, pin),
-                    lambda what: rep.update(phase=WAITING[what].format(plan.arm.name)))
-                programs[key], compile_s = program, time.time() - t0 - waited  # with the store's save or load
-                rep.data["compile_spans"].append([t0 + waited, t0 + waited + compile_s])
-                rep.data["wait_s"][plan.arm.name] = waited
-            rep.data["compile_s"][plan.arm.name] = compile_s
-            rep.data["program_source"][plan.arm.name] = source
-            rep.data["memory"][plan.arm.name] = {"compiled_bytes_per_run": program.bytes_per_run, "batch": b}
+            key, t0 = program_key(plan, b), time.time()
+            rep.data["compile_s"][plan.arm.name] = 0.0  # an arm that differs from one compiled here only in hparams
+            if key not in programs:
+                rep.update(phase=f"compiling {plan.arm.name} ({b} runs/batch on {len(devices)} device(s))")
+                set_thread_affinity(allowed)
+                try:
+                    programs[key] = compile_program(Trainer(plan.arm.static, env, env_params, batch_axis=BATCH_AXIS),
+                                                    plan.hp, b, plan.chunk_len, devices)
+                finally:
+                    set_thread_affinity(pin)
+                rep.data["compile_s"][plan.arm.name] = time.time() - t0
+            rep.data["memory"][plan.arm.name] = {"compiled_bytes_per_run": programs[key].bytes_per_run, "batch": b}
             for bi in todo:
-                chunks_run = run_batch(study, plan, program, batches[bi], b, os.path.join(wdir, f"a{ai}_b{bi}"),
+                chunks_run = run_batch(study, plan, programs[key], batches[bi], b, os.path.join(wdir, f"a{ai}_b{bi}"),
                                        config_hash(text), rep, host_local, chunks_run, stop_after_chunks,
                                        f"{plan.arm.name} batch {bi + 1}/{len(batches)}")
         rep.update(status="done", phase="done")
@@ -202,19 +221,6 @@ def run_worker(out: str, worker: int, num_workers: int, max_parallel: int | None
             set_compile_cache(prev_cache)
 
 
-def _compile(plan, env, env_params, b: int, devices, rep: Reporter, allowed, pin) -> Program:
-    """Compile an arm's program on every core this worker may use, then pin it back to its own."""
-    from coevo_jax.train import Trainer
-
-    trainer = Trainer(plan.arm.static, env, env_params, batch_axis=BATCH_AXIS)
-    rep.update(phase=f"compiling {plan.arm.name} ({b} runs/batch on {len(devices)} device(s))")
-    set_thread_affinity(allowed)
-    try:
-        return compile_program(trainer, plan.hp, b, plan.chunk_len, devices)
-    finally:
-        set_thread_affinity(pin)
-
-
 def run_batch(study: Study, plan, program: Program, runs: np.ndarray, b: int, cdir: str, digest: str,
               rep: Reporter, host_local: bool, chunks_run: int, stop_after: int | None, label: str) -> int:
     """Run one batch to the end from its checkpoint (or from scratch); returns the
@@ -227,11 +233,12 @@ def run_batch(study: Study, plan, program: Program, runs: np.ndarray, b: int, cd
     hp = jax.tree.map(lambda x: jax.device_put(np.asarray(x)[setting], program.sharding), plan.hp)
     record = checkpoint.BatchRecord(digest, b, tuple(int(r) for r in runs))
     mngr = checkpoint.manager(os.path.abspath(cdir))
-    state, curves, names, done = restore_or_init(program, mngr, record, study, seed, hp, host_local)
+    got = checkpoint.restore(mngr, record, program.state_abstract, host_local, program.sharding)
+    state, curves, names, done = got or (program.init(jax.device_put(run_keys(study.base_seed, seed),
+                                                                     program.sharding), hp), None, None, 0)
     steps_per_chunk = real * plan.chunk_len * plan.arm.static.steps_per_iteration
-    if done:
-        rep.add(env_steps_resumed=done * steps_per_chunk, env_steps=done * steps_per_chunk,
-                run_iterations=real * done * plan.chunk_len)
+    rep.add(env_steps_resumed=done * steps_per_chunk, env_steps=done * steps_per_chunk,
+            run_iterations=real * done * plan.chunk_len)
     n_chunks = plan.num_iterations // plan.chunk_len
     while done < n_chunks:
         if stop_after is not None and chunks_run >= stop_after:
@@ -249,7 +256,7 @@ def run_batch(study: Study, plan, program: Program, runs: np.ndarray, b: int, cd
         if study.save_chunks:  # before the checkpoint: a resumed chunk rewrites its snapshot identically
             atomic_savez(f"{cdir}_c{done}.npz", runs=np.asarray(runs), **state_arrays(jax.device_get(state), real))
         checkpoint.save(mngr, done, state, curves, record.meta(names, plan.chunk_len), host_local)
-        if chunks_run == _sigkill_after_chunks():  # a crash test: die with no clean-up at all
+        if chunks_run == int(os.environ.get("COEVO_JAX_SIGKILL_AFTER_CHUNKS") or -1):  # a crash test (kill -9)
             os.kill(os.getpid(), signal.SIGKILL)
         rep.add(env_steps=steps_per_chunk, run_iterations=real * plan.chunk_len, exec_s=exec_s)
     mngr.close()
@@ -259,42 +266,37 @@ def run_batch(study: Study, plan, program: Program, runs: np.ndarray, b: int, cd
     return chunks_run
 
 
-def _sigkill_after_chunks() -> int | None:
-    """``$COEVO_JAX_SIGKILL_AFTER_CHUNKS``: a worker kills itself with SIGKILL right after
-    saving that many chunks (how the tests interrupt a study the way ``kill -9`` does)."""
-    value = os.environ.get("COEVO_JAX_SIGKILL_AFTER_CHUNKS")
-    return int(value) if value else None
-
-
-def _exit_with_parent(poll_s: float = 2.0) -> None:
-    """End this worker if the process that started it dies (so no orphan keeps computing)."""
-    parent = os.getppid()
-
-    def watch():
-        while True:
-            time.sleep(poll_s)
-            if os.getppid() != parent:
-                os._exit(3)
-
-    threading.Thread(target=watch, daemon=True).start()
-
-
 def main(argv=None) -> int:
+    """One ``jax.distributed`` process of a study: join, wait for the folder, run this share, wait for all."""
+    import jax
+
+    from coevo_jax.experiment.launcher import barrier
+
     p = argparse.ArgumentParser(prog="python -m coevo_jax.experiment.worker",
                                 description="A study's worker process (started by run_study; not for direct use).")
-    p.add_argument("out", help="the study's output folder")
-    p.add_argument("--worker-index", type=int, required=True)
-    p.add_argument("--num-workers", type=int, required=True)
-    p.add_argument("--max-parallel", type=int, default=None)
-    p.add_argument("--stop-after-chunks", type=int, default=None)
-    p.add_argument("--compile-cache", default=None)
-    p.add_argument("--program-store", default=None)
+    p.add_argument("out", help="the study's output folder (prepared by process 0's launcher)")
+    for flag in ("--coordinator", "--compile-cache", "--config-hash"):
+        p.add_argument(flag, default=None)
+    for flag in ("--num-processes", "--process-id", "--max-parallel", "--stop-after-chunks"):
+        p.add_argument(flag, type=int, default=None)
     a = p.parse_args(argv)
-    _exit_with_parent()
-    status = run_worker(a.out, a.worker_index, a.num_workers, a.max_parallel, a.stop_after_chunks, None,
-                        a.compile_cache, a.program_store)
-    print(f"worker {a.worker_index}: {status}")
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
+    jax.distributed.initialize(a.coordinator, a.num_processes, a.process_id)
+    barrier("coevo_jax_study_prepared")
+    if config_hash(open(os.path.join(a.out, "config.json")).read()) != a.config_hash:
+        raise StudyError(f"process {a.process_id}: {a.out}/config.json differs from this host's study")
+    status = run_worker(a.out, a.process_id, a.num_processes, a.max_parallel, a.stop_after_chunks, None,
+                        a.compile_cache)
+    barrier("coevo_jax_study_done")  # so process 0 merges only once every process has finished or stopped
+    print(f"worker {a.process_id}: {status}")
     return 0
+
+
+def _exit_with_parent(parent: int) -> None:
+    """End this worker when the launcher that started it dies (so no orphan keeps computing)."""
+    while os.getppid() == parent:
+        time.sleep(2.0)
+    os._exit(3)
 
 
 if __name__ == "__main__":
