@@ -181,7 +181,7 @@ def diag_traj():
 def test_heldout_fit_compares_phi_with_the_realised_return_to_go():
     traj = diag_traj()
     phi_next = jnp.zeros((6, 2)).at[5, 0].set(0.5)  # the time-out's bootstrap Phi(final_obs)
-    g0 = [GAMMA**2, GAMMA, 1.0, GAMMA**2 * 0.5, GAMMA * 0.5, 0.5]  # env 0's return to go
+    g0 = [GAMMA**2, GAMMA, 1.0, GAMMA**3 * 0.5, GAMMA**2 * 0.5, GAMMA * 0.5]  # env 0's return to go
     exact = jnp.zeros((6, 2)).at[:, 0].set(jnp.asarray(g0))
     m = pot.heldout_return_fit(exact, phi_next, traj, GAMMA)
     assert float(m["potential_heldout_steps"]) == 6  # env 1's steps: no episode ended, not compared

@@ -169,7 +169,7 @@ def test_intrinsic_return_runs_into_the_next_episode():
 # ----------------------------------------------------------------------------- bonus first, then train
 def _bonus_setup(method):
     """``(signal, traj, hp)`` for ICM (KeyDoor observations) or coevo-novelty (policy features)."""
-    env, p = envs_jax.make("KeyDoor-5x5")
+    env, p = envs_jax.make("KeyDoor-5x5", max_steps=4)  # R_phi's buffer keeps whole episodes: 4 steps
     T, N = 8, 4
     key = jax.random.PRNGKey(5)
     obs = jax.random.bernoulli(key, 0.3, (T, N) + env.observation_space(p).shape).astype(jnp.float32)
@@ -178,8 +178,7 @@ def _bonus_setup(method):
     traj = traj_of(jnp.zeros((T, N)), jnp.zeros((T, N), bool), jnp.zeros((T, N), bool), z, z, obs,
                    jnp.roll(obs, -1, 0), action)._replace(features=jax.random.normal(key, (T, N, 8)))
     static = cj.StaticConfig(method=method, hidden_sizes=(16,), icm_feature_dim=8, num_envs=N, rollout_len=T,
-                             num_minibatches=4, reward_hidden=(16, 16), action_embed_dim=4, buffer_episodes=2,
-                             max_episode_len=4)
+                             num_minibatches=4, reward_hidden=(16, 16), action_embed_dim=4, buffer_episodes=2)
     hp = cj.default_hparams(method, icm_lr_ratio=12.0, rnd_lr_ratio=12.0, normalize_int=0.0)  # 3e-3 at lr 2.5e-4
     from coevo_jax.signals import make_signal
     return make_signal(static, None, env, p), traj, hp
