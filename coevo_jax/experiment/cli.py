@@ -164,7 +164,7 @@ def _publish(parser, argv, args, text: str, done: list, wall_s) -> str:
     from coevo_jax.experiment import publish
 
     name = os.path.splitext(parser.prog)[0]
-    title = (parser.description or name).strip().splitlines()[0].rstrip(".")
+    title = " ".join((parser.description or name).strip().split("\n\n")[0].split()).rstrip(".")  # first paragraph
     outs = [r.out for stage in done for r in stage]
     return publish.write_report(args.publish, name, title, publish.command_line(f"sweeps/{parser.prog}", argv), text,
                                 publish.study_figures(outs), wall_s,
