@@ -35,21 +35,11 @@ policies unchanged.
 """
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
 from coevo_jax.registry import MethodSpec, register_method
 from coevo_jax.signals.base import RewardStreams, Signal, float_metrics, no_observe, no_update
-from coevo_jax.signals.potential import POTENTIAL_PARAMS, clip_credit, trajectory_shaping
-
-
-def episodic_values(traj):
-    """``(V(obs), V(next_obs))`` ``[T, N]`` of the critic's episodic head at
-    collection time (the first of two heads), under ``stop_gradient``."""
-    value, next_value = traj.value, traj.next_value
-    if value.ndim == traj.reward.ndim + 1:
-        value, next_value = value[..., 0], next_value[..., 0]
-    return jax.lax.stop_gradient(value), jax.lax.stop_gradient(next_value)
+from coevo_jax.signals.potential import POTENTIAL_PARAMS, clip_credit, episodic_values, trajectory_shaping
 
 
 def make_critic_shaping(static, network=None, env=None, env_params=None) -> Signal:

@@ -351,9 +351,13 @@ def replay_fields(traj):
     return steps, ends, jnp.logical_or(traj.terminated, traj.truncated)
 
 
-def episodic_critic(traj) -> jax.Array:
-    """``V(obs) [T, N]``: the critic's episodic head (the first of two) at collection time."""
-    return traj.value[..., 0] if traj.value.ndim == traj.reward.ndim + 1 else traj.value
+def episodic_values(traj) -> tuple[jax.Array, jax.Array]:
+    """``(V(obs), V(next_obs))`` ``[T, N]`` of the critic's episodic head (the first of
+    two) at collection time, under ``stop_gradient``."""
+    value, next_value = traj.value, traj.next_value
+    if value.ndim == traj.reward.ndim + 1:
+        value, next_value = value[..., 0], next_value[..., 0]
+    return jax.lax.stop_gradient(value), jax.lax.stop_gradient(next_value)
 
 
 def heldout_return_fit(phi: jax.Array, phi_next: jax.Array, traj, gamma) -> dict:
@@ -388,7 +392,7 @@ def heldout_return_fit(phi: jax.Array, phi_next: jax.Array, traj, gamma) -> dict
 def critic_agreement(phi: jax.Array, traj) -> dict:
     """``Phi`` against PPO's own critic on the rollout's states: their Pearson
     correlation and mean squared gap (``potential_critic_corr``, ``potential_critic_msgap``)."""
-    v = episodic_critic(traj).astype(jnp.float32)
+    v = episodic_values(traj)[0].astype(jnp.float32)
     return {"potential_critic_corr": pearson(phi.ravel(), v.ravel(), jnp.ones(phi.size, bool)),
             "potential_critic_msgap": jnp.mean((phi - v) ** 2)}
 
