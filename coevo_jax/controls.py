@@ -59,16 +59,15 @@ def uniform_random_curves(static: StaticConfig, env, env_params, key: jax.Array)
 
 
 def random_scores(study, num_seeds: int | None = None) -> dict:
-    """Per-seed scores (:func:`coevo_jax.experiment.metrics.run_scores`) of the
+    """Per-seed scores (:func:`coevo_jax.analysis.metrics.run_scores`) of the
     uniform-random policy on a :class:`~coevo_jax.experiment.Study`'s first arm's
     rollout shape and budget, with its env steps under ``"env_steps"``."""
     import numpy as np
 
-    from coevo_jax.experiment import metrics
-    from coevo_jax.experiment.plan import make_env
+    from coevo_jax.analysis import metrics
 
     static = study.arms[0].static
-    env, params = make_env(study)
+    env, params = study.make_env()
     n = num_seeds or study.num_seeds
     keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.PRNGKey(study.base_seed), i))(jnp.arange(n))
     curves = jax.device_get(jax.jit(jax.vmap(lambda k: uniform_random_curves(static, env, params, k)))(keys))
@@ -81,7 +80,7 @@ def random_row(study, num_seeds: int | None = None, scores: dict | None = None) 
     """The uniform-random control of a :class:`~coevo_jax.experiment.Study`, as a
     summary row: :func:`random_scores` (or the given ``scores``), summarised by the
     same statistics as every arm (``num_seeds`` default: the study's)."""
-    from coevo_jax.experiment.results import score_columns
+    from coevo_jax.analysis.stats import score_columns
 
     scores = scores or random_scores(study, num_seeds)
     n = len(scores["final_success"])

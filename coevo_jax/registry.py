@@ -104,7 +104,7 @@ class MethodSpec:
     values (its ``defaults``): the same factory and streams, so the runner
     compiles one program for both (``""``: its own). ``tune``: the method's
     own key hyperparameters that equal-budget tuning searches
-    (:mod:`coevo_jax.experiment.tuning`, beside the policy's ``lr`` and
+    (``sweeps/_study/tuning.py``, beside the policy's ``lr`` and
     ``ent_coef`` that every method searches), field -> ``(low, high)``,
     sampled log-uniformly: ``0 < low < high``, inside the field's range.
     """

@@ -1,7 +1,7 @@
 """Opt-in XLA:CPU settings for applications. Importing the library applies none of them.
 
-The sweep runner (:func:`coevo_jax.experiment.cli.staged_main`, its worker processes and
-``sweeps/bench.py``) applies :func:`use_safe_xla_flags`; a library user who wants it
+The study scripts (``sweeps/_study/cli.py``), the runner's worker processes and
+``sweeps/bench.py`` apply :func:`use_safe_xla_flags`; a library user who wants it
 calls it before the first JAX computation of the process::
 
     import coevo_jax

@@ -34,11 +34,10 @@ import dataclasses
 import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [os.path.dirname(HERE), HERE]
+from coevo_jax.benchmark import launch
+from coevo_jax.benchmark.workers import PPO_HPARAMS, PPO_STATIC, scale_steps
 
-from coevo_jax.benchmark import launch  # noqa: E402
-from coevo_jax.benchmark.workers import PPO_HPARAMS, PPO_STATIC, scale_steps  # noqa: E402
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 PRESETS = {"device_script": dict(sections="ppo,sweep", ppo_seeds="1,256,4096", reps=1, total_steps=65536,
                                  processes=1, sweep_runs="1,512,4096", sweep_steps=4096, deadline=450),
@@ -158,9 +157,8 @@ def scale_configs(args) -> tuple[list, int]:
     """The scale section's measurements: PPO on CartPole-v1 (PureJaxRL's settings) and on
     KeyDoor-5x5 at the main job's shape (its default admitted task's sizes, at most its
     budget), at each of ``args.scale_runs``; and that budget."""
+    from _study.admitted import load_admitted
     from k_sensitivity import DEFAULT_TASK, static_for
-
-    from coevo_jax.experiment.admitted import load_admitted
 
     task = load_admitted(os.path.join(HERE, "admitted_tasks.json"))[DEFAULT_TASK]
     keydoor = dataclasses.asdict(static_for("ppo", task, task.total_steps, False))
@@ -274,7 +272,7 @@ def main(argv=None):
     finally:
         sys.stdout = out.stream
     if args.publish:
-        from coevo_jax.experiment import publish
+        from _study import publish
 
         path = publish.write_report(args.publish, "benchmarks", "Benchmarks",
                                     publish.command_line("sweeps/bench.py", argv), "".join(out.kept),

@@ -32,11 +32,11 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from coevo_jax.config import ConfigError, StaticConfig
+from coevo_jax.experiment import Arm, Study
 
-from coevo_jax.config import ConfigError, StaticConfig  # noqa: E402
-from coevo_jax.experiment import Arm, Study, cli, options  # noqa: E402
-from coevo_jax.experiment.tuning import TUNE_SEED_OFFSET  # noqa: E402
+from _study import cli, options
+from _study.tuning import TUNE_SEED_OFFSET
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # name -> (env, env_kwargs, env steps per run, num_envs, rollout_len[, (num_minibatches, update_epochs)])
@@ -145,10 +145,11 @@ def write_admitted(path: str, admitted: list, evaluated: list, num_seeds: int, r
     Each task records its own ``num_seeds``; the top-level ``num_seeds`` is that of
     tasks without one (an existing file's value is kept). A task admitted again keeps its
     recorded tuned values, history and tuning records; this run's ppo / dense values join
-    them by :func:`~coevo_jax.experiment.admitted.record_tuned` (different values:
+    them by :func:`~_study.admitted.record_tuned` (different values:
     :class:`ConfigError` unless ``replace_tuned``; nothing is written then)."""
-    from coevo_jax.experiment.admitted import record_tuned
-    from coevo_jax.experiment.folder import atomic_write_text
+    from coevo_jax.files import atomic_write_text
+
+    from _study.admitted import record_tuned
 
     kept, old = [], {}
     if os.path.exists(path):
@@ -171,9 +172,8 @@ def write_admitted(path: str, admitted: list, evaluated: list, num_seeds: int, r
 
 
 def report(args, stages) -> str:
-    from coevo_jax.analysis.tables import ci
-    from coevo_jax.experiment import format_table
-    from coevo_jax.experiment.folder import atomic_write_text
+    from coevo_jax.analysis.tables import ci, format_table
+    from coevo_jax.files import atomic_write_text
 
     rows, admitted = [], []
     for res in stages[1]:

@@ -8,7 +8,7 @@ sparse goal reward; threshold: success stays >= 0.9) and ``cartpole``
 seeds, one runner (:mod:`coevo_jax.experiment`). Reported per setting x method,
 beside the uniform-random row: final score and AUC (IQM, 95% CI), env steps to
 the threshold and the share of seeds that reach it (definitions:
-:mod:`coevo_jax.experiment.metrics`), and how many seeds of each coevo arm
+:mod:`coevo_jax.analysis.metrics`), and how many seeds of each coevo arm
 raise the collusion flag (:func:`coevo_jax.analysis.diagnostics.collusion_flag`:
 predicted cumulative internal reward rising while the external return falls).
 The co-evolution diagnostics of seed 0 go to ``diagnostics_<arm>.png``.
@@ -22,12 +22,12 @@ from __future__ import annotations
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np
 
-import numpy as np  # noqa: E402
+from coevo_jax.config import ConfigError, StaticConfig, default_hparams
+from coevo_jax.experiment import Arm, Study
 
-from coevo_jax.config import ConfigError, StaticConfig, default_hparams  # noqa: E402
-from coevo_jax.experiment import Arm, Study, cli, options  # noqa: E402
+from _study import cli, options
 
 SETTINGS = {  # name -> env, env_kwargs, threshold metric, threshold (fixed in advance)
     "keydoor": ("KeyDoor-5x5", {}, "success_rate", 0.9),

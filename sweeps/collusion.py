@@ -36,15 +36,17 @@ from __future__ import annotations
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np
 
-import numpy as np  # noqa: E402
+from coevo_jax.analysis import metrics
+from coevo_jax.analysis.tables import format_table
+from coevo_jax.config import ConfigError
+from coevo_jax.experiment import Study
+from coevo_jax.experiment.results import rows_to_csv
+from coevo_jax.files import atomic_write_text
 
-from coevo_jax.config import ConfigError  # noqa: E402
-from coevo_jax.experiment import Study, cli, format_table, metrics, options  # noqa: E402
-from coevo_jax.experiment.admitted import add_admitted_option, chosen_task  # noqa: E402
-from coevo_jax.experiment.folder import atomic_write_text  # noqa: E402
-from coevo_jax.experiment.results import rows_to_csv  # noqa: E402
+from _study import cli, options
+from _study.admitted import add_admitted_option, chosen_task
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_TASK = "doorkey5-t60"

@@ -28,7 +28,7 @@ Reported per task and arm: final success IQM with its 95% stratified-bootstrap
 CI, AUC, P(> ppo) with its CI (rliable, paired seeds), the steps until success
 stays >= 0.8 (fixed in advance) with the fraction of seeds reaching it, and a
 flag on any arm below the random row (definitions:
-:mod:`coevo_jax.experiment.metrics`).
+:mod:`coevo_jax.analysis.metrics`).
 
     python sweeps/compare_methods.py                               # the default tasks, 20 seeds
     python sweeps/compare_methods.py --tasks all --no-controls
@@ -44,12 +44,12 @@ from __future__ import annotations
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from coevo_jax.experiment import Study
+from coevo_jax.experiment.results import rows_to_csv
+from coevo_jax.files import atomic_write_text
 
-from coevo_jax.experiment import Study, cli, options  # noqa: E402
-from coevo_jax.experiment.admitted import add_admitted_option, load_admitted  # noqa: E402
-from coevo_jax.experiment.folder import atomic_write_text  # noqa: E402
-from coevo_jax.experiment.results import rows_to_csv  # noqa: E402
+from _study import cli, options
+from _study.admitted import add_admitted_option, load_admitted
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_TASKS = ("doorkey5-t60", "doorkey5-h40")

@@ -26,7 +26,7 @@ crossed with normalisation (``siop``: raw credit, ``siop-norm``: divided by a
 running RMS of its return).
 
 All runs go through the one runner (:mod:`coevo_jax.experiment`); metrics are
-defined in :mod:`coevo_jax.experiment.metrics`, statistics are rliable's IQMs
+defined in :mod:`coevo_jax.analysis.metrics`, statistics are rliable's IQMs
 with 95% stratified-bootstrap CIs.
 
     python sweeps/k_sensitivity.py                       # the defaults (>= 300 runs)
@@ -46,13 +46,14 @@ import math
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np
 
-import numpy as np  # noqa: E402
+from coevo_jax.analysis import metrics
+from coevo_jax.config import ConfigError, StaticConfig
+from coevo_jax.experiment import Arm, Study
 
-from coevo_jax.config import ConfigError, StaticConfig  # noqa: E402
-from coevo_jax.experiment import Arm, Study, cli, metrics, options  # noqa: E402
-from coevo_jax.experiment.admitted import add_admitted_option, chosen_task  # noqa: E402
+from _study import cli, options
+from _study.admitted import add_admitted_option, chosen_task
 
 SWEPT_METHODS = ("coevo-regression", "coevo-ranking", "siop")
 REFERENCE_METHODS = ("ppo", "dense")

@@ -35,7 +35,7 @@ used 0.01 (``--r-int-coef 0.01`` reproduces the README's table). On a delayed
 env ``episode_return`` is the delayed-paid total, which equals the undelayed
 total of the episode. Reported per env x setting, beside the uniform-random
 row: final return (and success) IQM with 95% CIs, AUC and env steps to a fixed
-threshold (definitions: :mod:`coevo_jax.experiment.metrics`); ``curves.png``
+threshold (definitions: :mod:`coevo_jax.analysis.metrics`); ``curves.png``
 draws the mean return of every setting with 95% bootstrap bands.
 
     python sweeps/meta_gradient.py --out results/meta_gradient
@@ -47,10 +47,10 @@ from __future__ import annotations
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from coevo_jax.config import ConfigError, StaticConfig, default_hparams
+from coevo_jax.experiment import Arm, Study
 
-from coevo_jax.config import ConfigError, StaticConfig, default_hparams  # noqa: E402
-from coevo_jax.experiment import Arm, Study, cli, options  # noqa: E402
+from _study import cli, options
 
 SETTINGS = {  # arm label -> (method, HParams overrides)
     "ppo": ("ppo", {}),

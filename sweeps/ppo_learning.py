@@ -11,7 +11,7 @@
 
 One study per task, through the one runner (:mod:`coevo_jax.experiment`; with
 several tasks each writes to ``--out/<task>``); every table carries the
-uniform-random row. Definitions: :mod:`coevo_jax.experiment.metrics`.
+uniform-random row. Definitions: :mod:`coevo_jax.analysis.metrics`.
 
     python sweeps/ppo_learning.py
     python sweeps/ppo_learning.py --tasks cartpole --num-seeds 16
@@ -21,12 +21,12 @@ from __future__ import annotations
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np
 
-import numpy as np  # noqa: E402
+from coevo_jax.config import ConfigError, StaticConfig
+from coevo_jax.experiment import Arm, Study
 
-from coevo_jax.config import ConfigError, StaticConfig  # noqa: E402
-from coevo_jax.experiment import Arm, Study, cli, options  # noqa: E402
+from _study import cli, options
 
 TASKS = {  # task -> env, the metric and fixed threshold of the criterion, static config, HParams
     "cartpole": dict(env="CartPole-v1", metric="episode_return", threshold=475.0, need=0.9,

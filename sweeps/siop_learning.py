@@ -6,7 +6,7 @@ One study per env (``--out/<env>``), all methods with paired seeds, through the
 one runner (:mod:`coevo_jax.experiment`). Reported per env x method, beside
 the uniform-random row: final success and return (IQM, 95% CI), AUC, env
 steps until success stays >= 0.9 and the share of seeds that get there
-(definitions: :mod:`coevo_jax.experiment.metrics`); for SIOP on KeyDoor the
+(definitions: :mod:`coevo_jax.analysis.metrics`); for SIOP on KeyDoor the
 Spearman correlation between its per-step credit and the true optimal
 advantage (BFS ground truth) on the final policies' own trajectories (median
 over seeds [IQR]). SIOP's final potential of seed 0 is drawn as a heat map
@@ -21,12 +21,12 @@ from __future__ import annotations
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np
 
-import numpy as np  # noqa: E402
+from coevo_jax.config import ConfigError, StaticConfig
+from coevo_jax.experiment import Arm, Study
 
-from coevo_jax.config import ConfigError, StaticConfig  # noqa: E402
-from coevo_jax.experiment import Arm, Study, cli, options  # noqa: E402
+from _study import cli, options
 
 #: Per-method HParams on top of ``default_hparams(method)`` and BASE_HP. siop: raw credit
 #: (``normalize_int=0``: dividing a near-constant early credit by its return's RMS would blow its

@@ -10,7 +10,7 @@ well-formed utterance, the curriculum the issue describes; which utterance to
 say, and when, is learned. One study per env (``--out/<env>``), paired seeds,
 one runner (:mod:`coevo_jax.experiment`). Reported per env x method: final
 success and return (IQM, 95% CI), AUC, env steps (agent tokens) until success
-stays >= 0.9 (definitions: :mod:`coevo_jax.experiment.metrics`), beside two
+stays >= 0.9 (definitions: :mod:`coevo_jax.analysis.metrics`), beside two
 reference rows: the uniform-random policy (uniform over the legal tokens;
 :func:`coevo_jax.controls.random_row`, scored like every arm) and the scripted
 expert (its success rate over ``--expert-episodes`` episodes from a reset).
@@ -27,10 +27,10 @@ from __future__ import annotations
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from coevo_jax.config import ConfigError, StaticConfig
+from coevo_jax.experiment import Arm, Study
 
-from coevo_jax.config import ConfigError, StaticConfig  # noqa: E402
-from coevo_jax.experiment import Arm, Study, cli, options  # noqa: E402
+from _study import cli, options
 
 TEXT_ENVS = ("Booking", "TwentyQuestions", "TextMaze", "TextMaze-PO")
 STATIC = dict(num_envs=16, rollout_len=32, num_minibatches=4, update_epochs=4, d_model=64, num_layers=1, num_heads=4)
@@ -71,7 +71,7 @@ def report(args, results) -> str:
     from coevo_jax.analysis import plots
     from coevo_jax.analysis.tables import arm_finals, study_report
     from coevo_jax.analysis.text_report import best_dialogue, expert_row
-    from coevo_jax.experiment.folder import atomic_write_text
+    from coevo_jax.files import atomic_write_text
 
     texts = []
     for res in results:

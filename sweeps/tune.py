@@ -3,7 +3,7 @@
 number of configurations over its own key hyperparameters on an admitted task.
 
 Per method, ``--num-configs`` (>= 16) configurations are sampled inside its
-declared ranges (:func:`coevo_jax.experiment.tuning.search_space`: the policy's
+declared ranges (:func:`_study.tuning.search_space`: the policy's
 lr and ent_coef, then the fields of its ``MethodSpec.tune``; a fixed-seed
 log-uniform Halton sample, the same lr / ent_coef coordinates for every method)
 and run as one arm (one compile, the configurations vmapped) on ``--tune-seeds``
@@ -38,12 +38,11 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from coevo_jax.config import ConfigError
+from coevo_jax.experiment import Arm, Study
 
-from coevo_jax.config import ConfigError  # noqa: E402
-from coevo_jax.experiment import Arm, Study, cli, options  # noqa: E402
-from coevo_jax.experiment import tuning  # noqa: E402
-from coevo_jax.experiment.admitted import add_admitted_option, chosen_task  # noqa: E402
+from _study import cli, options, tuning
+from _study.admitted import add_admitted_option, chosen_task
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_TASK = "doorkey5-t60-16k"  # the main job's task (sweeps/k_sensitivity.py)
@@ -135,9 +134,10 @@ def report(args, stages) -> str:
     from coevo_jax.analysis import stats
     from coevo_jax.analysis.tables import arm_finals, ci, write_table
     from coevo_jax.controls import random_row
-    from coevo_jax.experiment.admitted import write_tuned
-    from coevo_jax.experiment.folder import atomic_write_text
     from coevo_jax.experiment.results import rows_to_csv
+    from coevo_jax.files import atomic_write_text
+
+    from _study.admitted import write_tuned
 
     task, methods, steps = _setup(args)
     tuned, ev = stages[0][0], stages[1][0]

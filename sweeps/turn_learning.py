@@ -35,12 +35,12 @@ from __future__ import annotations
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np
 
-import numpy as np  # noqa: E402
+from coevo_jax.config import ConfigError, StaticConfig
+from coevo_jax.experiment import Arm, Study
 
-from coevo_jax.config import ConfigError, StaticConfig  # noqa: E402
-from coevo_jax.experiment import Arm, Study, cli, options  # noqa: E402
+from _study import cli, options
 
 #: per env: rollout width, base HParams of every arm, default budget (turns per run), StaticConfig overrides
 ENVS = {"Booking-Turns": (16, {"lr": 1e-3, "ent_coef": 0.01}, 32_768, {}),

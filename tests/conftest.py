@@ -1,7 +1,13 @@
 import os
+import sys
 
 # jax 0.10.2 on CPU can hang in vmapped programs with batched QR (orthogonal init);
 # this flag prevents it. Set before jax starts its backend.
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_enable_concurrency_optimized_scheduler=false")
 if "xla_cpu_enable_concurrency_optimized_scheduler" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " --xla_cpu_enable_concurrency_optimized_scheduler=false"
+
+# what the study scripts share lives in sweeps/_study (an application, not the library); a script
+# run as `python sweeps/<script>.py` finds it on its own path, the tests that load scripts and
+# their helpers find it here
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sweeps"))

@@ -27,10 +27,10 @@ import pytest
 import coevo_jax as cj
 import envs_jax
 from coevo_jax.analysis import stats
+from coevo_jax.analysis.metrics import final_score
 from coevo_jax.config import ConfigError
 from coevo_jax.experiment import Arm, Study, StudyError, load_result, run_study
 from coevo_jax.experiment.folder import check_out
-from coevo_jax.experiment.metrics import final_score
 from coevo_jax.experiment.plan import batch_size
 from coevo_jax.experiment.spec import chunk_length, config_text
 
@@ -396,7 +396,7 @@ def test_k_sensitivity_default_config_has_at_least_300_runs():
     # an admitted task, with its tuned lr / ent_coef (dense its own), compute-matched refits, siop crossed with
     # normalisation
     assert config.name == ks.DEFAULT_TASK and config.env == "KeyDoor-5x5" and config.env_kwargs == {"max_steps": 60}
-    from coevo_jax.experiment.admitted import load_admitted
+    from _study.admitted import load_admitted
     task = load_admitted(os.path.join(ROOT, "sweeps", "admitted_tasks.json"))[ks.DEFAULT_TASK]
     arms = {a.name: a for a in config.arms}
     assert dict(arms["dense"].fixed) == task.tuned["dense"] and dict(arms["coevo-ranking"].fixed) == task.tuned["ppo"]

@@ -1,4 +1,7 @@
-"""Importing the library changes no global state: no environment variable, no JAX lowering rule."""
+"""Importing the library changes no global state: no environment variable, no JAX lowering rule;
+and its layers import only downwards (statistics and plots below the runner)."""
+import ast
+import glob
 import os
 import subprocess
 import sys
@@ -18,13 +21,19 @@ def lowerings():
     return rules
 
 env, rules, started = dict(os.environ), lowerings(), bool(xla_bridge._backends)  # xminigrid starts it
-import coevo_jax, envs_jax, coevo_jax.experiment, coevo_jax.analysis.stats  # noqa: F401
+import coevo_jax, envs_jax, coevo_jax.controls  # noqa: F401
+import importlib, pkgutil, coevo_jax.analysis
+for m in pkgutil.iter_modules(coevo_jax.analysis.__path__):
+    importlib.import_module(f"coevo_jax.analysis.{{m.name}}")
+below = sorted(m for m in sys.modules if m.startswith("coevo_jax.experiment"))  # the runner sits above them
+import coevo_jax.experiment  # noqa: F401
 changed = sorted(k for k in set(env) | set(os.environ) if env.get(k) != os.environ.get(k))
 after = lowerings()
 new_rules = sorted(f"{{plat}}:{{p}}" for (plat, p), r in after.items() if rules.get((plat, p)) is not r)
 print("env", changed)
 print("rules", new_rules)
 print("backend", bool(xla_bridge._backends) and not started)
+print("analysis loads", below)
 """
 
 
@@ -33,8 +42,37 @@ def test_import_changes_no_environment_variable_and_no_lowering():
     out = subprocess.run([sys.executable, "-c", PROBE.format(root=ROOT)], env=env, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    lines = out.stdout.strip().splitlines()[-3:]
-    assert lines == ["env []", "rules []", "backend False"], out.stdout
+    lines = out.stdout.strip().splitlines()[-4:]
+    assert lines == ["env []", "rules []", "backend False", "analysis loads []"], out.stdout
+
+
+def imported_modules(path: str) -> set:
+    """Every module ``path`` imports, at the top or inside a function (absolute names)."""
+    pkg = os.path.relpath(os.path.dirname(path), ROOT).replace(os.sep, ".")
+    names = set()
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(pkg.split(".")[:len(pkg.split(".")) - node.level + 1] + ([base] if base else []))
+            names |= {base} | {f"{base}.{a.name}" for a in node.names}
+    return names
+
+
+def test_layers_import_only_downwards():
+    """The runner (coevo_jax.experiment) and the benchmarks use statistics, plots and the core;
+    nothing below them imports them, and nothing in the library imports the study scripts' helpers."""
+    above = ("coevo_jax.experiment", "coevo_jax.benchmark")
+    wrong = []
+    for path in sorted(glob.glob(os.path.join(ROOT, "coevo_jax", "**", "*.py"), recursive=True)):
+        module = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+        for name in imported_modules(path):
+            if name.split(".")[0] == "_study" or (
+                    name.startswith(above) and not module.startswith(above)):
+                wrong.append(f"{module} imports {name}")
+    assert not wrong, wrong
 
 
 def test_the_safe_flag_is_an_explicit_opt_in():
@@ -45,3 +83,4 @@ def test_the_safe_flag_is_an_explicit_opt_in():
     assert not use_safe_xla_flags(env) and env["XLA_FLAGS"].count("concurrency_optimized") == 1
     mine = {"XLA_FLAGS": "--xla_cpu_enable_concurrency_optimized_scheduler=true"}
     assert not use_safe_xla_flags(mine) and mine["XLA_FLAGS"].endswith("=true")  # a user's own choice wins
+

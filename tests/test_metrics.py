@@ -1,12 +1,11 @@
-"""The one definition of each metric (coevo_jax/experiment/metrics.py) and the
+"""The one definition of each metric (coevo_jax/analysis/metrics.py) and the
 rliable statistics (coevo_jax/analysis/stats.py), against hand-computed values."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from coevo_jax.analysis import stats
-from coevo_jax.experiment import metrics
+from coevo_jax.analysis import metrics, stats
 
 
 def test_final_score_weights_episodes_of_the_last_tenth_of_steps():

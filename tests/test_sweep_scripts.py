@@ -6,8 +6,9 @@ import os
 import numpy as np
 import pytest
 
-from coevo_jax.experiment import options
 from coevo_jax.config import ConfigError, default_hparams
+
+from _study import options
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = ("siop_learning", "coevo_learning", "meta_gradient", "text_learning", "ppo_learning", "calibrate",
@@ -23,7 +24,7 @@ def load(name):
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_help_lists_a_default_for_every_own_option(name):
-    from coevo_jax.experiment import cli
+    from _study import cli
 
     shared = {a.dest for a in cli.study_parser("x", "", "out")._actions}
     parser = load(name).build_parser()
@@ -149,7 +150,7 @@ def test_ppo_learning_end_to_end_refuse_replot(tmp_path, monkeypatch, capsys):
     assert mod.main(argv) == 0
     text = capsys.readouterr().out
     assert "| CartPole-v1 | random | 2 |" in text and "| CartPole-v1 | ppo | 2 |" in text
-    assert "Definitions (coevo_jax.experiment.metrics)" in text and "of seeds final return >= 475" in text
+    assert "Definitions (coevo_jax.analysis.metrics)" in text and "of seeds final return >= 475" in text
     assert os.path.exists(os.path.join(out, "table.md")) and os.path.exists(os.path.join(out, "FINISHED"))
     assert mod.main(argv) == 2 and "holds a finished study" in capsys.readouterr().err
     assert mod.main(argv + ["--replot"]) == 0 and "| CartPole-v1 | ppo | 2 |" in capsys.readouterr().out
@@ -207,7 +208,7 @@ def test_calibration_tunes_on_separate_seeds_and_evaluates_the_best_point():
 def test_staged_script_resumes_after_its_first_stage_finished(tmp_path, monkeypatch, capsys):
     """A tune-then-evaluate script interrupted after its first stage: rerunning the command
     loads the finished stage (no 'holds a finished study' refusal) and goes on to the next."""
-    from coevo_jax.experiment import cli
+    from _study import cli
 
     mod = load("ppo_learning")
     tiny = dict(num_envs=2, rollout_len=8, total_steps=32, update_epochs=1, num_minibatches=1, hidden_sizes=(8,))

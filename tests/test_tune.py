@@ -1,4 +1,4 @@
-"""Equal-budget tuning (coevo_jax.experiment.tuning, sweeps/tune.py): the sample, the rule,
+"""Equal-budget tuning (sweeps/_study/tuning.py, sweeps/tune.py): the sample, the rule,
 the seeds, and the tuned values' way into the admitted-task file and every study's hparams."""
 import importlib.util
 import json
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from coevo_jax.config import ConfigError
-from coevo_jax.experiment import tuning
+from _study import tuning
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ADMITTED = os.path.join(ROOT, "sweeps", "admitted_tasks.json")
@@ -47,7 +47,7 @@ def test_every_method_gets_the_same_number_of_configurations_inside_its_ranges()
     assert [len(a.settings()) * study.num_seeds for a in study.arms] == [48, 48, 48]
     assert all(a.zipped and a.settings() == samples[a.name] for a in study.arms)
     assert mod.main(["--num-configs", "8", "--out", "/nonexistent/x"]) == 2
-    from coevo_jax.experiment import cli
+    from _study import cli
 
     shared = {a.dest for a in cli.study_parser("x", "", "out")._actions}
     assert all("default" in a.help for a in mod.build_parser()._actions if a.dest not in shared)
@@ -102,7 +102,7 @@ def test_the_rule_picks_the_highest_mean_auc_of_success():
     (ev,) = mod.eval_studies(args, [[result]])
     arms = {a.name: a for a in ev.arms}
     assert dict(arms["ppo"].fixed) == config and not arms["ppo"].grid and list(arms) == ["ppo", "dense"]
-    from coevo_jax.experiment.admitted import load_admitted
+    from _study.admitted import load_admitted
 
     assert dict(arms["dense"].fixed) == load_admitted(ADMITTED)[TASK].tuned["dense"]
     # tuning and evaluation seeds never meet
@@ -115,13 +115,13 @@ def test_the_rule_picks_the_highest_mean_auc_of_success():
 
 
 def task_values(method, path):
-    from coevo_jax.experiment.admitted import load_admitted
+    from _study.admitted import load_admitted
 
     return load_admitted(path)[TASK].hparams(method)
 
 
 def test_tuned_values_reach_every_study_and_are_never_replaced_silently(tmp_path):
-    from coevo_jax.experiment.admitted import load_admitted, write_tuned
+    from _study.admitted import load_admitted, write_tuned
     from coevo_jax.experiment.plan import arm_hparams
 
     path = str(tmp_path / "admitted.json")

@@ -48,7 +48,7 @@ def test_bad_input_is_one_line_and_writes_nothing(argv, msg, tmp_path, capsys):
 
 def test_default_studies_and_help():
     from coevo_jax.config import default_hparams
-    from coevo_jax.experiment import cli
+    from _study import cli
     from coevo_jax.registry import registered_methods
 
     mod = load()

@@ -12,11 +12,10 @@ import jax.numpy as jnp
 
 def trainer_for(result, label: str):
     """The :class:`~coevo_jax.train.Trainer` of arm ``label`` (same static config and env as its runs)."""
-    from coevo_jax.experiment.plan import make_env
     from coevo_jax.train import Trainer
 
     arm = next(a for a in result.study.arms if a.name == label)
-    return Trainer(arm.static, *make_env(result.study))
+    return Trainer(arm.static, *result.study.make_env())
 
 
 def run_state(states, i: int):

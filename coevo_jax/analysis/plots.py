@@ -19,9 +19,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 import numpy as np  # noqa: E402
 
-from coevo_jax.analysis import stats  # noqa: E402
-from coevo_jax.experiment import metrics  # noqa: E402
-from coevo_jax.experiment.folder import atomic_write_bytes  # noqa: E402
+from coevo_jax.analysis import metrics, stats  # noqa: E402
+from coevo_jax.files import atomic_write_bytes  # noqa: E402
 
 
 def save_figure(fig, path: str, dpi: int = 110) -> str:

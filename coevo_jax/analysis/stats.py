@@ -2,7 +2,7 @@
 Edge of the Statistical Precipice": interquartile mean (IQM), percentile
 bootstrap confidence intervals, the probability of improvement and performance
 profiles, computed by that paper's library (``rliable``). NumPy, host side. The
-per-run scores themselves are defined in :mod:`coevo_jax.experiment.metrics`.
+per-run scores themselves are defined in :mod:`coevo_jax.analysis.metrics`.
 """
 from __future__ import annotations
 
@@ -111,3 +111,20 @@ def curve_band(curves: np.ndarray, stat: str = "iqm", n_boot: int = 300, alpha: 
 def _mean(x) -> float:
     x = _finite(x)
     return float(x.mean()) if len(x) else float("nan")
+
+
+def score_columns(scores: dict, threshold: float | None, resolution: int, seed: int) -> dict:
+    """Summary columns of per-run ``scores`` (:func:`~coevo_jax.analysis.metrics.run_scores`):
+    each score's IQM with a 95% stratified-bootstrap CI (rliable) and mean;
+    steps to threshold as the median over seeds (``inf``: most never reach it),
+    the fraction of seeds that reach it and its resolution (env steps per iteration)."""
+    row = {}
+    for name, x in scores.items():
+        if name == "steps_to_threshold":
+            row.update(steps_to_threshold_median=float(np.median(x)), reached_fraction=float(np.isfinite(x).mean()),
+                       threshold=threshold, steps_resolution=resolution)
+            continue
+        s = summarize(x, seed=seed)
+        row.update({f"{name}_iqm": s["iqm"], f"{name}_ci_low": s["ci_low"], f"{name}_ci_high": s["ci_high"],
+                    f"{name}_mean": s["mean"]})
+    return row

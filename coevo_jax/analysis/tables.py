@@ -1,26 +1,28 @@
 """The results table every script in ``sweeps/`` prints: one shape, one definitions line.
 
 :func:`study_rows` turns a finished study (its summary rows, computed by
-:mod:`coevo_jax.experiment.metrics` and rliable) plus the uniform-random
+:mod:`coevo_jax.analysis.metrics` and rliable) plus the uniform-random
 control (:func:`coevo_jax.controls.random_row`) into table rows;
 :func:`definitions` is the one line that states what the columns mean;
-:func:`write_table` writes the markdown.
+:func:`format_table` lays out rows as text, :func:`write_table` writes the markdown.
 """
 from __future__ import annotations
 
 import math
 import os
+from typing import Sequence
 
 import numpy as np
+
+from coevo_jax.files import atomic_write_text
 
 
 def has_success(study) -> bool:
     """Whether the study's env reports a task success (``info["success"]``); without
     one the success columns are meaningless (every finished episode counts as a success)."""
-    from coevo_jax.experiment.plan import make_env
     from envs_jax.core import provides
 
-    return provides(make_env(study)[0], "success")
+    return provides(study.make_env()[0], "success")
 
 
 def _short(metric: str) -> str:
@@ -71,23 +73,40 @@ def study_rows(result, random: bool = True, extra=None, references=()) -> list[d
 
 def definitions(study) -> str:
     """One line: what the columns of :func:`study_rows` mean (the functions of
-    :mod:`coevo_jax.experiment.metrics`)."""
+    :mod:`coevo_jax.analysis.metrics`)."""
     res = study.arms[0].static.steps_per_iteration
     steps = "" if study.threshold is None else (
         f"; steps to {_short(study.threshold_metric)} {study.threshold:g} = first env step after which the"
         f" episode-weighted trailing mean over 10% of the iterations stays >= {study.threshold:g} to the end"
         f" (median over seeds, inf if most never do; reached = share of seeds that do; resolution {res} env steps)")
-    return ("Definitions (coevo_jax.experiment.metrics): final = mean over the episodes that finished in the last"
+    return ("Definitions (coevo_jax.analysis.metrics): final = mean over the episodes that finished in the last"
             " 10% of a run's env steps; AUC = mean of the curve over training" + steps +
             "; IQM and 95% stratified-bootstrap CI over seeds (rliable); random = the uniform-random policy"
             " (coevo_jax.controls).")
 
 
+def format_table(rows: list[dict], cols: Sequence[str] | None = None, markdown: bool = False) -> str:
+    """A fixed-width (or markdown) text table of ``rows``."""
+    if not rows:
+        return "(no rows)"
+    cols = list(cols or dict.fromkeys(k for r in rows for k in r))
+
+    def fmt(v):
+        if isinstance(v, float):
+            return "inf" if v == math.inf else ("nan" if not np.isfinite(v) else f"{v:.4g}")
+        return str(v)
+
+    cells = [[fmt(r.get(c, "")) for c in cols] for r in rows]
+    if markdown:
+        lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in cells])
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(cols, widths))]
+    return "\n".join(lines + ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells])
+
+
 def write_table(path: str, rows: list[dict], header: str = "") -> str:
     """Write ``header`` and the markdown table of ``rows`` to ``path``; returns the table."""
-    from coevo_jax.experiment import format_table
-    from coevo_jax.experiment.folder import atomic_write_text
-
     table = format_table(rows, markdown=True)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     atomic_write_text(path, (header + "\n\n" if header else "") + table + "\n")

@@ -39,9 +39,7 @@ def expert_success(env, params, episodes: int = 256, seed: int = 0) -> float:
 def expert_row(study, episodes: int) -> dict:
     """The scripted expert's reference row of a study's table (its success rate over
     ``episodes`` episodes of the study's env, seeded by the study's base seed)."""
-    from coevo_jax.experiment.plan import make_env
-
-    succ = expert_success(*make_env(study), episodes=episodes, seed=study.base_seed)
+    succ = expert_success(*study.make_env(), episodes=episodes, seed=study.base_seed)
     return {"method": "expert (scripted)", "seeds": f"{episodes} episodes",
             "final success IQM [95% CI]": f"{succ:.3f} (success rate)"}
 

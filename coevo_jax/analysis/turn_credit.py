@@ -220,14 +220,13 @@ def turn_credit_report(result, run: int = 0, out: str | None = None, seed: int =
     and ``turn_credit.txt`` to ``out`` (default: the study folder); returns the text
     (``""`` when the study has neither arm)."""
     from coevo_jax.analysis.final_policies import run_state, trainer_for
-    from coevo_jax.experiment.folder import atomic_write_text
-    from coevo_jax.experiment.plan import make_env
+    from coevo_jax.files import atomic_write_text
 
     labels = {a.name for a in result.study.arms}
     if siop not in labels and coevo not in labels:
         return ""
     out = out or result.out
-    env, params = make_env(result.study)
+    env, params = result.study.make_env()
     dialogues = example_dialogues(env, params, jax.random.PRNGKey(seed))
     gamma, models = 0.99, {}
     if siop in labels:

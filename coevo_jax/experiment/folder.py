@@ -1,43 +1,18 @@
-"""The output folder: atomic writes, and whether a folder is new, resumable or refused.
-
-Every results file is written to a temporary name and renamed, so an
-interrupted study never leaves a half-written one. A folder is never silently
-overwritten: a finished study, another config's checkpoints or a folder that is
-not a study's are refused unless ``overwrite``.
+"""The output folder: whether it is new, resumable or refused. A folder is never
+silently overwritten: a finished study, another config's checkpoints or a folder
+that is not a study's are refused unless ``overwrite``. Its files are written
+atomically (:mod:`coevo_jax.files`).
 """
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
 
-import numpy as np
-
 from coevo_jax.experiment.spec import StudyError, config_hash
+from coevo_jax.files import atomic_write_text
 
 FINISHED_MARK = "FINISHED"
-
-
-def atomic_write_bytes(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary file and ``os.replace``."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def atomic_write_text(path: str, text: str) -> None:
-    atomic_write_bytes(path, text.encode())
-
-
-def atomic_savez(path: str, **arrays) -> None:
-    """``np.savez`` to ``path`` atomically."""
-    buf = io.BytesIO()
-    np.savez(buf, **arrays)
-    atomic_write_bytes(path, buf.getvalue())
 
 
 def read_json(path: str, default=None):

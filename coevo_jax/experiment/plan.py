@@ -30,19 +30,6 @@ class ArmPlan:
     chunk_len: int
 
 
-def make_env(study: Study):
-    """``(env, env_params)`` of the study; :class:`ConfigError` for an unknown name or bad kwargs."""
-    import envs_jax
-
-    names = envs_jax.registered()
-    if study.env not in names:
-        raise ConfigError(f"env: unknown environment {study.env!r}; registered: {', '.join(names)}")
-    try:
-        return envs_jax.make(study.env, **dict(study.env_kwargs))
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"env_kwargs for {study.env}: {e}") from None
-
-
 def _check_counts(study: Study) -> None:
     for name, low in (("num_seeds", 1), ("base_seed", 0), ("num_chunks", 1)):
         v = getattr(study, name)
@@ -87,7 +74,7 @@ def build_plan(study: Study, check_trainers: bool = True) -> list[ArmPlan]:
     """Validate everything (counts, static configs, HParams values, env) and
     resolve each arm; nothing is compiled. :class:`ConfigError` names the bad value."""
     _check_counts(study)
-    env, env_params = make_env(study)
+    env, env_params = study.make_env()
     plans = []
     for arm in study.arms:
         static = validate_static(arm.static)

@@ -11,18 +11,17 @@ import csv
 import dataclasses
 import io
 import json
-import math
 import os
 import time
-from typing import Sequence
 
 import numpy as np
 
+from coevo_jax.analysis import metrics
 from coevo_jax.config import hparam_fields
-from coevo_jax.experiment import metrics
-from coevo_jax.experiment.folder import FINISHED_MARK, atomic_savez, atomic_write_text, read_json
+from coevo_jax.experiment.folder import FINISHED_MARK, read_json
 from coevo_jax.experiment.plan import ArmPlan, arm_hparams, build_plan, worker_batches
 from coevo_jax.experiment.spec import Study, StudyError
+from coevo_jax.files import atomic_savez, atomic_write_text
 
 
 @dataclasses.dataclass
@@ -51,7 +50,7 @@ class StudyResult:
         return found[0]
 
     def scores(self, label: str, **hp) -> dict:
-        """Per-run scores (:func:`coevo_jax.experiment.metrics.run_scores`) of arm ``label``'s runs matching ``hp``."""
+        """Per-run scores (:func:`coevo_jax.analysis.metrics.run_scores`) of arm ``label``'s runs matching ``hp``."""
         _, arm = self.arm(label)
         return metrics.run_scores(self.curves, self.select(label, **hp), arm.static.num_iterations,
                                   self.study.threshold, self.study.threshold_metric)
@@ -98,10 +97,9 @@ class StudyResult:
         """Stacked TrainState leaves ``[runs, ...]`` of ``arm`` back into a TrainState."""
         import jax
 
-        from coevo_jax.experiment.plan import make_env
         from coevo_jax.train import Trainer
 
-        shape = jax.eval_shape(Trainer(arm.static, *make_env(self.study)).init, jax.random.PRNGKey(0),
+        shape = jax.eval_shape(Trainer(arm.static, *self.study.make_env()).init, jax.random.PRNGKey(0),
                                arm_hparams(arm))
         return jax.tree.unflatten(jax.tree.structure(shape), leaves)
 
@@ -151,27 +149,11 @@ def assemble(study: Study, plans: list[ArmPlan], per_arm) -> tuple[dict, dict]:
     return curves, {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
-def score_columns(scores: dict, threshold: float | None, resolution: int, seed: int) -> dict:
-    """Summary columns of per-run ``scores`` (:func:`~coevo_jax.experiment.metrics.run_scores`):
-    each score's IQM with a 95% stratified-bootstrap CI (rliable) and mean;
-    steps to threshold as the median over seeds (``inf``: most never reach it),
-    the fraction of seeds that reach it and its resolution (env steps per iteration)."""
+def summary_rows(study: Study, plans: list[ArmPlan], curves: dict, runs: dict) -> list[dict]:
+    """One row per (arm, grid point): seeds, diverged runs, the swept values and the
+    summary statistics of its scores (:func:`~coevo_jax.analysis.stats.score_columns`)."""
     from coevo_jax.analysis import stats
 
-    row = {}
-    for name, x in scores.items():
-        if name == "steps_to_threshold":
-            row.update(steps_to_threshold_median=float(np.median(x)), reached_fraction=float(np.isfinite(x).mean()),
-                       threshold=threshold, steps_resolution=resolution)
-            continue
-        s = stats.summarize(x, seed=seed)
-        row.update({f"{name}_iqm": s["iqm"], f"{name}_ci_low": s["ci_low"], f"{name}_ci_high": s["ci_high"],
-                    f"{name}_mean": s["mean"]})
-    return row
-
-
-def summary_rows(study: Study, plans: list[ArmPlan], curves: dict, runs: dict) -> list[dict]:
-    """One row per (arm, grid point): seeds, diverged runs, the swept values and :func:`score_columns`."""
     swept = list(dict.fromkeys(f for p in plans for f in p.arm.grid))
     rows = []
     for ai, plan in enumerate(plans):
@@ -181,7 +163,8 @@ def summary_rows(study: Study, plans: list[ArmPlan], curves: dict, runs: dict) -
             row.update({f: float(runs[f"hp/{f}"][idx[0]]) for f in swept})
             row.update(n_seeds=len(idx), n_diverged=int(runs["diverged"][idx].sum()))
             scores = metrics.run_scores(curves, idx, plan.num_iterations, study.threshold, study.threshold_metric)
-            row.update(score_columns(scores, study.threshold, plan.arm.static.steps_per_iteration, ai * 1000 + si))
+            row.update(stats.score_columns(scores, study.threshold, plan.arm.static.steps_per_iteration,
+                                           ai * 1000 + si))
             row["env_steps"] = float(curves["env_steps"][idx[0], plan.num_iterations - 1])
             rows.append(row)
     return rows
@@ -196,26 +179,6 @@ def rows_to_csv(rows: list[dict]) -> str:
     for r in rows:
         w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
     return buf.getvalue()
-
-
-def format_table(rows: list[dict], cols: Sequence[str] | None = None, markdown: bool = False) -> str:
-    """A fixed-width (or markdown) text table of ``rows``."""
-    if not rows:
-        return "(no rows)"
-    cols = list(cols or dict.fromkeys(k for r in rows for k in r))
-
-    def fmt(v):
-        if isinstance(v, float):
-            return "inf" if v == math.inf else ("nan" if not np.isfinite(v) else f"{v:.4g}")
-        return str(v)
-
-    cells = [[fmt(r.get(c, "")) for c in cols] for r in rows]
-    if markdown:
-        lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-        return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in cells])
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(cols, widths))]
-    return "\n".join(lines + ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells])
 
 
 def write_outputs(out: str, study: Study, plans, curves, runs, per_arm, info) -> list[dict]:

@@ -18,12 +18,13 @@ from typing import Mapping
 import numpy as np
 
 from coevo_jax.config import ConfigError
-from coevo_jax.experiment.folder import atomic_write_text, check_out, prepare_out, read_json
+from coevo_jax.experiment.folder import check_out, prepare_out, read_json
 from coevo_jax.experiment.launcher import Progress, fmt_time, free_port, launch_workers
 from coevo_jax.experiment.plan import build_plan
 from coevo_jax.experiment.results import StudyResult, assemble, merge_batches, write_outputs
 from coevo_jax.experiment.spec import Study, StudyError, config_hash, config_text
 from coevo_jax.experiment.worker import default_compile_cache, run_worker
+from coevo_jax.files import atomic_write_text
 
 
 def _positive(name: str, v) -> None:

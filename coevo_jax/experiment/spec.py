@@ -111,6 +111,18 @@ class Study:
     save_chunks: bool = False
     xla_flags: str = ""
 
+    def make_env(self):
+        """``(env, env_params)`` of the study; :class:`ConfigError` for an unknown name or bad kwargs."""
+        import envs_jax
+
+        names = envs_jax.registered()
+        if self.env not in names:
+            raise ConfigError(f"env: unknown environment {self.env!r}; registered: {', '.join(names)}")
+        try:
+            return envs_jax.make(self.env, **dict(self.env_kwargs))
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"env_kwargs for {self.env}: {e}") from None
+
     def to_json(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d.update(version=CONFIG_VERSION, env_kwargs=dict(self.env_kwargs), arms=[a.to_json() for a in self.arms])

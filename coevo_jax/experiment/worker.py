@@ -23,9 +23,9 @@ import time
 import numpy as np
 
 from coevo_jax.experiment import checkpoint
-from coevo_jax.experiment.folder import atomic_savez, atomic_write_text
-from coevo_jax.experiment.plan import build_plan, make_env, run_keys, worker_batches
+from coevo_jax.experiment.plan import build_plan, run_keys, worker_batches
 from coevo_jax.experiment.spec import Study, StudyError, config_hash
+from coevo_jax.files import atomic_savez, atomic_write_text
 from coevo_jax.registry import program_of
 
 BATCH_AXIS = "runs"  # the vmapped (and sharded) run axis; K-gated refits branch on it (Trainer.batch_axis)
@@ -172,7 +172,7 @@ def run_worker(out: str, worker: int, num_workers: int, max_parallel: int | None
     text = open(os.path.join(out, "config.json")).read()
     study = Study.from_json(json.loads(text))
     plans = build_plan(study)  # imports every arm's code now, so all arms run the code as it was at start-up
-    env, env_params = make_env(study)
+    env, env_params = study.make_env()
     wdir = os.path.join(out, "checkpoints", f"w{worker}")
     os.makedirs(wdir, exist_ok=True)
     rep = Reporter(os.path.join(wdir, "progress.json"), callback)

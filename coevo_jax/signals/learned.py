@@ -377,7 +377,7 @@ def check_learned_static(static) -> None:
     check_window(static, "max_episode_len")
 # R_phi is a decomposition of the return, in the episodic stream, never normalised (module docstring)
 _MIXING = {"beta_ext": 1.0, "beta_int": 0.5}
-#: what equal-budget tuning searches (coevo_jax.experiment.tuning): R_phi's step and its weight in the reward
+#: what equal-budget tuning searches (sweeps/_study/tuning.py): R_phi's step and its weight in the reward
 TUNE = {"reward_lr_ratio": (0.01, 2.0), "beta_int": (0.1, 2.0)}
 
 register_method(MethodSpec(

@@ -16,7 +16,7 @@ configurations over its own key hyperparameters, chosen by one rule fixed in adv
   the HParams leaves.
 * **The rule** (:data:`RULE`, :func:`select_config`): the configuration with the
   highest mean, over the tuning seeds, of the AUC of success (the mean success
-  rate over training, :func:`coevo_jax.experiment.metrics.auc`); ties go to the
+  rate over training, :func:`coevo_jax.analysis.metrics.auc`); ties go to the
   earlier sample.
 * **Seeds**: tuning runs on base seed ``seed + TUNE_SEED_OFFSET``, evaluation on
   ``seed``: the keys ``fold_in(PRNGKey(base), s)`` of the two never meet.
@@ -102,7 +102,7 @@ def config_scores(success: np.ndarray, env_steps: np.ndarray, setting: np.ndarra
     """The AUC of success of each run, laid out ``[configs, seeds]``: ``success [R, I]`` (per-iteration
     success rate, NaN before any episode finished: counts 0), ``env_steps [I]``, each run's
     ``setting`` and ``seed`` ``[R]``. A missing (config, seed) stays NaN."""
-    from coevo_jax.experiment.metrics import auc
+    from coevo_jax.analysis.metrics import auc
 
     out = np.full((num_configs, num_seeds), np.nan)
     out[np.asarray(setting, int), np.asarray(seed, int)] = auc(success, env_steps)

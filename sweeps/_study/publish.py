@@ -15,7 +15,7 @@ import shlex
 import shutil
 import subprocess
 
-from coevo_jax.experiment.folder import atomic_write_text
+from coevo_jax.files import atomic_write_text
 
 HEADER_KEYS = ("command", "commit", "machine", "jax", "date", "wall time")
 

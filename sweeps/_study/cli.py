@@ -160,12 +160,12 @@ def staged_main(parser: OneLineParser, stages, report, argv=None) -> int:
 
 
 def _publish(parser, argv, args, text: str, done: list, wall_s) -> str:
-    """Write the printed report as ``--publish``'s ``<script>.md`` (see :mod:`coevo_jax.experiment.publish`)."""
-    from coevo_jax.experiment import publish
+    """Write the printed report as ``--publish``'s ``<script>.md`` (see :mod:`_study.publish`)."""
+    from _study import publish
 
     name = os.path.splitext(parser.prog)[0]
     title = " ".join((parser.description or name).strip().split("\n\n")[0].split()).rstrip(".")  # first paragraph
     outs = [r.out for stage in done for r in stage]
     return publish.write_report(args.publish, name, title, publish.command_line(f"sweeps/{parser.prog}", argv), text,
                                 publish.study_figures(outs), wall_s,
-                                repo=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                                repo=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))

@@ -1,7 +1,7 @@
-"""The options the scripts in ``sweeps/`` share beyond :func:`~coevo_jax.experiment.cli.study_parser`: comma lists, HParams values and grids, the study options.
+"""The options the scripts in ``sweeps/`` share beyond :func:`_study.cli.study_parser`: comma lists, HParams values and grids, the study options.
 
 Every function raises :class:`~coevo_jax.config.ConfigError` naming the option,
-so :func:`coevo_jax.experiment.cli.main` turns a bad value into one line on
+so :func:`_study.cli.main` turns a bad value into one line on
 stderr and exit status 2.
 """
 from __future__ import annotations

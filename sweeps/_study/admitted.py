@@ -5,7 +5,7 @@ the rollout shape and each method's tuned hyperparameters.
 Per task, ``tuned`` maps a method to the HParams values every study on the
 task runs it with: calibration writes ppo's and dense's (lr, ent_coef from its
 grid), ``sweeps/tune.py`` each method's from the equal-budget search
-(:mod:`coevo_jax.experiment.tuning`), with how they were chosen under
+(:mod:`_study.tuning`), with how they were chosen under
 ``tuning``. A method without values of its own runs at sparse PPO's.
 Recorded values are never replaced silently: :func:`record_tuned` refuses a
 different value unless told to replace it, and then keeps the old one under
@@ -90,7 +90,7 @@ def add_admitted_option(parser, path: str) -> None:
 def chosen_task(args) -> tuple[AdmittedTask, dict[str, AdmittedTask]]:
     """``(the task named by args.task, every admitted task)`` from ``args.admitted``;
     an unknown name is a :class:`ConfigError` listing the admitted ones."""
-    from coevo_jax.experiment import options
+    from _study import options
 
     admitted = load_admitted(args.admitted)
     return admitted[options.names(args.task, "--task", list(admitted))[0]], admitted
@@ -140,7 +140,7 @@ def write_tuned(path: str, task: str, values: Mapping[str, Mapping[str, float]],
     """:func:`record_tuned` for each method of ``values`` (``{method: {field: value}}``, with
     ``tuning[method]``) into task ``task`` of the file at ``path``, all or nothing (a refused
     method writes nothing). Returns the methods whose values changed."""
-    from coevo_jax.experiment.folder import atomic_write_text
+    from coevo_jax.files import atomic_write_text
 
     if not os.path.exists(path):
         raise ConfigError(f"no admitted-task file at {path}: run sweeps/calibrate.py first")

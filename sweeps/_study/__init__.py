@@ -1,0 +1,9 @@
+"""What the study scripts in ``sweeps/`` share (an application of :mod:`coevo_jax.experiment`,
+not part of the library): ``cli`` (the options every script has, its main loop and one-line
+errors), ``options`` (option parsing), ``publish`` (``--publish``: a report with its command,
+commit and machine), ``admitted`` (calibration's admitted-task file and its tuned values) and
+``tuning`` (the equal-budget search of ``sweeps/tune.py``).
+
+A script run as ``python sweeps/<script>.py`` finds this package on its path (``sweeps/``
+comes first); the tests add ``sweeps/`` to theirs.
+"""
