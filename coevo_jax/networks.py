@@ -338,6 +338,37 @@ def make_policy_network(static: StaticConfig, env, env_params) -> nn.Module:
                        obs_vocab(env, env_params))
 
 
+def check_policy_network(network: nn.Module, static: StaticConfig, env, env_params) -> nn.Module:
+    """``network`` if it keeps the policy contract on ``env``, else a :class:`ConfigError` that
+    says what it returned. Checked on abstract values (``jax.eval_shape``): nothing runs or compiles.
+
+    The contract (every network of this module keeps it): ``network.init(key, obs)`` returns the
+    parameters, and ``network.apply(params, obs [..., *obs_shape])`` over any leading batch dims
+    returns ``(logits [..., A], value, features [..., H])``: ``A`` the env's actions, ``value``
+    ``[...]``, or ``[..., 2]`` (the episodic and the intrinsic critic) for a method with an
+    intrinsic reward stream (``static.value_heads == 2``), ``features`` the state the learned
+    rewards that read the policy's features take (e.g. the last hidden layer of the actor)."""
+    space, num_actions = env.observation_space(env_params), env.action_space(env_params).n
+    lead = (2, 3)
+    obs = jax.ShapeDtypeStruct(lead + tuple(space.shape), space.dtype)
+    name = type(network).__name__
+    try:
+        params = jax.eval_shape(network.init, jax.random.PRNGKey(0), obs)
+        out = jax.eval_shape(network.apply, params, obs)
+    except Exception as e:  # the user's module, whatever it raises: name the input it failed on
+        raise ConfigError(f"network: {name} fails on observations {obs.shape} {jnp.dtype(obs.dtype).name} of"
+                          f" {env.name}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+    value = lead + ((2,) if static.value_heads == 2 else ())
+    want = f"(logits {lead + (num_actions,)}, value {value}, features {lead} + (H,))"
+    shapes = [getattr(x, "shape", None) for x in out] if isinstance(out, (tuple, list)) else None
+    if (shapes is None or len(shapes) != 3 or shapes[0] != lead + (num_actions,) or shapes[1] != value
+            or shapes[2] is None or len(shapes[2]) != len(lead) + 1 or shapes[2][:len(lead)] != lead):
+        got = jax.tree.map(lambda x: tuple(x.shape), out)
+        raise ConfigError(f"network: {name} must return {want} for observations {obs.shape} of {env.name}"
+                          f" (method {static.method!r}: {static.value_heads} value head(s)); it returned {got}")
+    return network
+
+
 def features_dim(network: nn.Module, params, example_obs: jax.Array) -> int:
     """Width H of the ``features`` the network returns."""
     return int(jax.eval_shape(network.apply, params, example_obs)[2].shape[-1])

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from coevo_jax.config import ConfigError, HParams, StaticConfig, as_arrays, validate_static
-from coevo_jax.networks import make_policy_network
+from coevo_jax.networks import check_policy_network, make_policy_network
 from coevo_jax.fit import init_optimizer
 from coevo_jax.packing import pack_windows
 from coevo_jax.ppo import PPOBatch, explained_variance, ppo_update, stream_advantages
@@ -131,9 +131,14 @@ class Trainer:
     """
 
     def __init__(self, static: StaticConfig, env, env_params, signal: Signal | None = None,
-                 batch_axis: str | None = None):
-        """``batch_axis``: the ``axis_name`` of the ``jax.vmap`` over runs this
-        trainer will be batched with, if any. With it the K-gated refit stays a
+                 batch_axis: str | None = None, network=None):
+        """``signal``: the reward source (default: ``static.method``'s, built by
+        :func:`~coevo_jax.signals.make_signal`). ``network``: the policy, a flax module with
+        the outputs of :func:`~coevo_jax.networks.check_policy_network` (checked here, before
+        anything compiles); default :func:`~coevo_jax.networks.make_policy_network`, from
+        ``static.network``, ``hidden_sizes`` and the other network fields, which a given
+        ``network`` makes unused. ``batch_axis``: the ``axis_name`` of the ``jax.vmap``
+        over runs this trainer will be batched with, if any. With it the K-gated refit stays a
         real branch under ``vmap`` (see :func:`coevo_jax.signals.gated_update`):
         it costs compute only on the iterations where some run refits. Vmap with
         ``axis_name=batch_axis`` then (not vmapping at all is an error)."""
@@ -142,7 +147,8 @@ class Trainer:
         self.env = env if isinstance(env, EpisodeStats) else EpisodeStats(env)
         check_env_outputs(static.method, self.env)  # the optional env outputs the method requires
         self.env_params = env_params
-        self.network = make_policy_network(static, env, env_params)
+        self.network = (make_policy_network(static, env, env_params) if network is None
+                        else check_policy_network(network, self.static, env, env_params))
         self.signal = signal if signal is not None else make_signal(static, self.network, self.env, env_params)
         self.decode_chunk = decode_chunk(static, self.network, self.env)
         self.packed_chunk = packed_chunk(static, self.network, self.env)
@@ -264,10 +270,16 @@ class Trainer:
         return self.run_chunk(state, hp, self.static.num_iterations)
 
 
-def make_train(static: StaticConfig, env, env_params, signal: Signal | None = None):
+def make_train(static: StaticConfig, env, env_params, signal: Signal | None = None, network=None):
     """``train(key, hp) -> (TrainState, metrics [num_iterations])`` for one run.
 
     Pure and traceable: ``jax.jit(jax.vmap(make_train(...)))(keys [B, 2], hps [B])``
     runs B seeds / hyperparameter settings in one compile.
+
+    ``network``: your own policy, a flax module whose ``apply(params, obs [..., *obs_shape])``
+    returns ``(logits [..., A], value [...], features [..., H])``, ``value`` ``[..., 2]`` for a
+    method with an intrinsic reward stream (``static.value_heads == 2``): the contract of
+    :class:`~coevo_jax.networks.ActorCritic`, checked before compiling
+    (:func:`~coevo_jax.networks.check_policy_network`). Default: the network ``static`` describes.
     """
-    return Trainer(static, env, env_params, signal).train
+    return Trainer(static, env, env_params, signal, network=network).train

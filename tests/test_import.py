@@ -84,3 +84,20 @@ def test_the_safe_flag_is_an_explicit_opt_in():
     mine = {"XLA_FLAGS": "--xla_cpu_enable_concurrency_optimized_scheduler=true"}
     assert not use_safe_xla_flags(mine) and mine["XLA_FLAGS"].endswith("=true")  # a user's own choice wins
 
+
+def test_the_public_names_resolve_and_hold_no_registry_mutation():
+    import coevo_jax as cj
+    from coevo_jax import registry
+
+    assert len(set(cj.__all__)) == len(cj.__all__)
+    public = {name: getattr(cj, name) for name in cj.__all__}  # every name resolves
+    namespace = {}
+    exec("from coevo_jax import *", namespace)
+    assert set(namespace) - {"__builtins__"} == set(cj.__all__)
+    composed = {"make_train", "Trainer", "TrainState", "StaticConfig", "HParams", "default_hparams", "ConfigError",
+                "validate_hparams", "validate_static", "gae", "ppo_loss", "ppo_update", "rollout", "Trajectory",
+                "Signal", "make_signal", "registered_methods", "method_spec", "make_policy_network", "ActorCritic"}
+    assert composed <= set(public)
+    mutators = (registry.register_method, registry.unregister_method, registry.MethodSpec, registry.Param, registry)
+    assert not [n for n, obj in public.items() if any(obj is m for m in mutators)]
+    assert not {"register_method", "unregister_method", "registry", "MethodSpec", "Param"} & set(public)
