@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 
 from coevo_jax.experiment.spec import StudyError, config_hash
 from coevo_jax.files import atomic_write_text
@@ -60,6 +61,16 @@ def check_out(out: str, text: str, overwrite: bool) -> str:
         raise StudyError(f"checkpoint in {out} is from a different config (hash {old_hash} != {config_hash(text)});"
                          " refusing to resume it: pass --overwrite to discard it, or choose another --out")
     return "resume"
+
+
+def wait_prepared(out: str, text: str, timeout_s: float = 600.0) -> None:
+    """On a host other than 0: wait until host 0 has prepared ``out`` (:func:`prepare_out`) for the
+    study whose ``config.json`` is ``text``, so this host writes nothing into a folder not yet checked."""
+    want, deadline = json.loads(text), time.time() + timeout_s
+    while os.path.exists(os.path.join(out, FINISHED_MARK)) or read_json(os.path.join(out, "config.json")) != want:
+        if time.time() > deadline:
+            raise StudyError(f"host 0 did not prepare {out} for this study within {timeout_s:.0f} s")
+        time.sleep(0.5)
 
 
 def prepare_out(out: str, text: str, action: str) -> None:

@@ -18,7 +18,7 @@ from typing import Mapping
 import numpy as np
 
 from coevo_jax.config import ConfigError
-from coevo_jax.experiment.folder import check_out, prepare_out, read_json
+from coevo_jax.experiment.folder import check_out, prepare_out, read_json, wait_prepared
 from coevo_jax.experiment.launcher import Progress, fmt_time, free_port, launch_workers
 from coevo_jax.experiment.plan import build_plan
 from coevo_jax.experiment.results import StudyResult, assemble, merge_batches, write_outputs
@@ -86,6 +86,8 @@ def run_study(study: Study, out: str, *, overwrite: bool = False, processes: int
     if host == 0:
         prepare_out(out, text, action)
         atomic_write_text(os.path.join(out, "checkpoints", "layout.json"), json.dumps(layout))
+    else:
+        wait_prepared(out, text)
     cap = None if max_parallel is None else max(1, max_parallel // processes)
     num_workers = processes * num_hosts
     worker_ids = [host * processes + i for i in range(processes)]
