@@ -144,7 +144,7 @@ def write_admitted(path: str, admitted: list, evaluated: list, num_seeds: int, r
     same tasks; tasks admitted by an earlier run and not ``evaluated`` now are kept.
     Each task records its own ``num_seeds``; the top-level ``num_seeds`` is that of
     tasks without one (an existing file's value is kept). A task admitted again keeps its
-    recorded tuned values, history and tuning records; this run's ppo / dense values join
+    static_overrides, recorded tuned values, history and tuning records; this run's ppo / dense values join
     them by :func:`~_study.admitted.record_tuned` (different values:
     :class:`ConfigError` unless ``replace_tuned``; nothing is written then)."""
     from coevo_jax.files import atomic_write_text
@@ -162,7 +162,7 @@ def write_admitted(path: str, admitted: list, evaluated: list, num_seeds: int, r
     for entry in admitted:
         prior = old.get(entry["task"], {})
         values = entry.pop("tuned")
-        entry.update({k: prior[k] for k in ("tuned", "tuning", "tuned_history") if k in prior})
+        entry.update({k: prior[k] for k in ("tuned", "tuning", "tuned_history", "static_overrides") if k in prior})
         for method, v in values.items():
             record_tuned(entry, method, v, None, replace_tuned)
     order = {name: i for i, name in enumerate(CANDIDATES)}

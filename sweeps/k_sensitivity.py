@@ -5,8 +5,9 @@ changes learning (the project's main job; run it first).
 Sweeps ``hp.k`` -- the iterations between two refits of the learned internal
 reward R_phi (co-evolution by regression, as in RUDDER's return decomposition,
 Arjona-Medina et al. 2019; or by pairwise ranking, Christiano et al. 2017) or
-of the self-induced outcome potential (SIOP) -- with sparse PPO and PPO on the
-hand-designed dense reward as reference lines and the uniform-random policy as
+of the self-induced outcome potential (SIOP) -- with sparse PPO, PPO on the
+hand-designed dense reward and ``siop-critic`` (SIOP's credit with PPO's own critic as the
+potential: what SIOP adds beyond the critic) as reference lines and the uniform-random policy as
 the floor, on a task calibration admitted (``sweeps/admitted_tasks.json``: random
 success <= 0.2, room above sparse PPO, the dense oracle beats PPO), with the
 hyperparameters tuned there for each method (``sweeps/tune.py``; a method without
@@ -56,7 +57,7 @@ from _study import cli, options
 from _study.admitted import add_admitted_option, chosen_task
 
 SWEPT_METHODS = ("coevo-regression", "coevo-ranking", "siop")
-REFERENCE_METHODS = ("ppo", "dense")
+REFERENCE_METHODS = ("ppo", "dense", "siop-critic")  # not swept (siop-critic has no refit: its potential is the critic)
 # crossed with normalisation: a second line with the credit divided by a running RMS of its return
 # (hp.normalize_int = 1; siop's default is 0; R_phi's decomposition is never normalised, so only siop has one)
 NORMALISED = {"siop": "siop-norm"}
@@ -75,7 +76,7 @@ def build_parser():
     p.add_argument("--k", default=",".join(map(str, DEFAULT_KS)), metavar="K1,K2,...",
                    help=f"update periods to sweep, integers >= 1 (default: {','.join(map(str, DEFAULT_KS))})")
     p.add_argument("--methods", default=",".join(SWEPT_METHODS + REFERENCE_METHODS), metavar="M1,M2,...",
-                   help="methods; ppo and dense are reference lines, the rest are swept over K"
+                   help="methods; ppo, dense and siop-critic are reference lines, the rest are swept over K"
                         f" (default: {','.join(SWEPT_METHODS + REFERENCE_METHODS)})")
     p.add_argument("--task", default=DEFAULT_TASK,
                    help="an admitted task of --admitted: its env, time limit, budget, rollout shape and tuned lr /"

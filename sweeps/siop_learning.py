@@ -31,7 +31,8 @@ from _study import cli, options
 #: Per-method HParams on top of ``default_hparams(method)`` and BASE_HP. siop: raw credit
 #: (``normalize_int=0``: dividing a near-constant early credit by its return's RMS would blow its
 #: noise up to unit scale), potential lr 2x the policy's (advice: 1.5-3x), refit every iteration.
-METHOD_HP = {"ppo": {}, "icm": {"k": 1}, "dense": {}, "siop": {"k": 1, "normalize_int": 0.0, "potential_lr_ratio": 2.0}}
+METHOD_HP = {"ppo": {}, "icm": {"k": 1}, "dense": {}, "siop": {"k": 1, "normalize_int": 0.0, "potential_lr_ratio": 2.0},
+             "siop-critic": {}}
 BASE_HP = {"lr": 5e-4}
 NUM_ENVS, ROLLOUT_LEN = 16, 64
 DEFAULT_TOTAL_STEPS = NUM_ENVS * ROLLOUT_LEN * 96

@@ -46,7 +46,7 @@ from _study import cli, options
 ENVS = {"Booking-Turns": (16, {"lr": 1e-3, "ent_coef": 0.01}, 32_768, {}),
         "TwentyQuestions-Turns": (16, {"lr": 5e-3, "ent_coef": 0.05}, 65_536, {"num_minibatches": 8}),
         "TextMaze-Turns": (16, {"lr": 1e-3, "ent_coef": 0.01}, 16_384, {})}
-METHODS = ("ppo", "dense", "siop", "coevo-regression", "coevo-ranking", "meta")
+METHODS = ("ppo", "dense", "siop", "siop-critic", "coevo-regression", "coevo-ranking", "meta")
 STATIC = dict(network="bag", action_head="utterance", rollout_len=32, num_minibatches=4, update_epochs=4,
               d_model=64, hidden_sizes=(64, 64))
 THRESHOLD = 0.8  # success rate that steps-to-threshold waits for, fixed in advance

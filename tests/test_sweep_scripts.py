@@ -12,7 +12,7 @@ from _study import options
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = ("siop_learning", "coevo_learning", "meta_gradient", "text_learning", "ppo_learning", "calibrate",
-           "turn_learning", "compare_methods", "credit_quality", "collusion")
+           "turn_learning", "compare_methods", "credit_quality", "collusion", "siop_vs_critic")
 
 
 def load(name):
@@ -54,6 +54,10 @@ def test_help_lists_a_default_for_every_own_option(name):
     ("credit_quality", ["--task", "doorkey5-h40"], "exact advantages are computed on KeyDoor with its time limit only"),
     ("credit_quality", ["--task", "tetris"], "--task: unknown 'tetris'"),
     ("collusion", ["--task", "doorkey5-h40"], "has a fixed horizon"),
+    ("siop_vs_critic", ["--settings", "default,nope"], "--settings: unknown 'nope'"),
+    ("siop_vs_critic", ["--settings", "td0"], "--settings must include 'default'"),
+    ("siop_vs_critic", ["--regime-tasks", "", "--outcome-tasks", ""], "nothing to run"),
+    ("siop_vs_critic", ["--outcome-tasks", "Booking-Turns"], "--outcome-tasks: unknown 'Booking-Turns'"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(name, argv, msg, tmp_path, capsys):
     out = str(tmp_path / "x")
@@ -231,3 +235,20 @@ def test_staged_script_resumes_after_its_first_stage_finished(tmp_path, monkeypa
     capsys.readouterr()
     assert cli.staged_main(mod.build_parser(), stages, report, argv) == 0
     assert seen[0] == seen[1] and "stages 2" in capsys.readouterr().out
+
+
+def test_siop_vs_critic_arms_and_verdict_rule():
+    mod = load("siop_vs_critic")
+    made = mod.regime_arms(lambda m, label, hp, st: (label, hp, st), list(mod.SETTINGS))
+    labels = [a[0] for a in made]
+    # a potential-only setting runs siop alone (its ppo and siop-critic would be the default's)
+    assert "siop@potential-heavy" in labels and "ppo@potential-heavy" not in labels
+    assert "siop-critic@potential-heavy" not in labels and len(labels) == 3 * 4 + 1
+    arms = {a[0]: a for a in made}
+    assert arms["ppo@td0+potential-heavy"][1:] == ({"gae_lambda": 0.0}, {})
+    assert arms["siop@td0+potential-heavy"][2] == {"potential_steps": 16, "potential_buffer_episodes": 256}
+    assert arms["ppo@1-epoch"][2] == {"update_epochs": 1}
+    p = lambda p, lo: {"p": p, "ci_low": lo, "ci_high": 1.0}
+    assert mod.verdict({"td0": p(0.45, 0.3), "1-epoch": p(0.7, 0.55)}) == "holds"
+    assert mod.verdict({"td0": p(0.45, 0.3), "1-epoch": p(0.5, 0.3)}) == "does not hold"
+    assert mod.verdict({"td0": p(0.62, 0.45)}) == "mixed"

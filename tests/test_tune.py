@@ -177,6 +177,26 @@ def test_tuned_values_reach_every_study_and_are_never_replaced_silently(tmp_path
         calibrate.write_admitted(path, [json.loads(json.dumps(changed))], [TASK], 20)
 
 
+def test_a_tasks_static_overrides_reach_every_method_and_unknown_fields_are_refused(tmp_path):
+    from _study.admitted import load_admitted
+
+    path = str(tmp_path / "admitted.json")
+    data = json.load(open(ADMITTED))
+    entry = next(t for t in data["tasks"] if t["task"] == TASK)
+    entry["static_overrides"] = {"buffer_episodes": 256, "potential_buffer_episodes": 128}
+    json.dump(data, open(path, "w"))
+    compare = load("compare_methods")
+    (study,) = compare.studies(compare.build_parser().parse_args(["--tasks", TASK, "--admitted", path]))
+    for arm in study.arms:
+        assert (arm.static.buffer_episodes, arm.static.potential_buffer_episodes) == (256, 128), arm.name
+    # a study's own static change still wins over the task's
+    assert load_admitted(path)[TASK].static("siop", buffer_episodes=8).buffer_episodes == 8
+    entry["static_overrides"] = {"buffer_episode": 256}
+    json.dump(data, open(path, "w"))
+    with pytest.raises(ConfigError, match="static_overrides has buffer_episode, not StaticConfig fields"):
+        load_admitted(path)
+
+
 def test_a_zipped_grid_runs_its_points_not_their_product():
     from coevo_jax.config import StaticConfig
     from coevo_jax.experiment import Arm, Study

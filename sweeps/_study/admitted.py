@@ -38,6 +38,8 @@ class AdmittedTask:
     num_minibatches: int = 4  # PPO's passes at calibration
     update_epochs: int = 4
     tuning: Mapping[str, Mapping] = dataclasses.field(default_factory=dict)  # method -> how tune.py chose it
+    # StaticConfig fields every method runs with on this task (e.g. the learned rewards' replay size)
+    static_overrides: Mapping[str, object] = dataclasses.field(default_factory=dict)
 
     def hparams(self, method: str, tuned_as: str | None = None) -> dict:
         """The tuned values ``method`` runs with: those recorded for it (or for ``tuned_as``,
@@ -50,12 +52,13 @@ class AdmittedTask:
 
     def static(self, method: str, **overrides):
         """The :class:`~coevo_jax.config.StaticConfig` of ``method`` at this task's budget, rollout
-        shape and PPO passes (``overrides`` replace further fields)."""
+        shape, PPO passes and ``static_overrides`` (``overrides`` replace further fields)."""
         from coevo_jax.config import StaticConfig
 
+        task = {k: tuple(v) if isinstance(v, list) else v for k, v in self.static_overrides.items()}
         return StaticConfig(method=method, num_envs=self.num_envs, rollout_len=self.rollout_len,
                             num_minibatches=self.num_minibatches, update_epochs=self.update_epochs,
-                            total_steps=self.total_steps).replace(**overrides)
+                            total_steps=self.total_steps).replace(**{**task, **overrides})
 
     def arm(self, method: str, label: str = "", overrides: Mapping[str, float] | None = None,
             static_overrides: Mapping[str, object] | None = None, tuned_as: str | None = None):
@@ -79,6 +82,14 @@ def load_admitted(path: str) -> dict[str, AdmittedTask]:
     tasks = {t["task"]: AdmittedTask(**{k: v for k, v in t.items() if k in fields}) for t in data.get("tasks", [])}
     if not tasks:
         raise ConfigError(f"{path} admits no task: nothing can tell the methods apart at these budgets")
+    from coevo_jax.config import StaticConfig
+
+    known = {f.name for f in dataclasses.fields(StaticConfig)} - {"method"}
+    for t in tasks.values():
+        bad = sorted(set(t.static_overrides) - known)
+        if bad:
+            raise ConfigError(f"{path}: task {t.task!r} static_overrides has {', '.join(bad)}, not StaticConfig"
+                              " fields")
     return tasks
 
 
