@@ -74,7 +74,7 @@ DIALOGUE = "Booking-Turns"
 DIALOGUE_STATIC = dict(network="bag", action_head="utterance", num_envs=16, rollout_len=32, num_minibatches=4,
                        update_epochs=4, d_model=64, hidden_sizes=(64, 64), total_steps=32_768)
 DIALOGUE_HP = {"lr": 1e-3, "ent_coef": 0.01}
-DIAGNOSTICS = ("value_explained_variance", "potential_critic_corr", "potential_heldout_corr")
+DIAGNOSTICS = ("value_explained_variance", "signal/potential_critic_corr", "signal/potential_heldout_corr")
 THRESHOLD = 0.8  # success rate, fixed in advance
 
 
