@@ -223,7 +223,7 @@ def report(args, results) -> str:
             finals = arm_finals(res)
 
             def extra(r, finals=finals):
-                if r["arm"] == "ppo" or "ppo" not in finals:
+                if r["arm"] == "ppo" or r["arm"] not in finals or "ppo" not in finals:
                     return {"P(> ppo) [95% CI]": "-"}
                 return {"P(> ppo) [95% CI]": stats.improvement_cell(finals[r["arm"]], finals["ppo"])}
 
