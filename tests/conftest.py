@@ -5,3 +5,9 @@ import os
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_enable_concurrency_optimized_scheduler=false")
 if "xla_cpu_enable_concurrency_optimized_scheduler" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " --xla_cpu_enable_concurrency_optimized_scheduler=false"
+# The tests check semantics (shapes, equivalences, learning at tiny budgets), not speed, and compiling
+# dominates them on CPU: XLA:CPU at -O0 without the fusion emitters (tests/xla_options.py's OPT0, here for
+# every program of the test process and of the worker processes it starts) compiles ~4x faster.
+for _flag in ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false"):
+    if _flag.split("=")[0] not in os.environ["XLA_FLAGS"]:
+        os.environ["XLA_FLAGS"] += " " + _flag

@@ -50,6 +50,23 @@ def _layout(out: str, action: str, plans, processes, max_parallel, num_hosts: in
     return layout
 
 
+def _wait_for_host0(out: str, text: str, timeout_s: float = 600.0) -> str:
+    """On hosts other than 0: wait until host 0 has checked ``out`` and written this study's
+    ``config.json`` (a file written here first would make host 0 refuse the folder); ``"new"``."""
+    path, deadline = os.path.join(out, "config.json"), time.time() + timeout_s
+    while True:
+        try:
+            with open(path) as f:
+                if config_hash(f.read()) == config_hash(text):
+                    return "new"
+        except OSError:
+            pass
+        if time.time() > deadline:
+            raise StudyError(f"host 0 wrote no config.json for this study to {out} within {timeout_s:.0f} s;"
+                             " every host needs the same --out on a shared file system")
+        time.sleep(0.2)
+
+
 def run_study(study: Study, out: str, *, overwrite: bool = False, processes: int | None = None,
               max_parallel: int | None = None, stop_after_chunks: int | None = None, progress: bool = True,
               compile_cache: str | bool | None = True, distributed: Mapping | None = None,
@@ -79,7 +96,7 @@ def run_study(study: Study, out: str, *, overwrite: bool = False, processes: int
     plans = build_plan(study)
     host, num_hosts = (distributed["process_id"], distributed["num_processes"]) if distributed else (0, 1)
     out = os.path.abspath(out)
-    action = check_out(out, text, overwrite) if host == 0 else "new"  # the other hosts wait for host 0's folder
+    action = check_out(out, text, overwrite) if host == 0 else _wait_for_host0(out, text)
     layout = _layout(out, action, plans, processes, max_parallel, num_hosts)
     processes = layout["processes"]
     if host == 0:
