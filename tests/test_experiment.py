@@ -6,7 +6,8 @@ chunks, a 2-point grid x 2 seeds) is run several ways -- in one process, over
 and every way must give the same curves. One grid point (``vf_coef = 3e38``)
 overflows the loss to non-finite values, so those runs must be flagged as
 diverged while the others equal their solo runs. All runs share JAX's
-persistent compilation cache, so each program is compiled once per machine.
+persistent compilation cache, so each program is compiled once per machine
+(JAX lets only ``jax.distributed`` process 0 write to it: process 1 compiles).
 """
 from __future__ import annotations
 
@@ -47,10 +48,19 @@ GOOD_RUNS, BAD_RUNS = [0, 1], [2, 3]  # run r: setting r // 2, seed r % 2
 SHARDED_CONFIG = dataclasses.replace(CONFIG, num_seeds=4)
 SHARDED_AS_REFERENCE = [0, 1, 4, 5]
 
+# the results' bootstrap CIs with 50 resamples, not 2000: the summaries are written in a fraction of the time
+FEW_BOOTSTRAP_SAMPLES = """
+import numpy as np
+from coevo_jax.analysis import stats
+_boot = stats.bootstrap_ci
+stats.bootstrap_ci = lambda x, stat=np.mean, n_boot=0, **kw: _boot(x, stat, 50, **kw)
+"""
+
 SHARDED_SCRIPT = """
 import sys, json
 sys.path.insert(0, {root!r})
 import jax
+""" + FEW_BOOTSTRAP_SAMPLES + """
 from coevo_jax.experiment import Study, run_study
 config = Study.from_json(json.loads(open({cfg!r}).read()))
 res = run_study(config, {out!r}, processes=1, max_parallel=8, progress=False, compile_cache={cache!r})
@@ -67,6 +77,15 @@ def _assert_same_curves(a: dict, b: dict, exact: bool = True):
             # atol: float32 means over a 512-step minibatch of mixed-sign terms ~1e-2 carry ~1e-8..1e-7 of
             # summation-order noise (seen: 1.1e-8 on a policy_loss of 2.3e-5)
             np.testing.assert_allclose(a[name], b[name], rtol=2e-5, atol=1e-7, err_msg=name)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def few_bootstrap_samples():
+    """The in-process studies' summaries with 50 bootstrap resamples (as the subprocess scripts)."""
+    boot = stats.bootstrap_ci
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(stats, "bootstrap_ci", lambda x, stat=np.mean, n_boot=0, **kw: boot(x, stat, 50, **kw))
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -235,7 +254,8 @@ print("host", {pid}, "wrote results" if res is not None else "left the results t
 """
 
 
-def test_two_hosts_with_jax_distributed_equal_one_process(reference, workdir):
+def test_two_hosts_with_jax_distributed_equal_one_process(reference, workdir, monkeypatch):
+    """Host 1 in a subprocess, host 0 in this process, each starting its one worker process."""
     import socket
 
     with socket.socket() as sock:
@@ -245,16 +265,22 @@ def test_two_hosts_with_jax_distributed_equal_one_process(reference, workdir):
     with open(cfg, "w") as f:
         f.write(config_text(CONFIG))
     out = os.path.join(workdir, "multihost")
-    env = {**os.environ, "COEVO_JAX_WORKER_XLA_FLAGS": os.environ.get("XLA_FLAGS", "")}  # cached programs
-    procs = [subprocess.Popen([sys.executable, "-c", MULTIHOST_SCRIPT.format(
-        root=ROOT, cfg=cfg, out=out, cache=CACHE, port=port, pid=i)], stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, env=env) for i in range(2)]
-    texts = [p.communicate(timeout=900)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), [t[-1500:] for t in texts]
-    assert "host 0 wrote results" in texts[0] and "host 1 left the results to process 0" in texts[1]
-    res = load_result(out)
+    monkeypatch.setenv("COEVO_JAX_WORKER_XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))  # cached programs
+    host1 = subprocess.Popen([sys.executable, "-c", MULTIHOST_SCRIPT.format(
+        root=ROOT, cfg=cfg, out=out, cache=CACHE, port=port, pid=1)], stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)
+    try:
+        res = run_study(CONFIG, out, processes=1, max_parallel=2, progress=False, compile_cache=CACHE,
+                        distributed=dict(coordinator_address=f"localhost:{port}", num_processes=2, process_id=0))
+    except BaseException:
+        host1.kill()
+        raise
+    text = host1.communicate(timeout=900)[0]
+    assert host1.returncode == 0 and "host 1 left the results to process 0" in text, text[-1500:]
+    assert res is not None
     assert res.info["num_hosts"] == 2 and [w["processes"] for w in res.info["workers"].values()] == [2, 2]
     _assert_same_curves(res.curves, reference.curves)
+    _assert_same_curves(load_result(out).curves, reference.curves)
 
 
 # ----------------------------------------------------------------------------- refusals

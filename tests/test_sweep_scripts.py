@@ -138,7 +138,13 @@ def test_option_parsing():
             call()
 
 
-def test_ppo_learning_end_to_end_refuse_replot(tmp_path, monkeypatch, capsys):
+@pytest.fixture(scope="module")
+def compile_cache(tmp_path_factory):
+    """One persistent compilation cache for the tiny runs below (they compile the same programs)."""
+    return str(tmp_path_factory.mktemp("xla_cache"))
+
+
+def test_ppo_learning_end_to_end_refuse_replot(tmp_path, monkeypatch, capsys, compile_cache):
     """The cheapest script with a tiny network (and few bootstrap samples): run, refuse the
     finished folder in one line, replot without running."""
     from coevo_jax.analysis import stats
@@ -149,8 +155,9 @@ def test_ppo_learning_end_to_end_refuse_replot(tmp_path, monkeypatch, capsys):
     tiny = dict(num_envs=2, rollout_len=8, total_steps=32, update_epochs=1, num_minibatches=1, hidden_sizes=(8,))
     monkeypatch.setitem(mod.TASKS, "cartpole", {**mod.TASKS["cartpole"], "static": tiny})
     out = str(tmp_path / "ppo")
+    monkeypatch.setenv("COEVO_JAX_COMPILE_CACHE", compile_cache)
     argv = ["--tasks", "cartpole", "--num-seeds", "2", "--total-steps", "32", "--num-chunks", "1", "--processes", "1",
-            "--quiet", "--no-compile-cache", "--out", out]
+            "--quiet", "--out", out]
     assert mod.main(argv) == 0
     text = capsys.readouterr().out
     assert "| CartPole-v1 | random | 2 |" in text and "| CartPole-v1 | ppo | 2 |" in text
@@ -209,16 +216,20 @@ def test_calibration_tunes_on_separate_seeds_and_evaluates_the_best_point():
     assert dict(ev.arms[1].fixed) == {"lr": 1e-3, "ent_coef": 0.01}
 
 
-def test_staged_script_resumes_after_its_first_stage_finished(tmp_path, monkeypatch, capsys):
+def test_staged_script_resumes_after_its_first_stage_finished(tmp_path, monkeypatch, capsys, compile_cache):
     """A tune-then-evaluate script interrupted after its first stage: rerunning the command
     loads the finished stage (no 'holds a finished study' refusal) and goes on to the next."""
+    from coevo_jax.analysis import stats
     from _study import cli
 
+    boot = stats.bootstrap_ci
+    monkeypatch.setattr(stats, "bootstrap_ci", lambda x, stat=np.mean, n_boot=0, **kw: boot(x, stat, 50, **kw))
     mod = load("ppo_learning")
     tiny = dict(num_envs=2, rollout_len=8, total_steps=32, update_epochs=1, num_minibatches=1, hidden_sizes=(8,))
     monkeypatch.setitem(mod.TASKS, "cartpole", {**mod.TASKS["cartpole"], "static": tiny})
     argv = ["--tasks", "cartpole", "--num-seeds", "2", "--total-steps", "32", "--num-chunks", "1", "--processes", "1",
-            "--quiet", "--out", str(tmp_path / "staged"), "--no-compile-cache"]
+            "--quiet", "--out", str(tmp_path / "staged")]
+    monkeypatch.setenv("COEVO_JAX_COMPILE_CACHE", compile_cache)
     seen = []
 
     def second(args, earlier):  # the evaluation stage: killed the first time, nothing left to run the second

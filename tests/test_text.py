@@ -7,6 +7,7 @@ expert, or uniform over the legal mask), so the file stays fast on 2 cores.
 from __future__ import annotations
 
 import functools
+import types
 
 import jax
 import jax.numpy as jnp
@@ -439,37 +440,54 @@ def test_transformer_kv_cache_matches_full_buffer():
     np.testing.assert_allclose(c_feats, f_feats, atol=1e-5, rtol=1e-4)
 
 
-def test_cached_rollout_equals_plain_rollout():
-    """The key-value-cached rollout (prefill + incremental decoding, with
-    auto-resets and truncated bootstrap values) gives the plain rollout's
-    trajectory: same actions, and the same logp / value / next_value /
-    cont_value / features up to float rounding. Vmapped over two seeds and started
-    mid-episode (a prefill of long buffers), with 4 envs: the replies and the
-    fresh prompts are decoded one env at a time (groups of 1), so steps where
-    several envs need one run extra groups inside a batched while_loop."""
+SEEDS, ENVS_PER_SEED, WINDOW = 2, 4, 40
+
+
+@functools.lru_cache(maxsize=None)
+def windows(name):
+    """Two consecutive key-value-cached rollout windows of ``small_model(name)``
+    with the legal mask on: 4 envs, vmapped over 2 seeds, the second window
+    starting mid-episode (a prefill of long buffers). One compiled window
+    program serves both windows and the tests below."""
     from coevo_jax.rollout import RolloutState, rollout
     from envs_jax.core import EpisodeStats
 
-    env, model, mp = small_model()
-    env_s, params = EpisodeStats(env), env_of("TwentyQuestions")[1]
-    obs, st = jax.vmap(env_s.reset, (0, None))(jax.random.split(jax.random.PRNGKey(3), 4), params)
-    chunk = env.max_tokens_per_step
+    env, model, mp = small_model(name)
+    env_s, params = EpisodeStats(env), env_of(name)[1].replace(use_legal_mask=True)
+    obs, st = jax.vmap(env_s.reset, (0, None))(jax.random.split(jax.random.PRNGKey(3), ENVS_PER_SEED), params)
+    start = jax.tree.map(lambda x: jnp.stack([x] * SEEDS), RolloutState(st, obs))
+    k1, k2 = jnp.swapaxes(jax.vmap(jax.random.split)(jax.random.split(jax.random.PRNGKey(4), SEEDS)), 0, 1)
 
-    @jit0
-    @jax.vmap
-    def both(key):
-        k1, k2 = jax.random.split(key)
-        ro = rollout(model, mp, env_s, params, RolloutState(st, obs), k1, 12, decode_chunk=chunk)[0]
-        return (rollout(model, mp, env_s, params, ro, k2, 40)[1],
-                rollout(model, mp, env_s, params, ro, k2, 40, decode_chunk=chunk)[1])
+    def window(decode_chunk):
+        return jit0(jax.vmap(lambda ro, key: rollout(model, mp, env_s, params, ro, key, WINDOW, decode_chunk)))
 
-    plain, cached = both(jax.random.split(jax.random.PRNGKey(4), 2))
+    cached = window(env.max_tokens_per_step)
+    mid, first = cached(start, k1)
+    _, second = cached(mid, k2)
+    return types.SimpleNamespace(env=env, model=model, mp=mp, first=first, second=second, mid=mid, key=k2,
+                                 window=window, seed0=lambda traj: jax.tree.map(lambda x: x[0], traj))
+
+
+def test_cached_rollout_equals_plain_rollout():
+    """The key-value-cached rollout (prefill + incremental decoding, with
+    auto-resets, truncated bootstrap values and legal-action masks) gives the
+    plain rollout's trajectory: same actions, and the same logp / value /
+    next_value / cont_value / features up to float rounding. Vmapped over two
+    seeds and started mid-episode (a prefill of long buffers), with 4 envs: the
+    replies and the fresh prompts are decoded one env at a time (groups of 1),
+    so steps where several envs need one run extra groups inside a batched
+    while_loop."""
+    w = windows("TwentyQuestions")
+    cached = w.second
+    plain = w.window(None)(w.mid, w.key)[1]
+    chunk = w.env.max_tokens_per_step
     assert int(plain.obs[:, 0].astype(bool).sum(-1).max()) > 2 * chunk  # the prefill read long buffers
     assert int(plain.episode_done.sum()) >= 4  # auto-resets happened inside the rollouts
     turn_ends = jnp.sum(plain.next_obs != 0, -1) - jnp.sum(plain.obs != 0, -1) > 1  # [S, T, N]
     assert int(jnp.max(jnp.sum(turn_ends & ~plain.episode_done, -1))) >= 2  # steps that needed a second group
     np.testing.assert_array_equal(plain.action, cached.action)
     np.testing.assert_array_equal(plain.obs, cached.obs)
+    np.testing.assert_array_equal(plain.legal_mask, cached.legal_mask)
     for field in ("logp", "value", "next_value", "cont_value", "features"):
         np.testing.assert_allclose(getattr(plain, field), getattr(cached, field), atol=1e-4, rtol=1e-4, err_msg=field)
     # cont_value: the critic after the auto-reset (obs[t+1]), not on the final observation (next_value)
@@ -478,33 +496,16 @@ def test_cached_rollout_equals_plain_rollout():
     assert np.abs(np.asarray(plain.cont_value - plain.next_value)[done]).min() > 0
 
 
-def _two_rollouts(model, mp, name="TwentyQuestions", n=4, length=40, use_legal_mask=False):
-    """Two consecutive cached rollouts of ``model`` (the second window starts mid-episode)."""
-    from coevo_jax.rollout import RolloutState, rollout
-    from envs_jax.core import EpisodeStats
-
-    env, params = env_of(name)
-    params = params.replace(use_legal_mask=use_legal_mask)
-    env_s = EpisodeStats(env)
-    obs, st = jax.vmap(env_s.reset, (0, None))(jax.random.split(jax.random.PRNGKey(3), n), params)
-
-    @jit0
-    def go(key):
-        k1, k2 = jax.random.split(key)
-        ro, first = rollout(model, mp, env_s, params, RolloutState(st, obs), k1, length, env.max_tokens_per_step)
-        return first, rollout(model, mp, env_s, params, ro, k2, length, env.max_tokens_per_step)[1]
-
-    return env, go(jax.random.PRNGKey(4))
-
-
 def test_packed_windows_score_every_step_like_the_per_step_policy():
     """Each env's rollout window packed into one stream (episodes separated by
     the segment mask, the first window starting mid-episode) gives, at its query
     positions, the policy's per-step outputs on ``obs[t]``."""
     from coevo_jax.packing import pack_windows
 
-    env, model, mp = small_model()
-    env, (first, second) = _two_rollouts(model, mp)
+    w = windows("TwentyQuestions")
+    env, model, mp = w.env, w.model, w.mp
+    score_packed, score_steps = jit0(functools.partial(model.apply, method=model.score_packed)), jit0(model.apply)
+    first, second = w.seed0(w.first), w.seed0(w.second)
     for traj in (first, second):
         done = traj.terminated | traj.truncated
         assert int(done.sum()) >= 2
@@ -517,8 +518,8 @@ def test_packed_windows_score_every_step_like_the_per_step_policy():
         np.testing.assert_array_equal(
             jnp.take_along_axis(packed.tokens, packed.query, axis=1),
             jnp.take_along_axis(traj.obs, last[..., None], axis=-1)[..., 0].T)
-        p_logits, p_value, p_feats = jit0(functools.partial(model.apply, method=model.score_packed))(mp, packed)
-        f_logits, f_value, f_feats = jit0(model.apply)(mp, traj.obs)
+        p_logits, p_value, p_feats = score_packed(mp, packed)
+        f_logits, f_value, f_feats = score_steps(mp, traj.obs)
         np.testing.assert_allclose(p_logits, jnp.swapaxes(f_logits, 0, 1), atol=1e-5, rtol=1e-4)
         np.testing.assert_allclose(p_value, f_value.T, atol=1e-5, rtol=1e-4)
         np.testing.assert_allclose(p_feats, jnp.swapaxes(f_feats, 0, 1), atol=1e-5, rtol=1e-4)
@@ -531,11 +532,11 @@ def test_packed_ppo_loss_and_gradient_equal_the_flat_update():
     from coevo_jax.ppo import ppo_loss
     from coevo_jax.train import ppo_batch
 
-    env, model, mp = small_model()
-    env, (_, traj) = _two_rollouts(model, mp, use_legal_mask=True)
+    w = windows("TwentyQuestions")
+    model, mp, traj = w.model, w.mp, w.seed0(w.second)
     adv = jax.random.normal(jax.random.PRNGKey(1), traj.value.shape)
     grad = jit0(jax.value_and_grad(lambda p, b: ppo_loss(p, model, b, 0.2, 0.5, 0.01)[0]))
-    loss_p, g_p = grad(mp, ppo_batch(traj, adv, traj.value + adv, env.max_tokens_per_step))
+    loss_p, g_p = grad(mp, ppo_batch(traj, adv, traj.value + adv, w.env.max_tokens_per_step))
     loss_f, g_f = grad(mp, ppo_batch(traj, adv, traj.value + adv, None))
     assert abs(float(loss_p) - float(loss_f)) < 1e-5
     for a, b in zip(jax.tree.leaves(g_p), jax.tree.leaves(g_f)):
@@ -546,17 +547,18 @@ def test_packed_ppo_loss_and_gradient_equal_the_flat_update():
 def test_masked_policy_only_says_grammatical_turns(name):
     """With ``use_legal_mask`` the rollout samples only legal tokens (so every
     turn is well formed) and records the masks it sampled under."""
-    env, model, mp = small_model(name)
-    env, (_, traj) = _two_rollouts(model, mp, name=name, use_legal_mask=True)
+    w = windows(name)
+    env, traj = w.env, w.seed0(w.second)
     assert traj.legal_mask.shape == traj.action.shape + (env.vocab_size,)
     chosen = jnp.take_along_axis(traj.legal_mask, traj.action[..., None], axis=-1)[..., 0]
     assert bool(chosen.all())
     assert not bool(traj.legal_mask.all())  # the mask does restrict
     assert np.isfinite(np.asarray(traj.logp)).all()
     # every finished agent turn matched an utterance
-    for t in range(traj.obs.shape[0]):
-        for b in range(traj.obs.shape[1]):
-            text = decode(env.vocab, traj.next_obs[t, b])
+    next_obs = np.asarray(traj.next_obs)
+    for t in range(next_obs.shape[0]):
+        for b in range(next_obs.shape[1]):
+            text = decode(env.vocab, next_obs[t, b])
             for turn in text.split("<agent>")[1:]:
                 turn = turn.split("<user>")[0].strip()
                 if turn.endswith("<eot>"):
