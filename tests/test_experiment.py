@@ -443,3 +443,24 @@ def test_chunk_length_and_batch_size():
     assert batch_size(10, 2, 3, 1) == 3  # 5 runs per worker in 2 batches of 3 (the last padded)
     assert batch_size(10, 2, 3, 4) == 4  # rounded up to the device count
     assert batch_size(4, 1, None, 1) == 4
+
+
+def test_a_checkpoint_cut_short_by_a_kill_is_discarded_not_fatal(tmp_path, capsys):
+    """A step whose files a kill left incomplete (here: its meta record gone) is deleted with a
+    warning and the batch resumes from the step before it; a complete step still restores exactly."""
+    from coevo_jax.experiment import checkpoint
+
+    record = checkpoint.BatchRecord("abc", 2, (0, 1))
+    state = {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}
+    sharding = None
+    mngr = checkpoint.manager(str(tmp_path / "ck"))
+    meta = record.meta(["loss"], 4)
+    checkpoint.save(mngr, 1, state, np.ones((1, 2, 4), np.float32), meta, host_local=True)
+    got = checkpoint.restore(mngr, record, state, True, sharding)
+    assert got[3] == 1 and np.array_equal(got[0]["w"], state["w"]) and got[1].shape == (1, 2, 4)
+    os.remove(tmp_path / "ck" / "1" / "meta" / "metadata")  # the kill's damage
+    mngr = checkpoint.manager(str(tmp_path / "ck"))
+    assert checkpoint.restore(mngr, record, state, True, sharding) is None
+    assert "is incomplete" in capsys.readouterr().err and not (tmp_path / "ck" / "1").exists()
+    checkpoint.save(mngr, 1, state, np.ones((1, 2, 4), np.float32), meta, host_local=True)  # the rerun saves again
+    assert checkpoint.restore(checkpoint.manager(str(tmp_path / "ck")), record, state, True, sharding)[3] == 1

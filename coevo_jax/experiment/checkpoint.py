@@ -56,22 +56,40 @@ def check_record(meta: dict, record: BatchRecord, where: str) -> None:
 
 def restore(mngr, record: BatchRecord, state_abstract, host_local: bool, sharding):
     """``(state, curves [M, B, I_done], names, chunks_done)`` from the latest
-    checkpoint, or ``None`` when there is none."""
+    complete checkpoint, or ``None`` when there is none. A step that cannot be read
+    (a save cut short by a kill) is deleted, with a warning, and the one before it tried."""
     import jax
     import orbax.checkpoint as ocp
 
-    step = mngr.latest_step()
-    if step is None:
-        return None
-    meta = mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-    check_record(meta, record, str(mngr.directory))
-    names = meta["names"]
-    curves_abs = jax.ShapeDtypeStruct((len(names), record.batch, step * meta["chunk_len"]), np.float32)
-    target = state_abstract if not host_local else jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), state_abstract)
-    got = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
-                                                     curves=ocp.args.StandardRestore(curves_abs)))
-    state = jax.device_put(got["state"], sharding) if host_local else got["state"]
-    return state, np.asarray(got["curves"]), names, step
+    for step in sorted(mngr.all_steps(), reverse=True):
+        try:
+            meta = mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+            check_record(meta, record, str(mngr.directory))
+            curves_abs = jax.ShapeDtypeStruct((len(meta["names"]), record.batch, step * meta["chunk_len"]), np.float32)
+            target = (state_abstract if not host_local
+                      else jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), state_abstract))
+            got = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
+                                                             curves=ocp.args.StandardRestore(curves_abs)))
+        except StudyError:
+            raise
+        except Exception as e:  # noqa: BLE001 (whatever orbax raises on a partial step)
+            _discard(mngr, step, e)
+            continue
+        state = jax.device_put(got["state"], sharding) if host_local else got["state"]
+        return state, np.asarray(got["curves"]), meta["names"], step
+    return None
+
+
+def _discard(mngr, step: int, error: Exception) -> None:
+    """Delete the unreadable ``step`` of ``mngr`` (warning on stderr) so its batch reruns from the step before."""
+    import shutil
+    import sys
+
+    path = os.path.join(str(mngr.directory), str(step))
+    print(f"warning: checkpoint {path} is incomplete ({type(error).__name__}: {str(error).splitlines()[0][:200]});"
+          " deleting it and resuming from the step before (or from the start)", file=sys.stderr)
+    shutil.rmtree(path, ignore_errors=True)
+    mngr.reload()
 
 
 def save(mngr, chunks_done: int, state, curves: np.ndarray, meta: dict, host_local: bool) -> None:
