@@ -36,7 +36,10 @@ The outcome study (``--outcome-tasks``, the positive controls): ``siop``
 fitting the episode's whole return (``potential_outcome = 0``) against
 ``siop-outcome`` fitting only the final reward (``potential_outcome = 1``),
 beside ``ppo``, ``siop-critic`` and the dense oracle, at each task's tuned
-values, where distractor rewards make the two targets differ.
+values, where distractor rewards make the two targets differ. Its verdict, fixed
+in advance, on P(siop-outcome > siop) over final success with its 95% CI: **the
+outcome is better** if the CI's lower end is above 0.5, **the return is better**
+if its upper end is below 0.5, **no difference** otherwise.
 
     python sweeps/siop_vs_critic.py                              # 20 paired seeds, both parts
     python sweeps/siop_vs_critic.py --outcome-tasks '' --num-seeds 8
@@ -185,6 +188,18 @@ def verdict(lag_p: dict) -> str:
     return "mixed"
 
 
+def outcome_verdict(finals: dict) -> str:
+    """The outcome study's verdict line (module docstring's rule) from ``{arm: final success [R]}``."""
+    from coevo_jax.analysis import stats
+
+    if "siop" not in finals or "siop-outcome" not in finals:
+        return "**verdict: not measured** (the study lacks siop or siop-outcome)"
+    poi = stats.probability_of_improvement(finals["siop-outcome"], finals["siop"])
+    word = ("the outcome is better" if poi["ci_low"] > 0.5 else "the return is better" if poi["ci_high"] < 0.5
+            else "no difference")
+    return f"**verdict: {word}** (P(siop-outcome > siop) = {poi['p']:.2f} [{poi['ci_low']:.2f}, {poi['ci_high']:.2f}])"
+
+
 def diagnostics_figure(res, out: str) -> str:
     """``out/diagnostics_<study>.png``: rows = method, columns = success and the diagnostics, lines = settings."""
     from coevo_jax.analysis.plots import plot_diagnostics
@@ -228,9 +243,9 @@ def report(args, results) -> str:
                 return {"P(> ppo) [95% CI]": stats.improvement_cell(finals[r["arm"]], finals["ppo"])}
 
             title = f"## Outcome or return on {res.study.name[len('outcome-'):]} ({res.study.env})"
-            rows = study_rows(res, extra=extra)
-            table = write_table(os.path.join(res.out, "outcome.md"), rows, f"{title}\n{definitions(res.study)}")
-            texts.append(f"{title}\n{definitions(res.study)}\n{table}")
+            header = f"{title}\n{definitions(res.study)}\n\n{outcome_verdict(finals)}"
+            table = write_table(os.path.join(res.out, "outcome.md"), study_rows(res, extra=extra), header)
+            texts.append(f"{header}\n\n{table}")
     return "\n\n".join(texts)
 
 

@@ -263,3 +263,6 @@ def test_siop_vs_critic_arms_and_verdict_rule():
     assert mod.verdict({"td0": p(0.45, 0.3), "1-epoch": p(0.7, 0.55)}) == "holds"
     assert mod.verdict({"td0": p(0.45, 0.3), "1-epoch": p(0.5, 0.3)}) == "does not hold"
     assert mod.verdict({"td0": p(0.62, 0.45)}) == "mixed"
+    assert mod.outcome_verdict({"siop": np.zeros(20), "siop-outcome": np.ones(20)}).startswith(
+        "**verdict: the outcome is better**")
+    assert "no difference" in mod.outcome_verdict({"siop": np.arange(20.0), "siop-outcome": np.arange(20.0)})
