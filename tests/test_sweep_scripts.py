@@ -74,7 +74,7 @@ def test_default_studies_keep_each_protocol():
 
     siop = built("siop_learning")
     assert [s.env for s in siop] == ["KeyDoor-5x5", "FourRooms"] and all(s.save_final for s in siop)
-    assert [a.name for a in siop[0].arms] == ["ppo", "icm", "dense", "siop"] and siop[0].threshold == 0.9
+    assert [a.name for a in siop[0].arms] == ["ppo", "icm", "dense", "siop", "siop-critic"] and siop[0].threshold == 0.9
     assert dict(siop[0].arms[3].fixed) == {"lr": 5e-4, "k": 1, "normalize_int": 0.0, "potential_lr_ratio": 2.0}
     keydoor, cartpole = built("coevo_learning")
     assert dict(cartpole.env_kwargs) == {"reward_freq": 20} and cartpole.threshold_metric == "episode_return"

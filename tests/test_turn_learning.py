@@ -59,7 +59,7 @@ def test_default_studies_and_help():
     assert [booking.env, twenty.env] == ["Booking-Turns", "TwentyQuestions-Turns"]
     for s, mb, hp in ((booking, 4, {"lr": 1e-3, "ent_coef": 0.01}), (twenty, 8, {"lr": 5e-3, "ent_coef": 0.05})):
         assert s.num_seeds >= 16 and s.threshold == 0.8 and s.save_final
-        assert [a.name for a in s.arms] == ["ppo", "dense", "siop", "coevo-regression", "coevo-ranking", "meta"]
+        assert [a.name for a in s.arms] == ["ppo", "dense", "siop", "siop-critic", "coevo-regression", "coevo-ranking", "meta"]
         assert set(a.name for a in s.arms) <= set(registered_methods())
         for a in s.arms:  # same base lr / ent / network for every arm, the rest at the library defaults
             assert dict(a.fixed) == hp and a.static.network == "bag" and a.static.action_head == "utterance"
