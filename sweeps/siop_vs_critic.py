@@ -46,7 +46,7 @@ if its upper end is below 0.5, **no difference** otherwise.
     python sweeps/siop_vs_critic.py --publish docs/results
 
 Outputs (``--out``, default ``results/siop_vs_critic``): one study folder per
-task, ``regime.md`` / ``outcome.md`` and ``diagnostics_<task>.png`` (the
+task with ``regime.md`` / ``outcome.md`` and ``diagnostics_<study>.png`` (the
 diagnostics over training per setting).
 """
 from __future__ import annotations
@@ -226,7 +226,7 @@ def report(args, results) -> str:
     for res in results:
         if res.study.name.startswith("regime-"):
             rows, verdict = regime_rows(res)
-            fig = diagnostics_figure(res, args.out)
+            fig = diagnostics_figure(res, res.out)  # in the study folder: --publish copies its figures
             from coevo_jax.controls import random_row
             rnd = random_row(res.study)
             header = (f"## Regime test on {res.study.name[len('regime-'):]} ({res.study.env})\n{definitions(res.study)}"
