@@ -110,7 +110,7 @@ def report(args, results) -> str:
         corr = tail["val_corr"][np.isfinite(tail["val_corr"])]
         rows.append({"arm": arm.name, "success IQM [95% CI]": f"{ci['iqm']:.3f} [{ci['ci_low']:.3f}, {ci['ci_high']:.3f}]",
                      "return IQM": f"{stats.iqm(s['final_return']):.3f}",
-                     "P(success > ppo)": "-" if arm.name == "ppo" else f"{poi['p']:.2f} [{poi['ci_low']:.2f}, {poi['ci_high']:.2f}]",
+                     "P(success > ppo)": "-" if arm.name == "ppo" else stats.improvement_text(poi),
                      "episode length": f"{np.nanmean(tail['length']):.1f}",
                      "R_phi per step": "-" if np.isnan(tail["r_phi"]).all() else f"{np.nanmean(tail['r_phi']):+.4f}",
                      "held-out corr": "-" if not len(corr) else f"{np.median(corr):+.2f} ({len(corr)} runs)",

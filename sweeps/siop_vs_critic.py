@@ -167,14 +167,14 @@ def regime_rows(res) -> tuple[list, str]:
                 row["P(> ppo, same setting) [95% CI]"] = "-"
             else:
                 poi = stats.probability_of_improvement(finals[label], finals[ref])
-                row["P(> ppo, same setting) [95% CI]"] = f"{poi['p']:.2f} [{poi['ci_low']:.2f}, {poi['ci_high']:.2f}]"
+                row["P(> ppo, same setting) [95% CI]"] = stats.improvement_text(poi)
                 if m == "siop" and s in LAG_SETTINGS:
                     lag_p[s] = poi
             for d in DIAGNOSTICS:
                 row[f"{d} (last 25%)"] = (f"{_mean_late(res.curves[d][idx]):.3f}" if d in res.curves
                                           and np.isfinite(res.curves[d][idx]).any() else "-")
             rows.append(row)
-    detail = ", ".join(f"{s}: {p['p']:.2f} [{p['ci_low']:.2f}, {p['ci_high']:.2f}]" for s, p in lag_p.items())
+    detail = ", ".join(f"{s}: {stats.improvement_text(p)}" for s, p in lag_p.items())
     return rows, f"**verdict: {verdict(lag_p)}** (P(siop > ppo) in the critic-lag settings: {detail or 'none run'})"
 
 
@@ -197,7 +197,7 @@ def outcome_verdict(finals: dict) -> str:
     poi = stats.probability_of_improvement(finals["siop-outcome"], finals["siop"])
     word = ("the outcome is better" if poi["ci_low"] > 0.5 else "the return is better" if poi["ci_high"] < 0.5
             else "no difference")
-    return f"**verdict: {word}** (P(siop-outcome > siop) = {poi['p']:.2f} [{poi['ci_low']:.2f}, {poi['ci_high']:.2f}])"
+    return f"**verdict: {word}** (P(siop-outcome > siop) = {stats.improvement_text(poi)})"
 
 
 def diagnostics_figure(res, out: str) -> str:
@@ -221,17 +221,17 @@ def diagnostics_figure(res, out: str) -> str:
 def report(args, results) -> str:
     from coevo_jax.analysis import stats
     from coevo_jax.analysis.tables import arm_finals, definitions, study_rows, write_table
+    from coevo_jax.controls import random_row
 
     texts = []
     for res in results:
         if res.study.name.startswith("regime-"):
-            rows, verdict = regime_rows(res)
+            rows, line = regime_rows(res)
             fig = diagnostics_figure(res, res.out)  # in the study folder: --publish copies its figures
-            from coevo_jax.controls import random_row
             rnd = random_row(res.study)
             header = (f"## Regime test on {res.study.name[len('regime-'):]} ({res.study.env})\n{definitions(res.study)}"
                       f" Uniform-random final success: {rnd.get('final_success_iqm', float('nan')):.3g}. Diagnostics:"
-                      " mean over seeds of each run's mean over its last 25% of iterations.\n\n" + verdict)
+                      " mean over seeds of each run's mean over its last 25% of iterations.\n\n" + line)
             table = write_table(os.path.join(res.out, "regime.md"), rows, header)
             texts.append(f"{header}\n\n{table}\ndiagnostics over training: {fig}")
         else:

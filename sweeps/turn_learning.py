@@ -120,8 +120,7 @@ def report(args, results) -> str:
         def extra(r, finals=finals, dialogues=dialogues, spear=spear):
             row = {f"dialogues to {res.study.threshold:g} (median)": dialogues.get(r["arm"], "-")}
             if "ppo" in finals and r["arm"] in finals:
-                poi = stats.probability_of_improvement(finals[r["arm"]], finals["ppo"])
-                row["P(> ppo) [95% CI]"] = f"{poi['p']:.2f} [{poi['ci_low']:.2f}, {poi['ci_high']:.2f}]"
+                row["P(> ppo) [95% CI]"] = stats.improvement_cell(finals[r["arm"]], finals["ppo"])
             if spear is not None:
                 row["credit-A* Spearman, median [IQR]"] = median_iqr(spear) if r["arm"] == "siop" else "-"
             return row

@@ -69,10 +69,14 @@ def probability_of_improvement(x: np.ndarray, y: np.ndarray, n_boot: int = 2000,
     return {"p": float(np.ravel(point["xy"])[0]), "ci_low": float(low), "ci_high": float(high)}
 
 
-def improvement_cell(x: np.ndarray, y: np.ndarray) -> str:
-    """``"p [ci_low, ci_high]"``: :func:`probability_of_improvement` of ``x`` over ``y`` for a table."""
-    poi = probability_of_improvement(x, y)
+def improvement_text(poi: dict) -> str:
+    """``"p [ci_low, ci_high]"`` of a :func:`probability_of_improvement` result."""
     return f"{poi['p']:.2f} [{poi['ci_low']:.2f}, {poi['ci_high']:.2f}]"
+
+
+def improvement_cell(x: np.ndarray, y: np.ndarray) -> str:
+    """:func:`improvement_text` of :func:`probability_of_improvement` of ``x`` over ``y``, for a table."""
+    return improvement_text(probability_of_improvement(x, y))
 
 
 def summarize(x: np.ndarray, seed: int = 0) -> dict:
