@@ -45,7 +45,7 @@ import os
 import sys
 
 from coevo_jax.experiment import Study
-from coevo_jax.experiment.results import rows_to_csv
+from coevo_jax.analysis.tables import rows_to_csv
 from coevo_jax.files import atomic_write_text
 
 from _study import cli, options

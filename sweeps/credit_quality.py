@@ -42,7 +42,7 @@ import numpy as np
 from coevo_jax.analysis.tables import format_table
 from coevo_jax.config import ConfigError
 from coevo_jax.experiment import Study
-from coevo_jax.experiment.results import rows_to_csv
+from coevo_jax.analysis.tables import rows_to_csv
 from coevo_jax.files import atomic_savez, atomic_write_text
 
 from _study import cli, options

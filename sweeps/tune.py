@@ -134,7 +134,7 @@ def report(args, stages) -> str:
     from coevo_jax.analysis import stats
     from coevo_jax.analysis.tables import arm_finals, ci, write_table
     from coevo_jax.controls import random_row
-    from coevo_jax.experiment.results import rows_to_csv
+    from coevo_jax.analysis.tables import rows_to_csv
     from coevo_jax.files import atomic_write_text
 
     from _study.admitted import write_tuned

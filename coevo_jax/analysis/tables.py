@@ -4,10 +4,13 @@
 :mod:`coevo_jax.analysis.metrics` and rliable) plus the uniform-random
 control (:func:`coevo_jax.controls.random_row`) into table rows;
 :func:`definitions` is the one line that states what the columns mean;
-:func:`format_table` lays out rows as text, :func:`write_table` writes the markdown.
+:func:`format_table` lays out rows as text, :func:`write_table` writes the markdown,
+:func:`rows_to_csv` the CSV (:func:`csv_to_rows` reads it back).
 """
 from __future__ import annotations
 
+import csv
+import io
 import math
 import os
 from typing import Sequence
@@ -125,3 +128,29 @@ def study_report(result, title: str, extra=None, random: bool = True, references
     rows = study_rows(result, random=random, extra=extra, references=references)
     table = write_table(os.path.join(result.out, name), rows, header)
     return f"{header}\n{table}"
+
+
+def rows_to_csv(rows: list[dict]) -> str:
+    """CSV text of summary rows (union of keys, in first-seen order)."""
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=cols, restval="", lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
+    return buf.getvalue()
+
+
+def _parse_cell(text: str):
+    """A CSV cell back to int / float (``inf``/``nan`` included) where it is one, else the text."""
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def csv_to_rows(text: str) -> list[dict]:
+    """The rows of :func:`rows_to_csv`'s text, numbers parsed back."""
+    return [{k: _parse_cell(v) for k, v in r.items()} for r in csv.DictReader(io.StringIO(text))]

@@ -7,9 +7,7 @@ The output folder holds ``config.json`` (everything needed to rerun),
 """
 from __future__ import annotations
 
-import csv
 import dataclasses
-import io
 import json
 import os
 import time
@@ -17,6 +15,7 @@ import time
 import numpy as np
 
 from coevo_jax.analysis import metrics
+from coevo_jax.analysis.tables import csv_to_rows, rows_to_csv
 from coevo_jax.config import hparam_fields
 from coevo_jax.experiment.folder import FINISHED_MARK, read_json
 from coevo_jax.experiment.plan import ArmPlan, arm_hparams, build_plan, worker_batches
@@ -170,17 +169,6 @@ def summary_rows(study: Study, plans: list[ArmPlan], curves: dict, runs: dict) -
     return rows
 
 
-def rows_to_csv(rows: list[dict]) -> str:
-    """CSV text of summary rows (union of keys, in first-seen order)."""
-    cols = list(dict.fromkeys(k for r in rows for k in r))
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=cols, restval="", lineterminator="\n")
-    w.writeheader()
-    for r in rows:
-        w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
-    return buf.getvalue()
-
-
 def write_outputs(out: str, study: Study, plans, curves, runs, per_arm, info) -> list[dict]:
     """``curves.npz``, ``final_states.npz`` (``save_final``), ``summary.csv``,
     the default plots, ``run_info.json``; then ``FINISHED``. Returns the rows."""
@@ -199,16 +187,6 @@ def write_outputs(out: str, study: Study, plans, curves, runs, per_arm, info) ->
     return rows
 
 
-def _parse_cell(text: str):
-    """A CSV cell back to int / float (``inf``/``nan`` included) where it is one, else the text."""
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
-
-
 def load_result(out: str) -> StudyResult:
     """Read a finished study folder back."""
     if not os.path.exists(os.path.join(out, FINISHED_MARK)):
@@ -218,7 +196,7 @@ def load_result(out: str) -> StudyResult:
         curves = {k[len("metric/"):]: z[k] for k in z.files if k.startswith("metric/")}
         runs = {k[len("run/"):]: z[k] for k in z.files if k.startswith("run/")}
     with open(os.path.join(out, "summary.csv")) as f:
-        rows = [{k: _parse_cell(v) for k, v in r.items()} for r in csv.DictReader(f)]
+        rows = csv_to_rows(f.read())
     return StudyResult(out, study, curves, runs, rows, read_json(os.path.join(out, "run_info.json"), {}))
 
 
