@@ -12,7 +12,7 @@ from _study import options
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = ("siop_learning", "coevo_learning", "meta_gradient", "text_learning", "ppo_learning", "calibrate",
-           "turn_learning", "compare_methods", "credit_quality", "collusion", "siop_vs_critic")
+           "turn_learning", "compare_methods", "credit_quality", "collusion", "siop_vs_critic", "chain_credit")
 
 
 def load(name):
@@ -54,6 +54,8 @@ def test_help_lists_a_default_for_every_own_option(name):
     ("credit_quality", ["--task", "doorkey5-h40"], "exact advantages are computed on KeyDoor with its time limit only"),
     ("credit_quality", ["--task", "tetris"], "--task: unknown 'tetris'"),
     ("collusion", ["--task", "doorkey5-h40"], "has a fixed horizon"),
+    ("chain_credit", ["--task", "keytodoor-a1"], "the choice-step ground truth is DelayedChain's"),
+    ("chain_credit", ["--methods", "dense,ircr"], "--methods must include ppo"),
     ("siop_vs_critic", ["--settings", "default,nope"], "--settings: unknown 'nope'"),
     ("siop_vs_critic", ["--settings", "td0"], "--settings must include 'default'"),
     ("siop_vs_critic", ["--regime-tasks", "", "--outcome-tasks", ""], "nothing to run"),
@@ -123,6 +125,20 @@ def test_default_studies_keep_each_protocol():
     assert collusion.env_kwargs == {"max_steps": 60, "give_up": True} and collusion.num_seeds == 20
     assert arms["regression-no-anchor"].fixed["anchor_weight"] == 0 and arms["ranking-no-drift"].fixed["drift_weight"] == 0
     assert arms["ranking-rphi-only"].fixed["beta_ext"] == 0 and arms["ranking"].static.method == "coevo-ranking"
+    (chain,) = built("chain_credit")
+    arms = {a.name: a for a in chain.arms}
+    chain_task = load("compare_methods").load_admitted(os.path.join(ROOT, "sweeps", "admitted_tasks.json"))[chain.name]
+    assert chain.save_chunks and chain.env == "DelayedChain" and chain.num_seeds == 20
+    chain_mod = load("chain_credit")
+    assert list(arms)[:len(chain_mod.METHODS) + 1] == list(chain_mod.METHODS) + ["coevo-frozen"]
+    # sparse PPO at every other (lr, ent_coef) a credit method was tuned to, and at no other
+    pairs = {chain_mod.policy_values(chain_task, m) for m in chain_mod.METHODS if m in chain_mod.CREDIT_METHODS}
+    extra = list(arms)[len(chain_mod.METHODS) + 1:]
+    assert sorted(extra) == sorted(chain_mod.ppo_label(p) for p in pairs - {chain_mod.policy_values(chain_task, "ppo")})
+    assert all(arms[e].static.method == "ppo" and arms[e].fixed["lr"] in {dict(p)["lr"] for p in pairs} for e in extra)
+    assert arms["coevo-frozen"].fixed["reward_lr_ratio"] == 0 and arms["coevo-frozen"].static.method == "coevo-regression"
+    for key, value in chain_task.static_overrides.items():  # every arm runs with the task's StaticConfig overrides
+        assert all(getattr(a.static, key) == (tuple(value) if isinstance(value, list) else value) for a in chain.arms)
 
 
 def test_option_parsing():

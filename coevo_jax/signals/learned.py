@@ -378,7 +378,7 @@ def check_learned_static(static) -> None:
 # R_phi is a decomposition of the return, in the episodic stream, never normalised (module docstring)
 _MIXING = {"beta_ext": 1.0, "beta_int": 0.5}
 #: what equal-budget tuning searches (sweeps/_study/tuning.py): R_phi's step and its weight in the reward
-TUNE = {"reward_lr_ratio": (0.01, 2.0), "beta_int": (0.1, 2.0)}
+TUNE = {"reward_lr_ratio": (0.01, 20.0), "beta_int": (0.1, 2.0)}
 
 register_method(MethodSpec(
     "coevo-regression", make_learned, {**REFIT_PARAMS, **OBJECTIVE_PARAMS}, _MIXING,

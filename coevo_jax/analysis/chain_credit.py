@@ -1,0 +1,85 @@
+"""Credit at the decision that matters, on DelayedChain.
+
+On :class:`~envs_jax.chain.DelayedChain` the first action alone decides the
+outcome: the ground-truth credit of a step is ``outcome_reward`` on a correct
+choice and 0 elsewhere (:func:`envs_jax.chain.choice_credit`). Every choice
+the agent can face is enumerable: ``num_choices`` cues times ``num_choices``
+actions at episode time 0. A learned per-step reward ``r(s, a)`` that has
+learned the credit pays the correct choice of each cue more than the wrong
+ones; one that has not ranks the actions of a cue at random.
+
+Scored per run (:func:`choice_scores`) on those ``K x K`` pairs:
+
+* ``spearman``: the Spearman correlation of the reward with the ground-truth
+  credit over the pairs (1 would be perfect; 0 no better than random);
+* ``top1``: the fraction of cues whose correct action gets the highest reward
+  (a uniform guess: ``1 / K``);
+* ``gap``: the mean reward of the correct pairs less that of the wrong ones,
+  in the reward's own units (a regression onto returns aims at ``outcome_reward``).
+
+Which reward (:func:`choice_rewards`): R_phi's ``tanh`` output for the
+co-evolution methods (what the policy is paid, times ``beta_int``), IRCR's
+linear guidance reward. On features input (``reward_input="features"``) R_phi
+reads the policy's hidden state of the choice observation. SIOP's credit and
+PPO's critic are functions of the state: the states after the choice do not
+show it (``show_choice = 0``), so at the choice step they pay every action of
+a cue the same; they have no row here by construction.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from coevo_jax.credit import spearman
+from envs_jax.chain import choice_credit
+
+#: methods with a learned per-step reward of (state, action) that this module scores
+REWARD_METHODS = ("coevo-regression", "coevo-ranking", "coevo-novelty", "ircr", "meta")
+
+
+def choice_pairs(num_choices: int):
+    """``(obs [K*K, 2K+1], action [K*K])``: every (cue, action) at the choice step
+    (elapsed fraction 0, the choice not shown), cue-major."""
+    k = num_choices
+    cue, action = np.repeat(np.arange(k), k), np.tile(np.arange(k), k)
+    obs = np.concatenate([np.eye(k, dtype=np.float32)[cue], np.zeros((k * k, k + 1), np.float32)], -1)
+    return obs, action.astype(np.int32)
+
+
+def choice_rewards(trainer, states) -> np.ndarray:
+    """The learned reward ``[R, K*K]`` of stacked :class:`~coevo_jax.train.TrainState`
+    (leaves ``[R, ...]``) on :func:`choice_pairs` of ``trainer``'s DelayedChain."""
+    from coevo_jax.ppo import policy_outputs
+    from coevo_jax.reward_net import make_reward_net
+
+    static = trainer.static
+    if static.method not in REWARD_METHODS:
+        raise ValueError(f"method {static.method!r} has no learned reward of (state, action); one of {REWARD_METHODS}")
+    obs, action = choice_pairs(trainer.env.unwrapped.num_choices)
+    net = make_reward_net(static, trainer.env, trainer.env_params)
+    linear = static.method == "ircr"  # IRCR pays the pre-tanh output
+
+    def one(policy_params, reward_params):
+        x = jnp.asarray(obs)
+        if static.reward_input == "features":
+            x = policy_outputs(trainer.network, policy_params, x)[2]
+        r, pre = net.apply(reward_params, x, jnp.asarray(action))
+        return pre if linear else r
+
+    sig = states.signal_state
+    reward_params = sig.phi if static.method == "meta" else sig.params
+    return np.asarray(jax.jit(jax.vmap(one))(states.params, reward_params), np.float64)
+
+
+def choice_scores(reward: np.ndarray, num_choices: int, outcome_reward: float = 1.0) -> dict:
+    """``{"spearman", "top1", "gap"}``, each ``[R]``, of rewards ``[R, K*K]`` on
+    :func:`choice_pairs` (module docstring)."""
+    reward = np.asarray(reward, np.float64)
+    obs, action = choice_pairs(num_choices)
+    truth = choice_credit(obs, action, num_choices, outcome_reward)
+    right = truth > 0
+    table = reward.reshape(len(reward), num_choices, num_choices)
+    return {"spearman": np.array([spearman(r, truth) for r in reward]),
+            "top1": (table.argmax(-1) == np.arange(num_choices)).mean(-1),
+            "gap": reward[:, right].mean(-1) - reward[:, ~right].mean(-1)}

@@ -1,0 +1,209 @@
+#!/usr/bin/env python
+"""Credit methods on the DelayedChain positive control: does each learned reward find
+the decision that matters, and does its policy then beat sparse PPO?
+
+On an admitted DelayedChain task (default ``chain-l16-n05``: the first of 16
+steps decides the outcome, 15 noisy rewards follow) the arms run at the values
+``sweeps/tune.py`` chose for them on the task (``sweeps/admitted_tasks.json``; a
+method without its own at PPO's), with the task's ``static_overrides``, on
+paired seeds through the one runner, with the uniform-random row and the dense
+oracle:
+
+* ``ppo`` (sparse), ``dense`` (oracle), ``ircr``, ``coevo-regression``,
+  ``coevo-ranking`` (learned rewards of (state, action)), ``siop`` (a potential
+  of the state);
+* ``coevo-frozen``: coevo-regression with ``reward_lr_ratio = 0`` at its tuned
+  values: R_phi never refit, so whatever it adds is not credit (the control);
+* ``ppo@lr=..,ent=..``: sparse PPO at the policy lr and entropy coefficient a
+  credit method was tuned to, for each such pair that is not PPO's own: did the
+  reward help, or the policy's values?
+
+Two tables:
+
+1. final success IQM [95% CI], AUC, P(> ppo) [95% CI] (rliable, paired seeds),
+   P(> ppo at its own lr, ent) [95% CI], and the verdict, fixed in advance: **a
+   credit method beats PPO** when the lower end of its P(> ppo) CI is above 0.5,
+   and **its reward is why** when the lower end of P(> ppo at its own lr, ent) is
+   above 0.5 too;
+2. per learned reward of (state, action) and snapshot, its credit at the choice
+   step against the ground truth (:mod:`coevo_jax.analysis.chain_credit`): the
+   Spearman correlation over every (cue, action), the share of cues whose correct
+   action it pays most, and its gap between correct and wrong choices; IQM
+   [95% CI] over seeds.
+
+    python sweeps/chain_credit.py                       # chain-l16-n05, 20 seeds, 4 snapshots
+    python sweeps/chain_credit.py --num-seeds 8 --methods ppo,dense,coevo-regression
+
+Outputs (``--out``, default ``results/chain_credit``): the study folder,
+``chain_credit.md`` / ``.csv``, ``choice_credit.csv`` and ``choice_credit.png``
+(IQM Spearman with the ground truth vs env steps, 95% bands).
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+
+from coevo_jax.config import ConfigError
+from coevo_jax.experiment import Study
+
+from _study import cli, options
+from _study.admitted import add_admitted_option, chosen_task
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_TASK = "chain-l16-n05"
+METHODS = ("ppo", "dense", "ircr", "coevo-regression", "coevo-ranking", "siop")
+FROZEN = "coevo-frozen"  # coevo-regression at its tuned values with R_phi never refit
+CREDIT_METHODS = ("ircr", "coevo-regression", "coevo-ranking", "coevo-novelty", "siop", "meta")
+THRESHOLD = 0.8
+
+
+def build_parser():
+    p = cli.study_parser("chain_credit.py", __doc__.split("\n\n")[0], os.path.join("results", "chain_credit"))
+    p.add_argument("--task", default=DEFAULT_TASK, help=f"an admitted DelayedChain task (default: {DEFAULT_TASK})")
+    p.add_argument("--methods", default=",".join(METHODS), help=f"comma list of methods (default: {','.join(METHODS)})")
+    p.add_argument("--no-controls", action="store_true", help=f"leave out {FROZEN} (default: run it)")
+    add_admitted_option(p, os.path.join(HERE, "admitted_tasks.json"))
+    options.add_study_options(p, 20, THRESHOLD)
+    p.set_defaults(num_chunks=4)
+    return p
+
+
+def studies(args) -> list:
+    from coevo_jax.registry import registered_methods
+
+    task, admitted = chosen_task(args)
+    if task.env != "DelayedChain":
+        raise ConfigError(f"--task {task.task} runs on {task.env}: the choice-step ground truth is DelayedChain's;"
+                          " such tasks: " + ", ".join(t for t, a in admitted.items() if a.env == "DelayedChain"))
+    methods = options.names(args.methods, "--methods", registered_methods())
+    if "ppo" not in methods:
+        raise ConfigError("--methods must include ppo (every P(> ppo) is against it)")
+    arms = [task.arm(m) for m in methods]
+    if not args.no_controls:
+        arms.append(task.arm("coevo-regression", FROZEN, {"reward_lr_ratio": 0.0}, tuned_as="coevo-regression"))
+        pairs = dict.fromkeys(policy_values(task, m) for m in methods if m in CREDIT_METHODS)
+        arms += [task.arm("ppo", ppo_label(pair), dict(pair)) for pair in pairs if pair != policy_values(task, "ppo")]
+    return [Study(task.env, tuple(arms), args.num_seeds, env_kwargs=dict(task.env_kwargs), base_seed=args.seed,
+                  num_chunks=args.num_chunks, threshold=args.threshold, name=task.task, save_chunks=True)]
+
+
+def policy_values(task, method: str) -> tuple:
+    """``(("lr", v), ("ent_coef", v))``: the policy values ``method`` runs with on ``task``."""
+    hp = task.hparams(method)
+    return tuple((f, hp[f]) for f in ("lr", "ent_coef") if f in hp)
+
+
+def ppo_label(pair: tuple) -> str:
+    """The label of sparse PPO's arm at the policy values ``pair``."""
+    return "ppo@" + ",".join(f"{'ent' if f == 'ent_coef' else f}={v:g}" for f, v in pair)
+
+
+def credit_curves(result) -> dict:
+    """``{arm: (env steps [S], {score: [R, S]})}`` of the arms with a learned reward of (state, action)."""
+    import jax
+
+    from coevo_jax.analysis.chain_credit import REWARD_METHODS, choice_rewards, choice_scores
+    from coevo_jax.analysis.final_policies import trainer_for
+    from coevo_jax.experiment.spec import chunk_length
+
+    study, out = result.study, {}
+    for arm in study.arms:
+        if arm.static.method not in REWARD_METHODS:
+            continue
+        trainer = trainer_for(result, arm.name)
+        chunk = chunk_length(arm.static.num_iterations, study.num_chunks)
+        snapshots = range(1, arm.static.num_iterations // chunk + 1)
+        states = jax.tree.map(lambda *x: np.concatenate(x), *[result.chunk_states(arm.name, c) for c in snapshots])
+        params = trainer.env_params
+        scores = choice_scores(choice_rewards(trainer, states), trainer.env.unwrapped.num_choices,
+                               float(params.outcome_reward))
+        steps = np.array([c * chunk * arm.static.steps_per_iteration for c in snapshots], np.float64)
+        out[arm.name] = (steps, {k: v.reshape(len(snapshots), -1).T for k, v in scores.items()})
+    return out
+
+
+def _iqm_ci(x: np.ndarray, seed: int) -> str:
+    from coevo_jax.analysis import stats
+
+    s = stats.summarize(x, seed=seed)
+    return f"{s['iqm']:.2f} [{s['ci_low']:.2f}, {s['ci_high']:.2f}]"
+
+
+def beats_ppo(poi: dict) -> bool:
+    """The verdict rule, fixed in advance: the lower end of P(> ppo)'s 95% CI is above 0.5."""
+    return poi["ci_low"] > 0.5
+
+
+def report(args, results) -> str:
+    from coevo_jax.analysis import plots, stats
+    from coevo_jax.analysis.tables import arm_finals, ci, definitions, write_table
+    from coevo_jax.controls import random_row
+    from coevo_jax.analysis.tables import rows_to_csv
+    from coevo_jax.files import atomic_write_text
+
+    result = results[0]
+    study = result.study
+    task, _ = chosen_task(args)
+    finals = arm_finals(result)
+    floor = random_row(study)
+    untuned = task.untuned([a.static.method for a in study.arms if a.name != FROZEN])
+    rows, winners, reward_wins = [], [], []
+    for r in [floor] + list(result.summary):
+        arm = r["arm"]
+        row = {"arm": arm, "seeds": r["n_seeds"], "diverged": r["n_diverged"],
+               "final success IQM [95% CI]": ci(r, "final_success"), "AUC success": f"{r['auc_success_iqm']:.3f}",
+               "P(> ppo) [95% CI]": "-", "P(> ppo at its lr, ent) [95% CI]": "-"}
+        if arm in finals and arm != "ppo":
+            poi = stats.probability_of_improvement(finals[arm], finals["ppo"])
+            row["P(> ppo) [95% CI]"] = stats.improvement_text(poi)
+            own = ppo_label(policy_values(task, arm)) if arm in CREDIT_METHODS else None
+            own = "ppo" if own == ppo_label(policy_values(task, "ppo")) else own
+            winners += [arm] if arm in CREDIT_METHODS and beats_ppo(poi) else []
+            if own in finals:
+                own_poi = stats.probability_of_improvement(finals[arm], finals[own])
+                row["P(> ppo at its lr, ent) [95% CI]"] = f"{stats.improvement_text(own_poi)} ({own})"
+                reward_wins += [arm] if beats_ppo(poi) and beats_ppo(own_poi) else []
+        row["below random"] = "BELOW" if r["final_success_iqm"] < floor["final_success_iqm"] else ""
+        rows.append(row)
+    verdict = ("verdict (rule fixed in advance: the lower end of P(> ppo)'s CI above 0.5; the reward is why when the"
+               " lower end of P(> ppo at its lr, ent) is above 0.5 too): "
+               + (f"{', '.join(winners)} beat PPO; the reward is why for {', '.join(reward_wins) or 'none of them'}"
+                  if winners else "no credit method beats PPO"))
+    os.makedirs(args.out, exist_ok=True)
+    header = f"{study.name} ({study.env} {dict(study.env_kwargs)})\n{definitions(study)}"
+    table = write_table(os.path.join(args.out, "chain_credit.md"), rows, header)
+    atomic_write_text(os.path.join(args.out, "chain_credit.csv"), rows_to_csv(rows))
+
+    curves = credit_curves(result)
+    credit_rows = []
+    for arm, (steps, scores) in curves.items():
+        for j, s in enumerate(steps):
+            credit_rows.append({"arm": arm, "env steps": f"{s:,.0f}",
+                                **{f"{k} IQM [95% CI]": _iqm_ci(v[:, j], j) for k, v in scores.items()}})
+    credit_table = write_table(os.path.join(args.out, "choice_credit.md"), credit_rows)
+    atomic_write_text(os.path.join(args.out, "choice_credit.csv"), rows_to_csv(credit_rows))
+    if curves:
+        plots.plot_learning_curves({"choice-step credit": {a: (st, sc["spearman"]) for a, (st, sc) in curves.items()}},
+                                   os.path.join(args.out, "choice_credit.png"), ylabel="Spearman with the ground truth",
+                                   title=f"learned reward vs ground-truth credit at the choice step, {study.name}")
+    notes = (f"\nnot tuned by sweeps/tune.py on {study.name} (at PPO's lr / ent_coef and library defaults):"
+             f" {', '.join(untuned)}" if untuned else "")
+    static = ", ".join(f"{k}={v}" for k, v in task.static_overrides.items())
+    return (f"{header}\nevery arm with the task's StaticConfig overrides ({static or 'none'}); P(> ppo) over paired"
+            f" seeds (rliable)\n{table}\n{verdict}{notes}\n\n"
+            "Credit at the choice step (coevo_jax.analysis.chain_credit): each learned reward of (state, action) on"
+            " every (cue, action) at time 0 against the ground truth (the outcome on the correct choice, 0 else):"
+            " Spearman over the pairs, top1 = share of cues whose correct action is paid most (a guess: 1/K), gap ="
+            " mean reward of correct less wrong choices; IQM [95% CI] over seeds. SIOP's credit and PPO's critic"
+            " are functions of the state and the chain's states do not show the choice: no row, by construction.\n"
+            + credit_table)
+
+
+def main(argv=None) -> int:
+    return cli.main(build_parser(), studies, report, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""Credit at the choice step of DelayedChain (coevo_jax.analysis.chain_credit): the
+pairs are the env's own choice observations, and the scores' reference values."""
+import jax
+import numpy as np
+import pytest
+
+import envs_jax
+from coevo_jax.analysis.chain_credit import choice_pairs, choice_rewards, choice_scores
+from coevo_jax.config import StaticConfig
+from coevo_jax.train import Trainer
+
+
+def test_choice_pairs_are_the_observations_the_env_shows_at_the_choice():
+    env, params = envs_jax.make("DelayedChain", num_choices=5, length=6)
+    obs, action = choice_pairs(5)
+    seen = {}
+    for s in range(40):
+        o, state = env.reset(jax.random.PRNGKey(s), params)
+        seen[int(state.cue)] = np.asarray(o)
+    assert len(seen) == 5
+    for cue, o in seen.items():  # cue-major: row cue * K + a is (cue, a)
+        np.testing.assert_array_equal(obs[cue * 5:(cue + 1) * 5], np.broadcast_to(o, (5, o.size)))
+    np.testing.assert_array_equal(action, np.tile(np.arange(5), 5))
+
+
+def test_scores_reference_values():
+    k = 4
+    truth = np.eye(k).reshape(1, -1) * 2.0  # pays 2 on each correct choice
+    shifted = np.roll(np.eye(k), 1, axis=1).reshape(1, -1)  # pays a wrong action of each cue
+    s = choice_scores(np.concatenate([truth, shifted, truth * -1.0 + 5.0]), k, outcome_reward=2.0)
+    np.testing.assert_allclose(s["spearman"], [1.0, -1.0 / 3.0, -1.0])
+    np.testing.assert_allclose(s["top1"], [1.0, 0.0, 0.0])
+    np.testing.assert_allclose(s["gap"], [2.0, -1.0 / 3.0, -2.0])
+
+
+def test_choice_rewards_read_the_fitted_reward_and_refuse_a_method_without_one():
+    env, params = envs_jax.make("DelayedChain", num_choices=3, length=4)
+    static = StaticConfig(method="coevo-regression", num_envs=2, rollout_len=8, total_steps=16, reward_input="obs")
+    trainer = Trainer(static, env, params)
+    import coevo_jax as cj
+
+    state = jax.vmap(trainer.init)(jax.random.split(jax.random.PRNGKey(0), 2),
+                                   jax.tree.map(lambda x: np.stack([x, x]), cj.default_hparams(static.method)))
+    from coevo_jax.reward_net import make_reward_net
+
+    net = make_reward_net(static, env, params)
+    obs, action = choice_pairs(3)
+    expect = np.stack([np.asarray(net.apply(jax.tree.map(lambda x: x[i], state.signal_state.params), obs, action)[0])
+                       for i in range(2)])
+    np.testing.assert_allclose(choice_rewards(trainer, state), expect, rtol=1e-5, atol=1e-7)
+    with pytest.raises(ValueError, match="no learned reward"):
+        choice_rewards(Trainer(StaticConfig(method="ppo", num_envs=2, rollout_len=8, total_steps=16), env, params),
+                       state)
