@@ -28,8 +28,9 @@ Two tables:
 2. per learned reward of (state, action) and snapshot, its credit at the choice
    step against the ground truth (:mod:`coevo_jax.analysis.chain_credit`): the
    Spearman correlation over every (cue, action), the share of cues whose correct
-   action it pays most, and its gap between correct and wrong choices; IQM
-   [95% CI] over seeds.
+   action it pays most, and its gap between correct and wrong choices, at the
+   choice and (the same pairs) at the last step, where the action has no
+   effect; IQM [95% CI] over seeds.
 
     python sweeps/chain_credit.py                       # chain-l16-n05, 20 seeds, 4 snapshots
     python sweeps/chain_credit.py --num-seeds 8 --methods ppo,dense,coevo-regression
@@ -117,8 +118,10 @@ def credit_curves(result) -> dict:
         snapshots = range(1, arm.static.num_iterations // chunk + 1)
         states = jax.tree.map(lambda *x: np.concatenate(x), *[result.chunk_states(arm.name, c) for c in snapshots])
         params = trainer.env_params
-        scores = choice_scores(choice_rewards(trainer, states), trainer.env.unwrapped.num_choices,
-                               float(params.outcome_reward))
+        k, outcome = trainer.env.unwrapped.num_choices, float(params.outcome_reward)
+        scores = choice_scores(choice_rewards(trainer, states), k, outcome)
+        last = (int(params.length) - 1) / int(params.length)  # the last step's elapsed fraction
+        scores["gap, last step"] = choice_scores(choice_rewards(trainer, states, last), k, outcome)["gap"]
         steps = np.array([c * chunk * arm.static.steps_per_iteration for c in snapshots], np.float64)
         out[arm.name] = (steps, {k: v.reshape(len(snapshots), -1).T for k, v in scores.items()})
     return out
@@ -196,7 +199,8 @@ def report(args, results) -> str:
             "Credit at the choice step (coevo_jax.analysis.chain_credit): each learned reward of (state, action) on"
             " every (cue, action) at time 0 against the ground truth (the outcome on the correct choice, 0 else):"
             " Spearman over the pairs, top1 = share of cues whose correct action is paid most (a guess: 1/K), gap ="
-            " mean reward of correct less wrong choices; IQM [95% CI] over seeds. SIOP's credit and PPO's critic"
+            " mean reward of correct less wrong choices; gap, last step = the same at the last step, where the action has no"
+            " effect (a reward that tells the steps apart pays 0 there); IQM [95% CI] over seeds. SIOP's credit and PPO's critic"
             " are functions of the state and the chain's states do not show the choice: no row, by construction.\n"
             + credit_table)
 

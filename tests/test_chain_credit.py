@@ -51,3 +51,17 @@ def test_choice_rewards_read_the_fitted_reward_and_refuse_a_method_without_one()
     with pytest.raises(ValueError, match="no learned reward"):
         choice_rewards(Trainer(StaticConfig(method="ppo", num_envs=2, rollout_len=8, total_steps=16), env, params),
                        state)
+
+
+def test_later_pairs_differ_from_the_choice_pairs_only_in_the_elapsed_fraction():
+    env, params = envs_jax.make("DelayedChain", num_choices=3, length=4)
+    obs0, a0 = choice_pairs(3)
+    obs, a = choice_pairs(3, 0.75)
+    key = jax.random.PRNGKey(1)
+    o, state = env.reset(key, params)
+    for t in range(3):  # the observation three steps in, whatever was chosen
+        o, state, *_ = env.step(jax.random.fold_in(key, t), state, t % 3, params)
+    row = int(state.cue) * 3
+    np.testing.assert_array_equal(obs[row], np.asarray(o))
+    np.testing.assert_array_equal(obs[:, :-1], obs0[:, :-1])
+    np.testing.assert_array_equal(a, a0)

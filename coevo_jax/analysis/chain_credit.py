@@ -15,7 +15,9 @@ Scored per run (:func:`choice_scores`) on those ``K x K`` pairs:
 * ``top1``: the fraction of cues whose correct action gets the highest reward
   (a uniform guess: ``1 / K``);
 * ``gap``: the mean reward of the correct pairs less that of the wrong ones,
-  in the reward's own units (a regression onto returns aims at ``outcome_reward``).
+  in the reward's own units (a regression onto returns aims at ``outcome_reward``
+  on the choice step and 0 later, where the action has no effect: the same
+  scores at a later step show whether the learned reward tells the steps apart).
 
 Which reward (:func:`choice_rewards`): R_phi's ``tanh`` output for the
 co-evolution methods (what the policy is paid, times ``beta_int``), IRCR's
@@ -38,16 +40,18 @@ from envs_jax.chain import choice_credit
 REWARD_METHODS = ("coevo-regression", "coevo-ranking", "coevo-novelty", "ircr", "meta")
 
 
-def choice_pairs(num_choices: int):
+def choice_pairs(num_choices: int, elapsed: float = 0.0):
     """``(obs [K*K, 2K+1], action [K*K])``: every (cue, action) at the choice step
-    (elapsed fraction 0, the choice not shown), cue-major."""
+    (elapsed fraction 0, the choice not shown), cue-major; ``elapsed > 0``: the same
+    pairs later in the episode, where the action no longer matters."""
     k = num_choices
     cue, action = np.repeat(np.arange(k), k), np.tile(np.arange(k), k)
-    obs = np.concatenate([np.eye(k, dtype=np.float32)[cue], np.zeros((k * k, k + 1), np.float32)], -1)
+    obs = np.concatenate([np.eye(k, dtype=np.float32)[cue], np.zeros((k * k, k), np.float32),
+                          np.full((k * k, 1), elapsed, np.float32)], -1)
     return obs, action.astype(np.int32)
 
 
-def choice_rewards(trainer, states) -> np.ndarray:
+def choice_rewards(trainer, states, elapsed: float = 0.0) -> np.ndarray:
     """The learned reward ``[R, K*K]`` of stacked :class:`~coevo_jax.train.TrainState`
     (leaves ``[R, ...]``) on :func:`choice_pairs` of ``trainer``'s DelayedChain."""
     from coevo_jax.ppo import policy_outputs
@@ -56,7 +60,7 @@ def choice_rewards(trainer, states) -> np.ndarray:
     static = trainer.static
     if static.method not in REWARD_METHODS:
         raise ValueError(f"method {static.method!r} has no learned reward of (state, action); one of {REWARD_METHODS}")
-    obs, action = choice_pairs(trainer.env.unwrapped.num_choices)
+    obs, action = choice_pairs(trainer.env.unwrapped.num_choices, elapsed)
     net = make_reward_net(static, trainer.env, trainer.env_params)
     linear = static.method == "ircr"  # IRCR pays the pre-tanh output
 
