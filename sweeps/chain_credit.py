@@ -131,7 +131,7 @@ def _iqm_ci(x: np.ndarray, seed: int) -> str:
     from coevo_jax.analysis import stats
 
     s = stats.summarize(x, seed=seed)
-    return f"{s['iqm']:.2f} [{s['ci_low']:.2f}, {s['ci_high']:.2f}]"
+    return f"{s['iqm']:.3f} [{s['ci_low']:.3f}, {s['ci_high']:.3f}]"
 
 
 def beats_ppo(poi: dict) -> bool:
