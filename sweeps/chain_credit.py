@@ -64,7 +64,8 @@ def build_parser():
     p = cli.study_parser("chain_credit.py", __doc__.split("\n\n")[0], os.path.join("results", "chain_credit"))
     p.add_argument("--task", default=DEFAULT_TASK, help=f"an admitted DelayedChain task (default: {DEFAULT_TASK})")
     p.add_argument("--methods", default=",".join(METHODS), help=f"comma list of methods (default: {','.join(METHODS)})")
-    p.add_argument("--no-controls", action="store_true", help=f"leave out {FROZEN} (default: run it)")
+    p.add_argument("--no-controls", action="store_true",
+                   help=f"leave out {FROZEN} and sparse PPO at the credit methods' policy values (default: run them)")
     add_admitted_option(p, os.path.join(HERE, "admitted_tasks.json"))
     options.add_study_options(p, 20, THRESHOLD)
     p.set_defaults(num_chunks=4)
@@ -127,13 +128,6 @@ def credit_curves(result) -> dict:
     return out
 
 
-def _iqm_ci(x: np.ndarray, seed: int) -> str:
-    from coevo_jax.analysis import stats
-
-    s = stats.summarize(x, seed=seed)
-    return f"{s['iqm']:.3f} [{s['ci_low']:.3f}, {s['ci_high']:.3f}]"
-
-
 def beats_ppo(poi: dict) -> bool:
     """The verdict rule, fixed in advance: the lower end of P(> ppo)'s 95% CI is above 0.5."""
     return poi["ci_low"] > 0.5
@@ -184,7 +178,7 @@ def report(args, results) -> str:
     for arm, (steps, scores) in curves.items():
         for j, s in enumerate(steps):
             credit_rows.append({"arm": arm, "env steps": f"{s:,.0f}",
-                                **{f"{k} IQM [95% CI]": _iqm_ci(v[:, j], j) for k, v in scores.items()}})
+                                **{f"{k} IQM [95% CI]": stats.iqm_text(v[:, j], j, 3) for k, v in scores.items()}})
     credit_table = write_table(os.path.join(args.out, "choice_credit.md"), credit_rows)
     atomic_write_text(os.path.join(args.out, "choice_credit.csv"), rows_to_csv(credit_rows))
     if curves:

@@ -105,14 +105,6 @@ def spearman_curves(result) -> dict:
     return curves
 
 
-def _iqm_ci(x: np.ndarray, seed: int) -> str:
-    """``"IQM [low, high]"`` of per-run values (rliable's stratified bootstrap, 95%)."""
-    from coevo_jax.analysis import stats
-
-    s = stats.summarize(x, seed=seed)
-    return f"{s['iqm']:.2f} [{s['ci_low']:.2f}, {s['ci_high']:.2f}]"
-
-
 def report(args, results) -> str:
     from coevo_jax.analysis import plots, stats
 
@@ -126,8 +118,8 @@ def report(args, results) -> str:
         row = {"arm: signal": name, "final success IQM": f"{stats.iqm(final):.3f}"}
         n = len(steps)
         for j in sorted({0, max(n // 4 - 1, 0), max(n // 2 - 1, 0), n - 1}):  # first, quarter, half, last
-            row[f"{steps[j]:,.0f} steps"] = _iqm_ci(rho[:, j], j)
-        row[f"raw, {steps[-1]:,.0f} steps"] = _iqm_ci(curves[f"{name} raw"][1][:, -1], 99)
+            row[f"{steps[j]:,.0f} steps"] = stats.iqm_text(rho[:, j], j)
+        row[f"raw, {steps[-1]:,.0f} steps"] = stats.iqm_text(curves[f"{name} raw"][1][:, -1], 99)
         rows.append(row)
     out = args.out
     os.makedirs(out, exist_ok=True)

@@ -85,3 +85,10 @@ def test_bootstrap_cis_are_reproducible_and_leave_the_global_generator_alone():
     assert first == again
     other = stats.bootstrap_ci(x, seed=1)
     assert other != stats.bootstrap_ci(x, seed=0)
+
+
+def test_table_texts_of_iqm_and_improvement():
+    x = np.array([0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 9.0])  # IQM drops the outer quarter on each side: 1.0
+    s = stats.summarize(x, seed=3)
+    assert stats.iqm_text(x, 3, 3) == f"1.000 [{s['ci_low']:.3f}, {s['ci_high']:.3f}]"
+    assert stats.improvement_text({"p": 0.956, "ci_low": 0.891, "ci_high": 1.0}) == "0.96 [0.89, 1.00]"

@@ -85,6 +85,12 @@ def summarize(x: np.ndarray, seed: int = 0) -> dict:
     return {"mean": _mean(x), "iqm": iqm(x), "ci_low": lo, "ci_high": hi}
 
 
+def iqm_text(x: np.ndarray, seed: int = 0, digits: int = 2) -> str:
+    """``"IQM [ci_low, ci_high]"`` of per-run scores ``x [R]`` (:func:`summarize`), ``digits`` decimals."""
+    s = summarize(x, seed=seed)
+    return "{:.{d}f} [{:.{d}f}, {:.{d}f}]".format(s["iqm"], s["ci_low"], s["ci_high"], d=digits)
+
+
 def performance_profile(scores: dict, taus: np.ndarray, n_boot: int = 1000, seed: int = 0) -> dict:
     """Score distributions (rliable's ``score_distributions`` with its stratified bootstrap, seeded): for each
     label of ``scores {label: [R]}``, the fraction of runs scoring above each
