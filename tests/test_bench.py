@@ -88,7 +88,10 @@ def test_scale_section_builds_its_runs_at_the_main_jobs_shape():
     keydoor = [c for c in cfgs if c["env"] == "KeyDoor-5x5"]
     static = static_from(keydoor[0]["static"])
     assert (static.num_envs, static.rollout_len, static.total_steps) == (8, 16, budget) and budget == 16384
-    assert keydoor[0]["hparams"] == pytest.approx({"lr": 3e-3, "ent_coef": 0.03})
+    from _study.admitted import load_admitted
+
+    tuned = load_admitted(os.path.join(ROOT, "sweeps", "admitted_tasks.json"))["doorkey5-t60-16k"].tuned["ppo"]
+    assert keydoor[0]["hparams"] == pytest.approx(tuned)
     assert all(c["static"]["total_steps"] % (c["static"]["num_envs"] * c["static"]["rollout_len"]) == 0 for c in cfgs)
 
 
