@@ -10,8 +10,8 @@ paired seeds through the one runner, with the uniform-random row and the dense
 oracle:
 
 * ``ppo`` (sparse), ``dense`` (oracle), ``ircr``, ``coevo-regression``,
-  ``coevo-ranking`` (learned rewards of (state, action)), ``siop`` (a potential
-  of the state);
+  ``coevo-ranking``, ``coevo-novelty``, ``meta`` (learned rewards of (state,
+  action)), ``siop`` (a potential of the state);
 * ``coevo-frozen``: coevo-regression with ``reward_lr_ratio = 0`` at its tuned
   values: R_phi never refit, so whatever it adds is not credit (the control);
 * ``ppo@lr=..,ent=..``: sparse PPO at the policy lr and entropy coefficient a
@@ -54,7 +54,7 @@ from _study.admitted import add_admitted_option, chosen_task
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_TASK = "chain-l16-n05"
-METHODS = ("ppo", "dense", "ircr", "coevo-regression", "coevo-ranking", "siop")
+METHODS = ("ppo", "dense", "ircr", "coevo-regression", "coevo-ranking", "coevo-novelty", "meta", "siop")
 FROZEN = "coevo-frozen"  # coevo-regression at its tuned values with R_phi never refit
 CREDIT_METHODS = ("ircr", "coevo-regression", "coevo-ranking", "coevo-novelty", "siop", "meta")
 THRESHOLD = 0.8
