@@ -282,3 +282,29 @@ def test_siop_vs_critic_arms_and_verdict_rule():
     assert mod.outcome_verdict({"siop": np.zeros(20), "siop-outcome": np.ones(20)}).startswith(
         "**verdict: the outcome is better**")
     assert "no difference" in mod.outcome_verdict({"siop": np.arange(20.0), "siop-outcome": np.arange(20.0)})
+
+
+def test_republishing_a_committed_report_is_not_flagged_as_uncommitted(tmp_path):
+    import subprocess
+
+    from _study.publish import write_report
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    fig = tmp_path / "curve.png"
+    fig.write_bytes(b"first")
+    git = lambda *a: subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *a], cwd=repo, check=True,
+                                    capture_output=True)
+    git("init", "-q")
+    path = write_report(str(repo / "docs"), "study", "A study", "python s.py", "| a |", [str(fig)], 1.0, str(repo))
+    git("add", "-A")
+    git("commit", "-qm", "first")
+    fig.write_bytes(b"second")  # the rerun's figure differs from the committed one
+    write_report(str(repo / "docs"), "study", "A study", "python s.py", "| b |", [str(fig)], 1.0, str(repo))
+    text = open(path).read()
+    assert "uncommitted" not in text and "| b |" in text
+    assert (repo / "docs" / "study" / "curve.png").read_bytes() == b"second"
+    (repo / "tracked.txt").write_text("x")
+    git("add", "tracked.txt")  # a tracked change to the code is flagged
+    write_report(str(repo / "docs"), "study", "A study", "python s.py", "| c |", [str(fig)], 1.0, str(repo))
+    assert "+ uncommitted changes" in open(path).read()
