@@ -46,6 +46,7 @@ import sys
 
 import numpy as np
 
+from coevo_jax.analysis.chain_credit import REWARD_METHODS
 from coevo_jax.config import ConfigError
 from coevo_jax.experiment import Study
 
@@ -56,7 +57,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_TASK = "chain-l16-n05"
 METHODS = ("ppo", "dense", "ircr", "coevo-regression", "coevo-ranking", "coevo-novelty", "meta", "siop")
 FROZEN = "coevo-frozen"  # coevo-regression at its tuned values with R_phi never refit
-CREDIT_METHODS = ("ircr", "coevo-regression", "coevo-ranking", "coevo-novelty", "siop", "meta")
+CREDIT_METHODS = REWARD_METHODS + ("siop",)  # the learned rewards of (state, action), and SIOP's potential
 THRESHOLD = 0.8
 
 
@@ -84,9 +85,10 @@ def studies(args) -> list:
         raise ConfigError("--methods must include ppo (every P(> ppo) is against it)")
     arms = [task.arm(m) for m in methods]
     if not args.no_controls:
-        arms.append(task.arm("coevo-regression", FROZEN, {"reward_lr_ratio": 0.0}, tuned_as="coevo-regression"))
-        pairs = dict.fromkeys(policy_values(task, m) for m in methods if m in CREDIT_METHODS)
-        arms += [task.arm("ppo", ppo_label(pair), dict(pair)) for pair in pairs if pair != policy_values(task, "ppo")]
+        arms.append(task.arm("coevo-regression", FROZEN, {"reward_lr_ratio": 0.0}))
+        baselines = {own_ppo(task, m): m for m in methods if m in CREDIT_METHODS}  # one arm per distinct pair
+        arms += [task.arm("ppo", label, dict(policy_values(task, m)))
+                 for label, m in baselines.items() if label != "ppo"]
     return [Study(task.env, tuple(arms), args.num_seeds, env_kwargs=dict(task.env_kwargs), base_seed=args.seed,
                   num_chunks=args.num_chunks, threshold=args.threshold, name=task.task, save_chunks=True)]
 
@@ -102,11 +104,17 @@ def ppo_label(pair: tuple) -> str:
     return "ppo@" + ",".join(f"{'ent' if f == 'ent_coef' else f}={v:g}" for f, v in pair)
 
 
+def own_ppo(task, method: str) -> str:
+    """The arm of sparse PPO at ``method``'s policy values: ``"ppo"`` when they are PPO's own."""
+    pair = policy_values(task, method)
+    return "ppo" if pair == policy_values(task, "ppo") else ppo_label(pair)
+
+
 def credit_curves(result) -> dict:
     """``{arm: (env steps [S], {score: [R, S]})}`` of the arms with a learned reward of (state, action)."""
     import jax
 
-    from coevo_jax.analysis.chain_credit import REWARD_METHODS, choice_rewards, choice_scores
+    from coevo_jax.analysis.chain_credit import choice_rewards, choice_scores
     from coevo_jax.analysis.final_policies import trainer_for
     from coevo_jax.experiment.spec import chunk_length
 
@@ -135,9 +143,8 @@ def beats_ppo(poi: dict) -> bool:
 
 def report(args, results) -> str:
     from coevo_jax.analysis import plots, stats
-    from coevo_jax.analysis.tables import arm_finals, ci, definitions, write_table
+    from coevo_jax.analysis.tables import arm_finals, ci, definitions, rows_to_csv, write_table
     from coevo_jax.controls import random_row
-    from coevo_jax.analysis.tables import rows_to_csv
     from coevo_jax.files import atomic_write_text
 
     result = results[0]
@@ -155,8 +162,7 @@ def report(args, results) -> str:
         if arm in finals and arm != "ppo":
             poi = stats.probability_of_improvement(finals[arm], finals["ppo"])
             row["P(> ppo) [95% CI]"] = stats.improvement_text(poi)
-            own = ppo_label(policy_values(task, arm)) if arm in CREDIT_METHODS else None
-            own = "ppo" if own == ppo_label(policy_values(task, "ppo")) else own
+            own = own_ppo(task, arm) if arm in CREDIT_METHODS else None
             winners += [arm] if arm in CREDIT_METHODS and beats_ppo(poi) else []
             if own in finals:
                 own_poi = stats.probability_of_improvement(finals[arm], finals[own])
@@ -193,9 +199,10 @@ def report(args, results) -> str:
             "Credit at the choice step (coevo_jax.analysis.chain_credit): each learned reward of (state, action) on"
             " every (cue, action) at time 0 against the ground truth (the outcome on the correct choice, 0 else):"
             " Spearman over the pairs, top1 = share of cues whose correct action is paid most (a guess: 1/K), gap ="
-            " mean reward of correct less wrong choices; gap, last step = the same at the last step, where the action has no"
-            " effect (a reward that tells the steps apart pays 0 there); IQM [95% CI] over seeds. SIOP's credit and PPO's critic"
-            " are functions of the state and the chain's states do not show the choice: no row, by construction.\n"
+            " mean reward of correct less wrong choices; gap, last step = the same at the last step, where the"
+            " action has no effect (a reward that tells the steps apart pays 0 there); IQM [95% CI] over seeds."
+            " SIOP's credit and PPO's critic are functions of the state and the chain's states do not show the"
+            " choice: no row, by construction.\n"
             + credit_table)
 
 

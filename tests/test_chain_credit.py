@@ -4,9 +4,11 @@ import jax
 import numpy as np
 import pytest
 
+import coevo_jax as cj
 import envs_jax
 from coevo_jax.analysis.chain_credit import choice_pairs, choice_rewards, choice_scores
 from coevo_jax.config import StaticConfig
+from coevo_jax.reward_net import make_reward_net
 from coevo_jax.train import Trainer
 
 
@@ -37,12 +39,8 @@ def test_choice_rewards_read_the_fitted_reward_and_refuse_a_method_without_one()
     env, params = envs_jax.make("DelayedChain", num_choices=3, length=4)
     static = StaticConfig(method="coevo-regression", num_envs=2, rollout_len=8, total_steps=16, reward_input="obs")
     trainer = Trainer(static, env, params)
-    import coevo_jax as cj
-
     state = jax.vmap(trainer.init)(jax.random.split(jax.random.PRNGKey(0), 2),
                                    jax.tree.map(lambda x: np.stack([x, x]), cj.default_hparams(static.method)))
-    from coevo_jax.reward_net import make_reward_net
-
     net = make_reward_net(static, env, params)
     obs, action = choice_pairs(3)
     expect = np.stack([np.asarray(net.apply(jax.tree.map(lambda x: x[i], state.signal_state.params), obs, action)[0])

@@ -136,7 +136,8 @@ def test_default_studies_keep_each_protocol():
     extra = list(arms)[len(chain_mod.METHODS) + 1:]
     assert sorted(extra) == sorted(chain_mod.ppo_label(p) for p in pairs - {chain_mod.policy_values(chain_task, "ppo")})
     assert all(arms[e].static.method == "ppo" and arms[e].fixed["lr"] in {dict(p)["lr"] for p in pairs} for e in extra)
-    assert arms["coevo-frozen"].fixed["reward_lr_ratio"] == 0 and arms["coevo-frozen"].static.method == "coevo-regression"
+    assert arms["coevo-frozen"].fixed["reward_lr_ratio"] == 0
+    assert arms["coevo-frozen"].static.method == "coevo-regression"
     for key, value in chain_task.static_overrides.items():  # every arm runs with the task's StaticConfig overrides
         assert all(getattr(a.static, key) == (tuple(value) if isinstance(value, list) else value) for a in chain.arms)
 
