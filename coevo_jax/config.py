@@ -64,7 +64,9 @@ class StaticConfig:
     reward_hidden: tuple = (64, 64)
     action_embed_dim: int = 16
     reward_steps: int = 4  # gradient steps per refit
-    buffer_episodes: int = 32  # complete episodes kept for the refit
+    # complete episodes kept for the refit: None = enough for two rollouts of time-limited episodes, at least 32
+    # (episodes.replay_episodes)
+    buffer_episodes: int | None = None
     # steps of an episode R_phi's buffer keeps (padded): None = the env's time limit (every step is decomposed);
     # a length shorter than the time limit is refused (episodes.episode_window)
     max_episode_len: int | None = None

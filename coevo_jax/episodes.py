@@ -159,6 +159,25 @@ def episode_window(name: str, given: int | None, env, env_params) -> int:
     return int(given)
 
 
+MIN_REPLAY_EPISODES = 32  # the smallest replay a derived StaticConfig.buffer_episodes gives
+
+
+def replay_episodes(given: int | None, num_envs: int, rollout_len: int, env, env_params) -> int:
+    """The complete episodes a replay keeps, for ``StaticConfig.buffer_episodes = given``.
+
+    ``None``: ``max(32, 2 * num_envs * ceil(rollout_len / limit))`` with ``limit``
+    the env's time limit (:func:`env_time_limit`): at least the episodes two
+    rollouts finish when every episode runs to the limit, so one rollout never
+    pushes out the episodes of the rollout before it. Without a known time limit
+    (or one above :data:`MAX_WINDOW`), ``max(32, 2 * num_envs)``. A ``given`` size is kept.
+    """
+    if given is not None:
+        return int(given)
+    limit = env_time_limit(env, env_params)
+    per_env = 1 if limit is None or limit > MAX_WINDOW else -(-rollout_len // max(limit, 1))
+    return max(MIN_REPLAY_EPISODES, 2 * num_envs * per_env)
+
+
 def complete_episodes(buf: "EpisodeBuffer") -> jax.Array:
     """int32 ``()``: the complete episodes ``buf`` holds now."""
     return buf.valid.sum().astype(jnp.int32)

@@ -16,6 +16,7 @@ import pytest
 import coevo_jax as cj
 import envs_jax
 from coevo_jax.analysis import diagnostics
+from coevo_jax import episodes as ep
 from coevo_jax import reward_net as RN
 from coevo_jax.signals import PolicyView, init_return_scale
 from coevo_jax.signals import learned as L
@@ -561,3 +562,26 @@ def test_buffer_length_is_the_env_time_limit():
         cj.Trainer(static.replace(max_episode_len=32), env, p)
     _, p60 = envs_jax.make("KeyDoor-5x5", max_steps=60)
     assert L.make_learned(static.replace(max_episode_len=64), None, env, p60)  # longer than the limit: allowed
+
+
+def test_default_replay_holds_two_rollouts_of_episodes():
+    """A rollout must not push the rollout before it out of R_phi's replay: by default
+    (``buffer_episodes=None``) the replay holds the episodes of two rollouts that run
+    every episode to the time limit, at least 32; a given size is kept as given."""
+    env, p = envs_jax.make("DelayedChain", length=16)  # 16-step episodes: 64-step rollouts of 16 envs finish 64
+    static = cj.StaticConfig(method="coevo-regression", reward_hidden=(4,), action_embed_dim=2, num_envs=16,
+                             rollout_len=64)
+    example = collections.namedtuple("Example", "features action")(jnp.zeros((3, 16, 5)), jnp.zeros((3, 16), jnp.int32))
+
+    def rows(s):
+        state = jax.eval_shape(L.make_learned(s, None, env, p).init, jax.random.PRNGKey(0), example,
+                               cj.default_hparams("coevo-regression"))
+        return state.replay.train.steps["x"].shape[0] + state.replay.val.steps["x"].shape[0]
+
+    derived = ep.replay_episodes(None, 16, 64, env, p)
+    assert derived == 2 * 16 * 4 and rows(static) == rows(static.replace(buffer_episodes=derived))
+    assert rows(static.replace(buffer_episodes=8)) < rows(static)
+    assert ep.replay_episodes(None, 8, 16, *envs_jax.make("KeyDoor-5x5", max_steps=60)) == 32  # the floor
+    assert ep.replay_episodes(7, 16, 64, env, p) == 7
+    with pytest.raises(cj.ConfigError, match=r"^StaticConfig.buffer_episodes=1 must be an integer in \[2, 65536\]"):
+        cj.validate_static(static.replace(buffer_episodes=1))

@@ -131,6 +131,7 @@ def make_ircr(static, network, env, env_params) -> Signal:
     """The IRCR guidance reward (method ``ircr``; see the module docstring)."""
     net = make_reward_net(static, env, env_params)
     window = ep.episode_window("max_episode_len", static.max_episode_len, env, env_params)
+    kept = ep.replay_episodes(static.buffer_episodes, static.num_envs, static.rollout_len, env, env_params)
 
     def inputs(traj):
         return reward_inputs(traj, net.reward_input, net.obs_ndim)
@@ -143,7 +144,7 @@ def make_ircr(static, network, env, env_params) -> Signal:
         x = inputs(traj)
         num_envs = traj.action.shape[1]
         params = net.init(key, x[0], traj.action[0])
-        replay = ep.init_replay(static.buffer_episodes, window, num_envs,
+        replay = ep.init_replay(kept, window, num_envs,
                                 {"x": x[0, 0], "action": jnp.int32(0)}, {"full_return": jnp.float32(0.0)})
         return IRCRState(params, init_optimizer(params), init_return_scale(num_envs), replay)
 
@@ -208,7 +209,7 @@ register_method(MethodSpec(
     "ircr", make_ircr, IRCR_PARAMS,
     # the paper replaces the external reward by r_g; refit every iteration (its data changes every rollout)
     {"beta_ext": 0.0, "beta_int": 1.0, "normalize_int": 0.0, "k": 1},
-    static_checks={**REWARD_NET_STATIC_CHECKS, "reward_steps": (1, 10_000), "buffer_episodes": (2, 1 << 16)},
+    static_checks={**REWARD_NET_STATIC_CHECKS, "reward_steps": (1, 10_000)},
     check_static=check_learned_static, off={"beta_ext": 1.0, "beta_int": 0.0}, tune={"ircr_lr_ratio": (0.2, 20.0)},
     doc="IRCR (Gangwani et al. 2020): a learned per-step guidance reward regressed on the min-max normalised"
         " return of each step's episode, replacing the external reward",

@@ -59,7 +59,8 @@ buffer advance Adam's count). ``signal/refit_steps`` is the steps a refit
 took (0 when skipped); the loop sums it into the run's ``refit_steps``.
 
 **Episode buffer** (:mod:`coevo_jax.episodes`). The refit reads a ring buffer
-of the ``static.buffer_episodes`` most recent *complete* episodes, per step
+of the most recent *complete* episodes (``static.buffer_episodes``; by default
+enough for two rollouts, :func:`~coevo_jax.episodes.replay_episodes`), per step
 ``x`` (R_phi's input), ``action`` and ``reward`` (external), per episode
 ``full_return``, filled in ``observe`` from each PPO rollout: no extra
 environment steps, every shape static, episodes continued across rollouts.
@@ -83,7 +84,7 @@ from flax import struct
 from coevo_jax.config import check_int
 from coevo_jax.episodes import (
     MAX_WINDOW, REFIT_GATE_PARAMS, VAL_EVERY, EpisodeReplay, add_rollout, buffer_mask, episode_sum, episode_window,
-    init_replay, refit_ready,
+    init_replay, refit_ready, replay_episodes,
 )
 from coevo_jax.fit import fit, init_optimizer, make_optimizer, refit_steps, refit_when
 from coevo_jax.registry import MethodSpec, Param, grad_clip, register_method, unit, weight
@@ -227,6 +228,7 @@ def make_learned(static, network, env, env_params) -> Signal:
         raise ValueError(f"make_learned: method must be one of {', '.join(METHODS)}, got {static.method!r}")
     novelty = static.method == "coevo-novelty"
     window = episode_window("max_episode_len", static.max_episode_len, env, env_params)
+    kept = replay_episodes(static.buffer_episodes, static.num_envs, static.rollout_len, env, env_params)
     net = make_reward_net(static, env, env_params)
     rnd = make_rnd_net(static, env, env_params)
 
@@ -255,7 +257,7 @@ def make_learned(static, network, env, env_params) -> Signal:
             params=params, anchor_params=params, opt_state=init_optimizer(params),
             rnd_target=rnd_target, rnd_params=rnd_params, rnd_opt_state=rnd_opt, rnd_bonus_params=rnd_params,
             scale=init_return_scale(num_envs),
-            replay=init_replay(static.buffer_episodes, window, num_envs,
+            replay=init_replay(kept, window, num_envs,
                                {"x": x[0, 0], "action": jnp.int32(0), "reward": jnp.float32(0.0)},
                                {"full_return": jnp.float32(0.0)}, VAL_EVERY),
         )
@@ -361,7 +363,7 @@ NOVELTY_PARAMS = {
     "rnd_lr_ratio": weight(1.0, doc="the RND predictor's Adam step as a multiple of the policy's lr (it trains on"
                                     " every rollout; not annealed)"),
 }
-LEARNED_STATIC_CHECKS = {**REWARD_NET_STATIC_CHECKS, "reward_steps": (1, 10_000), "buffer_episodes": (2, 1 << 16)}
+LEARNED_STATIC_CHECKS = {**REWARD_NET_STATIC_CHECKS, "reward_steps": (1, 10_000)}
 
 
 def check_window(static, name: str) -> None:
@@ -372,9 +374,12 @@ def check_window(static, name: str) -> None:
 
 
 def check_learned_static(static) -> None:
-    """R_phi's checks and ``max_episode_len`` (``None`` or an integer in range)."""
+    """R_phi's checks, ``max_episode_len`` (``None`` or an integer in range) and
+    ``buffer_episodes`` (``None`` or an integer in ``[2, 65536]``)."""
     check_reward_net_static(static)
     check_window(static, "max_episode_len")
+    if static.buffer_episodes is not None:
+        check_int(static, "buffer_episodes", 2, 1 << 16)
 # R_phi is a decomposition of the return, in the episodic stream, never normalised (module docstring)
 _MIXING = {"beta_ext": 1.0, "beta_int": 0.5}
 #: what equal-budget tuning searches (sweeps/_study/tuning.py): R_phi's step and its weight in the reward
