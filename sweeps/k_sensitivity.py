@@ -90,6 +90,9 @@ def build_parser():
                         " reward_steps x K / potential_steps x K steps)")
     p.add_argument("--no-normalised", action="store_true",
                    help=f"leave out the normalised lines ({', '.join(NORMALISED.values())}) (default: run them)")
+    p.add_argument("--norm-beta-int", type=float, default=None, metavar="B",
+                   help="beta_int of the normalised lines (default: the method's tuned value, which was tuned for"
+                        " the raw credit)")
     p.add_argument("--num-seeds", type=int, default=None, metavar="N",
                    help=f"seeds per setting, >= 1 (default: {MIN_SEEDS}, more if needed for {MIN_RUNS} runs in all)")
     p.add_argument("--total-steps", type=int, default=None, metavar="S",
@@ -140,7 +143,8 @@ def studies(args) -> list:
         tuned = {f: v for f, v in task.hparams(m).items() if f != "k"}  # each method's tuned values; K is swept
         arms.append(Arm(static, {} if m in REFERENCE_METHODS else {"k": ks}, fixed=tuned))
         if m in NORMALISED and not args.no_normalised:
-            arms.append(Arm(static, {"k": ks}, fixed={**tuned, "normalize_int": 1.0}, label=NORMALISED[m]))
+            beta = {} if args.norm_beta_int is None else {"beta_int": args.norm_beta_int}
+            arms.append(Arm(static, {"k": ks}, fixed={**tuned, "normalize_int": 1.0, **beta}, label=NORMALISED[m]))
     arms = tuple(arms)
     settings = sum(1 if not a.grid else len(ks) for a in arms)
     num_seeds = args.num_seeds if args.num_seeds is not None else max(MIN_SEEDS, math.ceil(MIN_RUNS / settings))
@@ -210,6 +214,7 @@ def report(args, results) -> str:
                      f"steps to {result.study.threshold:g} (median)": r["steps_to_threshold_median"],
                      "reached": r["reached_fraction"],
                      "oscillation": float(np.nanmean(osc)) if len(idx) else float("nan"),
+                     "credit weight": credit_weight(result, idx) if swept else "-",
                      "P(> ppo) [95% CI]": _p_over(stats, result, r, swept, ppo_final)})
     table = write_table(os.path.join(result.out, "k_table.md"), rows)
     matched = any(a.static.refit_steps_per_k for a in result.study.arms)
@@ -218,7 +223,21 @@ def report(args, results) -> str:
             " final = episodes finished in the last 10% of env steps; IQM and"
             f" 95% stratified-bootstrap CI over seeds (rliable); steps to success {result.study.threshold:g}"
             f" (resolution {result.summary[0]['steps_resolution']} env steps); oscillation = variance of"
-            " the return curve over the last 25% of iterations\n" + table)
+            " the return curve over the last 25% of iterations; credit weight = what multiplies the raw"
+            " potential difference gamma Phi(s') - Phi(s) in the policy's reward: beta_int, divided by the credit's"
+            " running return RMS on the normalised lines (mean over seeds of the last 25% of iterations)\n" + table)
+
+
+def credit_weight(result, idx) -> float | str:
+    """SIOP's effective credit weight over the last 25% of iterations (``beta_int``, over
+    the running RMS of the credit's return when normalised), mean over the runs ``idx``; "-" without a credit."""
+    curves = result.curves.get("signal/credit_return_rms")
+    if curves is None or not len(idx) or not np.isfinite(curves[idx]).any():
+        return "-"
+    beta, norm = result.runs["hp/beta_int"][idx], result.runs["hp/normalize_int"][idx]
+    late = curves[idx, 3 * curves.shape[1] // 4:]
+    scale = np.where(norm > 0, 1.0 / np.nanmean(late, axis=1), 1.0)
+    return float(np.mean(beta * scale))
 
 
 def _p_over(stats, result, row, swept: bool, ppo_final) -> str:

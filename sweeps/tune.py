@@ -170,6 +170,7 @@ def report(args, stages) -> str:
     table = write_table(os.path.join(args.out, "tuning.md"), rows)
     atomic_write_text(os.path.join(args.out, "tuning.csv"), rows_to_csv(rows))
     atomic_write_text(os.path.join(args.out, "tuning_scores.csv"), rows_to_csv(score_rows))
+    learned = learned_reward_section(args.out, tuned, [m for m in methods if m in picks])
     if steps != task.total_steps:
         note = f"not recorded: run at {steps} env steps, the task's budget is {task.total_steps}"
     elif args.replot and not args.replace_tuned:
@@ -188,7 +189,31 @@ def report(args, stages) -> str:
             f" per method x {args.tune_seeds} tuning seeds (base seed {tuned.study.base_seed}); rule: {tuning.RULE};"
             f" evaluated on {args.num_seeds} fresh paired seeds (base seed {ev.study.base_seed}); final = episodes"
             " finished in the last 10% of env steps; IQM, 95% stratified-bootstrap CIs and P(> ppo) from rliable\n"
-            f"{table}\n\n{note}")
+            f"{table}\n\n{note}{learned}")
+
+
+def learned_reward_section(out: str, tuned, methods) -> str:
+    """Per R_phi method of the tuning study: what R_phi learned at each configuration
+    (:func:`_study.tuning.learned_reward_rows`), as markdown (also ``learned_reward.csv``)."""
+    from coevo_jax.analysis.tables import format_table, rows_to_csv
+    from coevo_jax.files import atomic_write_text
+
+    parts, every = [], []
+    for m in methods:
+        rows, rho = tuning.learned_reward_rows(tuned, m)
+        if rows:
+            every += [{"method": m, **r} for r in rows]
+            parts.append(f"\n\n**{m}**: Spearman's rho over the configurations, reward_lr_ratio vs tuning AUC"
+                         f" {rho['tuning AUC']:.2f}, vs held-out corr {rho['held-out corr']:.2f}\n\n"
+                         + format_table(rows, markdown=True))
+    if not every:
+        return ""
+    atomic_write_text(os.path.join(out, "learned_reward.csv"), rows_to_csv(every))
+    return ("\n\n## What R_phi learned at each configuration\n\nOn the tuning seeds, in order of R_phi's"
+            " learning-rate ratio: held-out corr = Pearson correlation of R_phi's episode sum with the"
+            " external return on the held-out episodes of its replay; |R_phi| per step = its mean absolute"
+            " value on the rollout; both averaged over the second half of training and over the tuning seeds."
+            + "".join(parts))
 
 
 def main(argv=None) -> int:

@@ -127,3 +127,43 @@ def arm_scores(result, label: str) -> np.ndarray:
     return config_scores(result.curves["success_rate"][idx, :n_it], result.curves["env_steps"][idx[0], :n_it],
                          result.runs["setting"][idx], result.runs["seed"][idx], len(arm.settings()),
                          result.study.num_seeds)
+
+
+#: R_phi's diagnostics in a tuning study's curves (coevo_jax.signals.learned): its held-out
+#: correlation with the return, and its size per step
+R_PHI_METRICS = {"held-out corr": "signal/val_corr", "|R_phi| per step": "signal/r_phi_abs_mean"}
+
+
+def learned_reward_rows(result, label: str) -> tuple[list[dict], dict]:
+    """What R_phi learned at each configuration of the zipped arm ``label`` (a method whose
+    runs report :data:`R_PHI_METRICS`): per configuration, in order of its ``reward_lr_ratio``,
+    the policy's lr, the ratio, R_phi's own lr (their product), ``beta_int``, the tuning AUC
+    (mean over seeds), and the mean over seeds of each metric averaged over the second half
+    of training. Also ``{"tuning AUC": rho, "held-out corr": rho}``: Spearman's rho of each against
+    the ratio, over the configurations. ``([], {})`` when the arm reports no R_phi."""
+    from coevo_jax.credit import spearman
+
+    if any(m not in result.curves for m in R_PHI_METRICS.values()):
+        return [], {}
+    idx = result.select(label)
+    _, arm = result.arm(label)
+    settings = arm.settings()
+    if "reward_lr_ratio" not in settings[0]:
+        return [], {}
+    n_it = arm.static.num_iterations
+    scores = np.nan_to_num(arm_scores(result, label)).mean(-1)
+    setting = np.asarray(result.runs["setting"][idx], int)
+    rows = []
+    for i, config in enumerate(settings):
+        runs = idx[setting == i]
+        row = {"config": i, "lr": config["lr"], "reward_lr_ratio": config["reward_lr_ratio"],
+               "R_phi lr": round_sig(config["lr"] * config["reward_lr_ratio"]),
+               "beta_int": config.get("beta_int", float("nan")), "tuning AUC": float(scores[i])}
+        for name, metric in R_PHI_METRICS.items():
+            late = result.curves[metric][runs, n_it // 2:n_it]
+            row[name] = float(np.nanmean(late)) if np.isfinite(late).any() else float("nan")
+        rows.append(row)
+    rows.sort(key=lambda r: r["reward_lr_ratio"])
+    ratio = np.array([r["reward_lr_ratio"] for r in rows])
+    rho = {name: spearman(ratio, np.array([r[name] for r in rows])) for name in ("tuning AUC", "held-out corr")}
+    return rows, rho
