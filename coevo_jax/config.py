@@ -2,28 +2,31 @@
 
 ``StaticConfig`` holds everything that fixes shapes or loop lengths (hashable,
 closed over by ``make_train``). ``HParams`` holds everything a user may sweep:
-every leaf is a JAX array, so ``jax.vmap(train)(keys, hps)`` batches over any of
-them with one compile. ``validate_static`` / ``validate_hparams`` reject bad
-values before anything compiles, naming the field, the value and the range.
-
-``HParams`` is built from the registry (:mod:`coevo_jax.registry`): its fields
-are the core ones declared here (:data:`CORE_PARAMS`) and those each registered
-method declares in its own module; ranges, per-method defaults, static checks
-and the number of critic heads come from the method's ``MethodSpec``.
+``HParams(ppo=PPOParams(...), signal=SIOPParams(...))``, two frozen
+hyperparameter classes (:mod:`coevo_jax.params`) declared beside the code that
+reads them (:class:`~coevo_jax.ppo.PPOParams` in :mod:`coevo_jax.ppo`, each
+method's subclass of :class:`~coevo_jax.signals.base.SignalParams` in its signal
+module). Every leaf is a JAX array, so ``jax.vmap(train)(keys, hps)`` batches
+over any of them with one compile. ``validate_static`` / ``validate_hparams``
+reject bad values before anything compiles, naming the field, the value and the
+range. A method's spec (:mod:`coevo_jax.registry`) names its class, its
+per-method defaults, its static checks and its number of critic heads.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from coevo_jax.registry import (
-    INF, ConfigError, Param, declare_core_params, grad_clip, hparam_declarations, method_spec, registered_methods,
-    unit, weight,
-)
+from coevo_jax import params
+from coevo_jax.params import ConfigError, Param, declarations
+from coevo_jax.ppo import PPOParams
+from coevo_jax.registry import method_spec, registered_methods
+
+if TYPE_CHECKING:
+    from coevo_jax.signals.base import SignalParams
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,50 +117,6 @@ class StaticConfig:
 
 
 # ----------------------------------------------------------------------------- HParams
-#: the fields every method has: PPO, reward mixing and the update period. Each
-#: method's own fields are declared in its module (coevo_jax/signals/*.py).
-CORE_PARAMS: dict[str, Param] = {
-    # PPO
-    "lr": Param(2.5e-4, 0.0, 1.0, low_inclusive=False),
-    "gamma": unit(0.99),
-    "gae_lambda": unit(0.95),
-    "clip_eps": Param(0.2, 0.0, 1.0, low_inclusive=False),
-    "ent_coef": weight(0.01),
-    "vf_coef": weight(0.5),
-    "max_grad_norm": grad_clip(0.5),
-    # reward mixing: episodic r = beta_ext * r_ext + beta_int * n(r_int) (shaping / learned decomposition),
-    # or a separate non-episodic stream with advantage weight beta_int (see each signal module)
-    "beta_ext": Param(1.0, -INF, INF, False, False, doc="weight of the external reward"),
-    "beta_int": Param(1.0, -INF, INF, False, False, doc="weight of the internal reward (or of its advantage)"),
-    "normalize_int": unit(1.0, doc="1: divide r_int by a running RMS of its return (never shifted), 0: raw"),
-    "k": Param(4, 1, 1_000_000, integer=True, doc="update period of the internal reward / potential, in"
-                                                 " iterations"),
-}
-declare_core_params(CORE_PARAMS)
-
-
-def _field_dtype(p: Param):
-    return jnp.int32 if p.integer else jnp.float32
-
-
-def _cast(name: str, value, p: Param | None):
-    """``value`` as a JAX array of the field's dtype (int32 for integer params,
-    else float32; tracers are cast, not checked). ``p`` ``None``: unchanged."""
-    if p is None:
-        return value
-    dtype = _field_dtype(p)
-    if isinstance(value, jax.core.Tracer):
-        return value if value.dtype == dtype else value.astype(dtype)
-    if isinstance(value, jax.Array) and value.dtype == dtype:
-        return value
-    arr = np.asarray(value)
-    if arr.dtype.kind not in "biuf":
-        raise ConfigError(f"HParams.{name}: expected a number, got {value!r}")
-    if p.integer and np.any(arr != np.round(arr)):
-        raise ConfigError(f"HParams.{name}: must be an integer, got {arr.tolist()}")
-    return jnp.asarray(arr, dtype)
-
-
 def _shown(v) -> str:
     """A leaf for ``repr``: the number, the list of a batch, or the tracer / shape."""
     if isinstance(v, (jax.Array, np.ndarray, float, int)) and not isinstance(v, jax.core.Tracer):
@@ -165,125 +124,106 @@ def _shown(v) -> str:
     return repr(v)
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
 class HParams:
-    """Every leaf a JAX array (float32; int32 for integer fields), ``()`` for one
-    run or ``[B]`` for a batch of runs; any field can be vmapped over.
+    """Everything a user may sweep: ``ppo`` (:class:`~coevo_jax.ppo.PPOParams`) and
+    ``signal`` (the method's class, a subclass of
+    :class:`~coevo_jax.signals.base.SignalParams`: ``MethodSpec.params``).
 
-    A frozen pytree whose keys are the field names (``hparam_fields()``: the
-    core fields, then every registered method's). ``HParams(**kw)`` casts the
-    given values and gives every other field its declared default; an unknown
-    name is a :class:`ConfigError`. ``hp.replace(**kw)`` likewise.
+    A frozen pytree; after :func:`default_hparams`, :meth:`replace` or
+    :func:`as_arrays` every leaf is a JAX array (float32; int32 for integer
+    fields), ``()`` for one run or ``[B]`` for a batch of runs, and any field
+    can be vmapped over. Code reads ``hp.ppo.lr``, ``hp.signal.k``. Users,
+    JSON and the runner name fields flat (``lr``, ``k``: names are unique across
+    the two classes): :meth:`replace` and :func:`default_hparams` route them,
+    :meth:`as_dict` lists them.
     """
 
-    __slots__ = ("_values",)
-
-    def __init__(self, **values):
-        decls = hparam_declarations()
-        unknown = [n for n in values if n not in decls]
-        if unknown:
-            raise ConfigError(f"unknown HParams field {unknown[0]!r}; fields are {', '.join(decls)}")
-        cast = {n: _cast(n, values[n] if n in values else p.default, p) for n, p in decls.items()}
-        object.__setattr__(self, "_values", cast)
-
-    def __getattr__(self, name: str):
-        if not name.startswith("_"):
-            values = object.__getattribute__(self, "_values")
-            if name in values:
-                return values[name]
-            raise AttributeError(f"HParams has no field {name!r}; fields are {', '.join(values)}")
-        raise AttributeError(name)
-
-    def __setattr__(self, name, value):
-        raise dataclasses.FrozenInstanceError(f"HParams is frozen: use hp.replace({name}=...)")
-
-    __delattr__ = __setattr__
+    ppo: PPOParams
+    signal: SignalParams
 
     def replace(self, **changes) -> "HParams":
-        """A copy with ``changes`` (cast to each field's dtype)."""
-        unknown = [n for n in changes if n not in self._values]
-        if unknown:
-            raise ConfigError(f"unknown HParams field {unknown[0]!r}; fields are {', '.join(self._values)}")
-        decls = hparam_declarations()
-        return _from_values({n: _cast(n, changes[n], decls.get(n)) if n in changes else v
-                             for n, v in self._values.items()})
+        """A copy with ``changes`` (flat field names, routed to ``ppo`` or ``signal``
+        and cast to each field's dtype); an unknown name is a :class:`ConfigError`."""
+        ppo, signal = _route(changes, type(self.signal), "")
+        return HParams(self.ppo.replace(**ppo) if ppo else self.ppo,
+                       self.signal.replace(**signal) if signal else self.signal)
 
     def as_dict(self) -> dict[str, Any]:
-        """``{field: leaf}`` in field order."""
-        return dict(self._values)
+        """``{field: leaf}``: ``ppo``'s fields, then ``signal``'s."""
+        return {**_fields_of(self.ppo), **_fields_of(self.signal)}
 
     def __eq__(self, other) -> bool:
         if not isinstance(other, HParams):
             return NotImplemented
-        a, b = self._values, other._values
-        return tuple(a) == tuple(b) and all(np.array_equal(np.asarray(a[n]), np.asarray(b[n])) for n in a)
+        a, b = self.as_dict(), other.as_dict()
+        return (type(self.signal) is type(other.signal) and tuple(a) == tuple(b)
+                and all(np.array_equal(np.asarray(a[n]), np.asarray(b[n])) for n in a))
 
     __hash__ = None  # leaves are arrays
 
     def __repr__(self) -> str:
-        return "HParams(" + ", ".join(f"{n}={_shown(v)}" for n, v in self._values.items()) + ")"
+        def shown(obj) -> str:
+            return f"{type(obj).__name__}(" + ", ".join(f"{n}={_shown(v)}" for n, v in _fields_of(obj).items()) + ")"
 
-    def __reduce__(self):
-        return _unflatten, (tuple(self._values), tuple(self._values.values()))
-
-
-def _from_values(values: dict) -> HParams:
-    """An ``HParams`` holding ``values`` as they are (pytree unflattening: any leaves)."""
-    hp = object.__new__(HParams)
-    object.__setattr__(hp, "_values", values)
-    return hp
+        return f"HParams(ppo={shown(self.ppo)}, signal={shown(self.signal)})"
 
 
-def _unflatten(names: tuple, leaves: Iterable) -> HParams:
-    return _from_values(dict(zip(names, leaves)))
+jax.tree_util.register_dataclass(HParams, data_fields=["ppo", "signal"], meta_fields=[])
 
 
-jax.tree_util.register_pytree_with_keys(
-    HParams,
-    lambda hp: (tuple((jax.tree_util.GetAttrKey(n), v) for n, v in hp._values.items()), tuple(hp._values)),
-    _unflatten,
-    lambda hp: (tuple(hp._values.values()), tuple(hp._values)),
-)
+def _fields_of(obj) -> dict:
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
 
 
-def hparam_fields() -> tuple[str, ...]:
-    """Every ``HParams`` field name: the core ones, then the registered methods'."""
-    return tuple(hparam_declarations())
+def _route(flat: dict, signal_cls: type, method: str) -> tuple[dict, dict]:
+    """``flat`` split into ``(ppo fields, signal fields)``; :class:`ConfigError` for a name in neither."""
+    ppo_names, signal_names = declarations(PPOParams), declarations(signal_cls)
+    unknown = [n for n in flat if n not in ppo_names and n not in signal_names]
+    if unknown:
+        owner = f"method {method!r}" if method else signal_cls.__name__
+        raise ConfigError(f"unknown HParams field {unknown[0]!r} ({owner}); fields are"
+                          f" {', '.join([*ppo_names, *signal_names])}")
+    return ({n: v for n, v in flat.items() if n in ppo_names}, {n: v for n, v in flat.items() if n in signal_names})
+
+
+def hparam_fields(method: str | None = None) -> tuple[str, ...]:
+    """The flat ``HParams`` field names of ``method`` (``PPOParams``' then its
+    signal class's); ``None``: every registered method's, each name once."""
+    if method is not None:
+        return tuple(method_spec(method).declarations())
+    return tuple(dict.fromkeys(n for m in registered_methods() for n in method_spec(m).declarations()))
+
+
+def hparam_declarations(method: str) -> dict[str, Param]:
+    """``{field: Param}`` of ``method``'s ``HParams`` (flat names)."""
+    return method_spec(method).declarations()
 
 
 def as_arrays(hp: HParams) -> HParams:
-    """Cast every field to a JAX array of its declared dtype (int32 for integer fields)."""
-    decls = hparam_declarations()
-    return _from_values({n: _cast(n, v, decls.get(n)) for n, v in hp.as_dict().items()})
+    """``hp`` with every leaf a JAX array of its field's dtype (int32 for integer
+    fields; tracers are cast, not checked)."""
+    return HParams(params.cast(hp.ppo), params.cast(hp.signal))
 
 
 def default_hparams(method: str = "ppo", **overrides) -> HParams:
-    """``HParams()`` with the method's defaults (its ``MethodSpec.defaults``), then ``overrides``."""
-    return HParams(**{**method_spec(method).defaults, **overrides})
+    """``method``'s ``HParams``: the class defaults, its spec's ``defaults``,
+    then ``overrides`` (flat names); every leaf an array."""
+    spec = method_spec(method)
+    ppo, signal = _route({**spec.defaults, **overrides}, spec.params, method)
+    return as_arrays(HParams(PPOParams(**ppo), spec.params(**signal)))
 
 
 def validate_hparams(hp: HParams) -> HParams:
-    """Check every leaf (scalar or batched) is finite and inside its range.
+    """Check every leaf (scalar or batched) is a finite number inside its range.
 
     Returns ``hp`` cast to arrays. Raises :class:`ConfigError` naming the field.
     """
-    decls = hparam_declarations()
-    missing = [n for n in decls if n not in hp.as_dict()]
-    if missing:
-        raise ConfigError(f"HParams lacks field(s) {missing} (made before their method was registered?)")
-    for name, v in hp.as_dict().items():
-        if name not in decls:
-            raise ConfigError(f"HParams.{name}: no registered method declares this field")
-        if isinstance(v, jax.core.Tracer):
-            continue
-        p, arr = decls[name], np.asarray(v)
-        if arr.dtype.kind not in "biuf":
-            raise ConfigError(f"HParams.{name}: expected a number, got {v!r}")
-        if p.integer and np.any(arr != np.round(arr)):
-            raise ConfigError(f"HParams.{name}: must be an integer, got {arr.tolist()}")
-        bad = p.outside(arr)
-        if np.any(bad):
-            shown = arr[bad].ravel()[0]  # numpy scalar: prints -0.1, not -0.10000000149
-            raise ConfigError(f"HParams.{name}={shown!s} is outside the allowed range {p.range_text()}")
+    if not isinstance(hp, HParams) or not isinstance(hp.ppo, PPOParams) or not params.is_hyperparams(
+            type(hp.signal)):
+        raise ConfigError(f"expected HParams(ppo=PPOParams(...), signal=<a method's params class>), got {hp!r}")
+    params.check(hp.ppo)
+    params.check(hp.signal)
     return as_arrays(hp)
 
 

@@ -42,17 +42,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from coevo_jax.registry import ConfigError, Param
+from coevo_jax.params import ConfigError
 from coevo_jax.rollout import flatten_time
 
 VAL_EVERY = 4  # the usual validation period: every 4th committed episode is held out
 MAX_WINDOW = 1 << 16  # the longest episode a buffer row may hold (StaticConfig.max_episode_len's range)
-#: the refit gate of every learner that refits on a replay of complete episodes (R_phi, SIOP's potential)
-REFIT_GATE_PARAMS = {
-    "min_refit_episodes": Param(1, 0, MAX_WINDOW, integer=True,
-                                doc="a refit runs only when its buffer holds at least this many complete episodes"
-                                    " (else parameters and optimiser state stay as they are); 0: always"),
-}
 
 
 @struct.dataclass
@@ -184,8 +178,9 @@ def complete_episodes(buf: "EpisodeBuffer") -> jax.Array:
 
 
 def refit_ready(buf: "EpisodeBuffer", hp) -> jax.Array:
-    """bool ``()``: ``buf`` holds at least ``hp.min_refit_episodes`` complete episodes."""
-    return complete_episodes(buf) >= hp.min_refit_episodes
+    """bool ``()``: ``buf`` holds at least ``hp.signal.min_refit_episodes`` complete episodes
+    (:class:`~coevo_jax.signals.base.RefitGateParams`)."""
+    return complete_episodes(buf) >= hp.signal.min_refit_episodes
 
 
 # ----------------------------------------------------------------------------- writing

@@ -13,7 +13,7 @@
   each of ``steps`` steps draws its own minibatch with its own key (a replay
   draw: SIOP's potential; ``lambda _: batch`` for full-batch steps: the
   co-evolving R_phi). ``steps`` may be traced (:func:`fit_traced_steps`: the
-  compute-matched K study scales a refit's steps with ``hp.k``).
+  compute-matched K study scales a refit's steps with ``hp.signal.k``).
 
 LIRPG's look-ahead (:func:`coevo_jax.signals.meta.inner_update`) takes
 :func:`fit_step` s of its own: full-batch steps it differentiates through,
@@ -122,7 +122,7 @@ def fit(loss_fn: Callable, params, opt_state, optimizer: optax.GradientTransform
     if callable(data):
         if steps is None:
             raise ValueError("fit: a sampler (callable data) needs steps")
-        if isinstance(steps, jax.Array):  # a count computed in the traced program (e.g. from hp.k)
+        if isinstance(steps, jax.Array):  # a count computed in the traced program (e.g. from hp.signal.k)
             return fit_traced_steps(loss_fn, params, opt_state, optimizer, data, key, steps)
         (params, opt_state), metrics = jax.lax.scan(lambda c, k: body(c, data(k)), (params, opt_state),
                                                     jax.random.split(key, steps))
@@ -169,8 +169,8 @@ def fit_traced_steps(loss_fn: Callable, params, opt_state, optimizer: optax.Grad
 
 def refit_steps(steps: int, static, hp):
     """Steps of one refit of a learned reward or potential: ``steps`` (static), or
-    ``steps * hp.k`` (traced) under ``static.refit_steps_per_k`` (compute-matched K)."""
-    return steps * hp.k if static.refit_steps_per_k else steps
+    ``steps * hp.signal.k`` (traced) under ``static.refit_steps_per_k`` (compute-matched K)."""
+    return steps * hp.signal.k if static.refit_steps_per_k else steps
 
 
 def refit_when(ready: jax.Array, refit: Callable, operand):

@@ -13,7 +13,22 @@ import jax.numpy as jnp
 
 from coevo_jax.fit import fit, init_optimizer, make_optimizer  # noqa: F401  (the optimiser, re-exported)
 from coevo_jax.packing import PackedWindows
+from coevo_jax.params import grad_clip, hyperparams, param, unit, weight
 from coevo_jax.rollout import mask_logits
+
+
+@hyperparams
+class PPOParams:
+    """The policy's hyperparameters (``HParams.ppo``), the same for every method."""
+
+    lr: float = param(2.5e-4, 0.0, 1.0, low_inclusive=False, doc="Adam step of the policy (annealed to 0 when"
+                                                                  " StaticConfig.anneal_lr)")
+    gamma: float = unit(0.99, doc="discount")
+    gae_lambda: float = unit(0.95, doc="GAE lambda")
+    clip_eps: float = param(0.2, 0.0, 1.0, low_inclusive=False, doc="PPO's ratio clip")
+    ent_coef: float = weight(0.01, doc="entropy bonus weight")
+    vf_coef: float = weight(0.5, doc="value loss weight")
+    max_grad_norm: float = grad_clip(0.5, doc="global-norm clip of the policy's step")
 
 
 def gae(rewards, values, next_values, terminated, truncated, gamma, gae_lambda):
@@ -60,18 +75,18 @@ def stream_advantages(streams, traj, hp):
     """
     if streams.intrinsic is None:
         return gae(streams.episodic, traj.value, traj.next_value, traj.terminated, traj.truncated,
-                   hp.gamma, hp.gae_lambda)
+                   hp.ppo.gamma, hp.ppo.gae_lambda)
     if traj.value.ndim != streams.intrinsic.ndim + 1:
         raise ValueError("an intrinsic reward stream needs a policy with two value heads (StaticConfig.value_heads"
                          f" = 2); the trajectory's values have shape {traj.value.shape}")
     adv_e, target_e = gae(streams.episodic, traj.value[..., 0], traj.next_value[..., 0], traj.terminated,
-                          traj.truncated, hp.gamma, hp.gae_lambda)
+                          traj.truncated, hp.ppo.gamma, hp.ppo.gae_lambda)
     if traj.cont_value is None:
         raise ValueError("an intrinsic reward stream bootstraps from traj.cont_value (the value of the observation"
                          " after each step's auto-reset); this trajectory has none")
     never = jnp.zeros_like(traj.terminated)
     adv_i, target_i = gae(streams.intrinsic, traj.value[..., 1], traj.cont_value[..., 1], never, never,
-                          hp.gamma, hp.gae_lambda)
+                          hp.ppo.gamma, hp.ppo.gae_lambda)
     return adv_e + streams.intrinsic_coef * adv_i, jnp.stack([target_e, target_i], axis=-1)
 
 
@@ -140,15 +155,16 @@ def ppo_update(
 
     ``batch`` leaves have a leading ``[B]`` axis (flatten ``[T, N]`` first, or
     pack it per env) and ``B`` should be divisible by ``num_minibatches``
-    (:func:`coevo_jax.fit.fit` leaves the remainder out of each epoch). ``hp``
-    supplies ``clip_eps, vf_coef, ent_coef, max_grad_norm``; ``lr`` is this step's
+    (:func:`coevo_jax.fit.fit` leaves the remainder out of each epoch). ``hp`` (an
+    ``HParams``) supplies ``hp.ppo``'s ``clip_eps, vf_coef, ent_coef, max_grad_norm``; ``lr`` is this step's
     learning rate. Returns ``(params, opt_state, metrics)`` with metrics
     averaged over all minibatch steps.
     """
     def loss_fn(p, minibatch):
-        return ppo_loss(p, network, minibatch, hp.clip_eps, hp.vf_coef, hp.ent_coef, normalize_advantages)
+        ppo = hp.ppo
+        return ppo_loss(p, network, minibatch, ppo.clip_eps, ppo.vf_coef, ppo.ent_coef, normalize_advantages)
 
-    params, opt_state, metrics = fit(loss_fn, params, opt_state, make_optimizer(hp.max_grad_norm, lr), batch, key,
+    params, opt_state, metrics = fit(loss_fn, params, opt_state, make_optimizer(hp.ppo.max_grad_norm, lr), batch, key,
                                      epochs=num_epochs, num_minibatches=num_minibatches)
     return params, opt_state, jax.tree.map(jnp.mean, metrics)
 

@@ -19,8 +19,9 @@ from coevo_jax.networks import check_policy_network, make_policy_network
 from coevo_jax.fit import init_optimizer
 from coevo_jax.packing import pack_windows
 from coevo_jax.ppo import PPOBatch, explained_variance, ppo_update, stream_advantages
+from coevo_jax.registry import method_spec
 from coevo_jax.rollout import RolloutState, Trajectory, flatten_time, rollout
-from coevo_jax.signals import PolicyView, Signal, check_env_outputs, gated_update, make_signal
+from coevo_jax.signals import PolicyView, Signal, SignalParams, check_env_outputs, gated_update, make_signal
 from coevo_jax.transformer import TransformerActorCritic
 from envs_jax.core import EpisodeStats
 
@@ -150,6 +151,7 @@ class Trainer:
         self.network = (make_policy_network(static, env, env_params) if network is None
                         else check_policy_network(network, self.static, env, env_params))
         self.signal = signal if signal is not None else make_signal(static, self.network, self.env, env_params)
+        self.params_class = method_spec(static.method).params if signal is None else SignalParams
         self.decode_chunk = decode_chunk(static, self.network, self.env)
         self.packed_chunk = packed_chunk(static, self.network, self.env)
         if self.packed_chunk is not None and static.num_envs % static.num_minibatches:
@@ -158,9 +160,20 @@ class Trainer:
                 " the packed transformer update (StaticConfig.packed_update) minibatches whole envs")
 
     # ------------------------------------------------------------------ init
+    def hparams(self, hp: HParams) -> HParams:
+        """``hp`` cast to arrays (:func:`~coevo_jax.config.as_arrays`); :class:`ConfigError` unless
+        ``hp.signal`` is an instance of the method's params class (``MethodSpec.params``; any
+        :class:`~coevo_jax.signals.base.SignalParams` with a ``signal`` passed to the trainer)."""
+        want = self.params_class
+        if not isinstance(hp, HParams) or not isinstance(hp.signal, want):
+            got = type(hp.signal).__name__ if isinstance(hp, HParams) else type(hp).__name__
+            raise ConfigError(f"method {self.static.method!r} needs HParams with signal={want.__name__}, got {got}"
+                              f" (use default_hparams({self.static.method!r}))")
+        return as_arrays(hp)
+
     def init(self, key: jax.Array, hp: HParams) -> TrainState:
         """Fresh policy, optimiser, environments and signal state."""
-        hp = as_arrays(hp)
+        hp = self.hparams(hp)
         key = raw_key(key)
         k_net, k_env, k_sig, k_run = jax.random.split(key, 4)
         n = self.static.num_envs
@@ -200,11 +213,11 @@ class Trainer:
         ro_state, traj = rollout(self.network, state.params, self.env, self.env_params, state.rollout, k_roll,
                                  static.rollout_len, self.decode_chunk)
         lr_frac = self.lr_frac(state)
-        lr = hp.lr * lr_frac
+        lr = hp.ppo.lr * lr_frac
         policy = PolicyView(self.network, state.params, state.opt_state, lr, lr_frac)
 
         sig_state, obs_metrics = self.signal.observe(state.signal_state, traj, hp, k_obs)
-        do_update = (state.iteration % hp.k) == 0
+        do_update = (state.iteration % hp.signal.k) == 0
         sig_state, upd_metrics = gated_update(self.signal, do_update, sig_state, traj, policy, hp, k_sig,
                                               self.batch_axis)
         sig_state, streams, r_metrics = self.signal.rewards(sig_state, traj, hp)
@@ -253,7 +266,7 @@ class Trainer:
         stacked output instead of M, each with its own update, copy and transpose
         in the compiled loop) and splits it after the loop.
         """
-        hp = as_arrays(hp)
+        hp = self.hparams(hp)
         names = []  # the metrics' names, in the packed order (set when the loop body is traced)
 
         def step(s, _):

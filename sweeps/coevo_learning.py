@@ -54,10 +54,10 @@ def build_parser():
                        help=f"StaticConfig.{name.replace('-', '_')} (default: "
                             f"{'the env time limit' if default is None else default})")
     p.add_argument("--reward-hidden", default="32,32", help="StaticConfig.reward_hidden of R_phi (default: 32,32)")
-    coevo = default_hparams("coevo-regression")
+    coevo = default_hparams("coevo-regression").as_dict()
     for name in COEVO_FLAGS:
         p.add_argument("--" + name.replace("_", "-"), type=float, default=None,
-                       help=f"HParams.{name} of the coevo arms (default: the method's, {getattr(coevo, name):g})")
+                       help=f"HParams.{name} of the coevo arms (default: the method's, {float(coevo[name]):g})")
     p.add_argument("--grid", default="", metavar="F=V1,V2;...",
                    help="HParams grid of the coevo arms, e.g. 'k=1,4;reward_lr_ratio=0.2,0.8' (default: none)")
     options.add_study_options(p, num_seeds=32)

@@ -2,7 +2,7 @@
 """K sensitivity: how the update period K of the internal reward / potential
 changes learning (the project's main job; run it first).
 
-Sweeps ``hp.k`` -- the iterations between two refits of the learned internal
+Sweeps ``hp.signal.k`` -- the iterations between two refits of the learned internal
 reward R_phi (co-evolution by regression, as in RUDDER's return decomposition,
 Arjona-Medina et al. 2019; or by pairwise ranking, Christiano et al. 2017) or
 of the self-induced outcome potential (SIOP) -- with sparse PPO, PPO on the
@@ -17,7 +17,7 @@ its own runs at ppo's lr / entropy coefficient).
 takes ``reward_steps x K`` (``potential_steps x K``) gradient steps, so R_phi and
 the potential get the same gradient steps per env step at every K, and K
 measures only *how stale* the reward is, not how much it was trained. A refit
-whose buffer holds no complete episode yet (``hp.min_refit_episodes``, 1) takes
+whose buffer holds no complete episode yet (``hp.signal.min_refit_episodes``, 1) takes
 no step, so the steps a run actually took differ between K (the refit due at
 iteration 0 is skipped on most seeds, half the refits at K = 64): the table's
 ``refit steps`` column is their mean over seeds (the run's cumulative
@@ -59,7 +59,7 @@ from _study.admitted import add_admitted_option, chosen_task
 SWEPT_METHODS = ("coevo-regression", "coevo-ranking", "siop")
 REFERENCE_METHODS = ("ppo", "dense", "siop-critic")  # not swept (siop-critic has no refit: its potential is the critic)
 # crossed with normalisation: a second line with the credit divided by a running RMS of its return
-# (hp.normalize_int = 1; siop's default is 0; R_phi's decomposition is never normalised, so only siop has one)
+# (hp.signal.normalize_int = 1; siop's default is 0; R_phi's decomposition is never normalised, so only siop has one)
 NORMALISED = {"siop": "siop-norm"}
 DEFAULT_KS = (1, 4, 16, 64)
 MIN_RUNS = 300

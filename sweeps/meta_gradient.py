@@ -73,7 +73,7 @@ THRESHOLDS = {"CartPole-v1": ("episode_return", 400.0)}  # others: success stays
 
 
 def build_parser():
-    r_int = float(default_hparams("meta").r_int_coef)
+    r_int = float(default_hparams("meta").signal.r_int_coef)
     p = cli.study_parser("meta_gradient.py", __doc__.split("\n\n")[0], os.path.join("results", "meta_gradient"))
     p.add_argument("--envs", default="CartPole-v1,KeyDoor-5x5", help="comma list (default: CartPole-v1,KeyDoor-5x5)")
     p.add_argument("--settings", default=",".join(DEFAULT_SETTINGS),

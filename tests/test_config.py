@@ -1,9 +1,11 @@
-"""Configs: HParams is a registry-driven pytree of arrays; bad values fail before
-compiling, naming the field and its range; the method registry's checks."""
+"""Configs: HParams is two frozen hyperparameter classes (PPOParams and the
+method's), a pytree of arrays with flat field names for users; bad values fail
+before compiling, naming the field and its range; the method registry's checks."""
 import dataclasses
 import math
 import pickle
 import re
+import types
 
 import jax
 import jax.numpy as jnp
@@ -11,70 +13,102 @@ import numpy as np
 import pytest
 
 import coevo_jax as cj
-from coevo_jax.config import ConfigError, hparam_fields, validate_hparams, validate_static
-from coevo_jax.registry import (
-    MethodSpec, Param, hparam_declarations, method_spec, program_of, register_method, unregister_method,
-)
+from coevo_jax.config import ConfigError, hparam_declarations, hparam_fields, validate_hparams, validate_static
+from coevo_jax.params import Param, hyperparams, param, unit
+from coevo_jax.ppo import PPOParams
+from coevo_jax.registry import MethodSpec, method_spec, register_method
+from coevo_jax.signals.base import SignalParams
 
-DECLS = dict(hparam_declarations())
-
-
-def test_every_hparams_leaf_is_an_array_of_its_declared_dtype():
-    hp = cj.HParams()
-    leaves = jax.tree.leaves(hp)
-    assert len(leaves) == len(hparam_fields()) == len(DECLS)
-    for name, p in DECLS.items():
-        v = getattr(hp, name)
-        assert isinstance(v, jax.Array), name
-        assert v.dtype == (jnp.int32 if p.integer else jnp.float32), name
-        assert float(v) == np.float32(p.default), name
-    assert hp.k.dtype == jnp.int32 and hp.lr.dtype == jnp.float32
+PPO_FIELDS = ["lr", "gamma", "gae_lambda", "clip_eps", "ent_coef", "vf_coef", "max_grad_norm"]
+#: every field of every method, with a method that has it
+OWNER = {f: m for m in reversed(cj.registered_methods()) for f in hparam_fields(m)}
 
 
-def test_pytree_keys_are_the_field_names_and_tree_map_keeps_the_class():
-    hp = cj.HParams()
+def _flat_defaults(method: str) -> dict:
+    return {**{f: p.default for f, p in hparam_declarations(method).items()}, **method_spec(method).defaults}
+
+
+@pytest.mark.parametrize("method", cj.registered_methods())
+def test_every_leaf_is_an_array_of_its_declared_dtype_holding_the_methods_default(method):
+    hp = cj.default_hparams(method)
+    assert isinstance(hp.ppo, PPOParams) and isinstance(hp.signal, method_spec(method).params)
+    assert list(hp.as_dict()) == list(hparam_fields(method)) == PPO_FIELDS + list(hparam_fields(method))[7:]
+    assert len(jax.tree.leaves(hp)) == len(hparam_fields(method))
+    for name, p in hparam_declarations(method).items():
+        v = hp.as_dict()[name]
+        assert isinstance(v, jax.Array) and v.dtype == (jnp.int32 if p.integer else jnp.float32), name
+        assert float(v) == np.float32(_flat_defaults(method)[name]), name
+    assert hp.signal.k.dtype == jnp.int32 and hp.ppo.lr.dtype == jnp.float32
+
+
+def test_hparams_fields_are_plain_dataclass_fields():
+    assert [f.name for f in dataclasses.fields(cj.HParams)] == ["ppo", "signal"]
+    assert [f.name for f in dataclasses.fields(PPOParams)] == PPO_FIELDS
+    assert [f.name for f in dataclasses.fields(SignalParams)] == ["beta_ext", "beta_int", "normalize_int", "k"]
+    from coevo_jax.signals.potential import SIOPParams
+
+    assert issubclass(SIOPParams, SignalParams) and "w_fit" in [f.name for f in dataclasses.fields(SIOPParams)]
+    assert dataclasses.fields(SIOPParams)[0].metadata["param"] == Param(1.0, -math.inf, math.inf, False, False,
+                                                                        doc="weight of the external reward")
+
+
+def test_flat_names_route_to_ppo_or_signal_and_round_trip():
+    hp = cj.default_hparams("siop", lr=1e-3, k=8, w_reg=0.5)
+    assert float(hp.ppo.lr) == np.float32(1e-3) and int(hp.signal.k) == 8 and float(hp.signal.w_reg) == 0.5
+    flat = hp.as_dict()
+    assert list(flat) == list(hparam_fields("siop")) and int(flat["k"]) == 8
+    assert cj.default_hparams("siop", **flat) == hp  # as_dict -> default_hparams round trip
+    again = cj.default_hparams("siop").replace(**{f: flat[f] for f in ("lr", "k", "w_reg")})
+    assert again == hp and again.signal.k.dtype == jnp.int32
+    assert hp.replace(gamma=0.5).ppo.gamma == 0.5 and hp.replace(gamma=0.5).signal is hp.signal
+    with pytest.raises(ConfigError, match=r"unknown HParams field 'w_reg' \(ExternalParams\); fields are lr, gamma, "):
+        cj.default_hparams("ppo").replace(w_reg=1.0)  # a field of siop, not of ppo
+    with pytest.raises(ConfigError, match=r"unknown HParams field 'learning_rate' \(method 'siop'\); fields are"
+                                          r" lr, gamma, gae_lambda, clip_eps, ent_coef, vf_coef, max_grad_norm,"
+                                          r" beta_ext, beta_int, normalize_int, k, "):
+        cj.default_hparams("siop", learning_rate=1.0)
+
+
+def test_pytree_keys_are_the_field_paths_and_tree_map_keeps_the_classes():
+    hp = cj.default_hparams("ppo")
     paths = [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(hp)[0]]
-    assert paths == [f".{n}" for n in hparam_fields()]
+    assert paths == [f".ppo.{n}" for n in PPO_FIELDS] + [f".signal.{n}" for n in hparam_fields("ppo")[7:]]
     doubled = jax.tree.map(lambda x: x * 2, hp)
-    assert isinstance(doubled, cj.HParams) and float(doubled.lr) == pytest.approx(5e-4)
+    assert isinstance(doubled, cj.HParams) and float(doubled.ppo.lr) == pytest.approx(5e-4)
     batched = jax.tree.map(lambda *x: jnp.stack(x), hp, hp.replace(lr=1e-3))
-    assert batched.lr.shape == (2,) and batched.k.dtype == jnp.int32
+    assert batched.ppo.lr.shape == (2,) and batched.signal.k.dtype == jnp.int32
 
 
-def test_replace_and_constructor_cast_python_numbers_to_arrays():
-    hp = cj.HParams().replace(lr=1e-3, k=8)
-    assert isinstance(hp.lr, jax.Array) and hp.lr.dtype == jnp.float32
-    assert isinstance(hp.k, jax.Array) and hp.k.dtype == jnp.int32 and int(hp.k) == 8
-    hp = cj.HParams(k=np.array([2.0, 3.0]), lr=np.float64(1e-3))
-    assert hp.k.dtype == jnp.int32 and hp.k.tolist() == [2, 3] and hp.lr.dtype == jnp.float32
-    assert float(hp.gamma) == pytest.approx(0.99)  # missing fields take their declared default
+def test_replace_and_as_arrays_cast_python_numbers_to_arrays():
+    hp = cj.default_hparams("ppo").replace(lr=1e-3, k=8)
+    assert isinstance(hp.ppo.lr, jax.Array) and hp.ppo.lr.dtype == jnp.float32
+    assert isinstance(hp.signal.k, jax.Array) and hp.signal.k.dtype == jnp.int32 and int(hp.signal.k) == 8
+    hp = cj.default_hparams("ppo", k=np.array([2.0, 3.0]), lr=np.float64(1e-3))
+    assert hp.signal.k.dtype == jnp.int32 and hp.signal.k.tolist() == [2, 3] and hp.ppo.lr.dtype == jnp.float32
+    plain = cj.HParams(PPOParams(lr=1e-3), SignalParams(k=3))  # the classes' own constructors keep the numbers
+    cast = cj.config.as_arrays(plain)
+    assert plain.signal.k == 3 and cast.signal.k.dtype == jnp.int32 and float(cast.ppo.gamma) == np.float32(0.99)
     with pytest.raises(ConfigError, match=r"HParams.k: must be an integer, got \[2.5\]"):
-        cj.HParams(k=[2.5])
+        cj.default_hparams("ppo", k=[2.5])
     with pytest.raises(ConfigError, match="HParams.lr: expected a number"):
-        cj.HParams(lr="fast")
-    assert dataclasses.replace(cj.StaticConfig(), num_envs=8).num_envs == 8
-
-
-def test_unknown_field_is_an_error_naming_it_and_listing_the_fields():
-    with pytest.raises(ConfigError, match=r"unknown HParams field 'learning_rate'; fields are lr, gamma, "):
-        cj.HParams(learning_rate=1.0)
-    with pytest.raises(ConfigError, match="unknown HParams field 'nope'"):
-        cj.HParams().replace(nope=1.0)
-    with pytest.raises(AttributeError, match="HParams has no field 'nope'"):
-        cj.HParams().nope  # noqa: B018
+        cj.default_hparams("ppo").replace(lr="fast")
+    with pytest.raises(AttributeError):
+        cj.default_hparams("ppo").nope  # noqa: B018
     with pytest.raises(dataclasses.FrozenInstanceError):
-        cj.HParams().lr = 1.0
+        cj.default_hparams("ppo").ppo.lr = 1.0
+    assert dataclasses.replace(cj.StaticConfig(), num_envs=8).num_envs == 8
 
 
 def test_equality_repr_pickle_jit_and_vmap():
     hp = cj.default_hparams("icm")
     assert hp == cj.default_hparams("icm") and hp != hp.replace(lr=1e-3)
-    assert repr(hp).startswith("HParams(lr=0.00025, gamma=0.99, ") and "k=4" in repr(hp)
+    assert repr(hp).startswith("HParams(ppo=PPOParams(lr=0.00025, gamma=0.99, ") and "k=4" in repr(hp)
+    assert "signal=ICMParams(beta_ext=1., beta_int=0.1," in repr(hp)
     assert pickle.loads(pickle.dumps(hp)) == hp
-    out = jax.jit(lambda h: h.replace(lr=h.lr * 2))(hp)
-    assert isinstance(out, cj.HParams) and float(out.lr) == pytest.approx(5e-4) and out.k.dtype == jnp.int32
+    out = jax.jit(lambda h: h.replace(lr=h.ppo.lr * 2))(hp)
+    assert isinstance(out, cj.HParams) and float(out.ppo.lr) == pytest.approx(5e-4) and out.signal.k.dtype == jnp.int32
     batched = jax.tree.map(lambda *x: jnp.stack(x), hp, hp.replace(k=7))
-    ks = jax.vmap(lambda h: h.k * 2 + jnp.int32(h.lr > 0))(batched)
+    ks = jax.vmap(lambda h: h.signal.k * 2 + jnp.int32(h.ppo.lr > 0))(batched)
     assert ks.tolist() == [9, 15]
 
 
@@ -94,12 +128,12 @@ def test_orbax_round_trip_of_a_train_state_holding_hparams(tmp_path):
     target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
     got = ckpt.restore(tmp_path / "ckpt", target)
     assert isinstance(got.signal_state["hp"], cj.HParams)
-    assert got.signal_state["hp"] == hp and got.signal_state["hp"].k.dtype == jnp.int32
+    assert got.signal_state["hp"] == hp and got.signal_state["hp"].signal.k.dtype == jnp.int32
 
 
 def test_default_hparams_per_method_and_unknown_names():
-    assert int(cj.default_hparams("meta").k) == 1
-    assert float(cj.default_hparams("siop").normalize_int) == 0.0
+    assert int(cj.default_hparams("meta").signal.k) == 1
+    assert float(cj.default_hparams("siop").signal.normalize_int) == 0.0
     with pytest.raises(ConfigError, match="unknown method 'nope'; registered methods: ppo, dense, icm"):
         cj.default_hparams("nope")
     with pytest.raises(ConfigError, match="unknown HParams field 'learning_rate'"):
@@ -119,15 +153,16 @@ def _outside_values(p: Param) -> list:
     return out
 
 
-@pytest.mark.parametrize("field", list(DECLS))
+@pytest.mark.parametrize("field", list(OWNER))
 def test_every_declared_range_rejects_values_outside_it_naming_field_and_range(field):
-    p = DECLS[field]
-    validate_hparams(cj.HParams(**{field: p.default}))
+    method = OWNER[field]
+    p = hparam_declarations(method)[field]
+    validate_hparams(cj.default_hparams(method, **{field: p.default}))
     for value in _outside_values(p):
         if p.integer and not math.isfinite(value):
-            continue  # not an integer: rejected when cast (test_replace_and_constructor_cast...)
-        hp = cj.HParams(**{field: value})
-        shown = str(np.asarray(getattr(hp, field))[()])
+            continue  # not an integer: rejected when cast (test_replace_and_as_arrays_cast...)
+        hp = cj.default_hparams(method, **{field: value})
+        shown = str(np.asarray(hp.as_dict()[field])[()])
         with pytest.raises(ConfigError, match=re.escape(f"HParams.{field}={shown} is outside the allowed range"
                                                         f" {p.range_text()}")):
             validate_hparams(hp)
@@ -145,16 +180,15 @@ def test_every_declared_range_rejects_values_outside_it_naming_field_and_range(f
 )
 def test_invalid_hparams_messages(field, value, message):
     with pytest.raises(ConfigError, match=message):
-        validate_hparams(cj.HParams(**{field: value}))
+        validate_hparams(cj.default_hparams(OWNER[field], **{field: value}))
 
 
 def test_invalid_value_inside_a_batch_is_found():
     with pytest.raises(ConfigError, match="HParams.lr=-1.0"):
-        validate_hparams(cj.HParams(lr=[1e-3, 2e-3, -1.0]))
+        validate_hparams(cj.default_hparams("ppo", lr=[1e-3, 2e-3, -1.0]))
 
 
 def test_every_method_default_is_in_range():
-    validate_hparams(cj.HParams())
     for m in cj.registered_methods():
         validate_hparams(cj.default_hparams(m))
 
@@ -204,45 +238,62 @@ def test_registry_rejects_conflicts_and_bad_specs():
     def factory(*a):
         raise AssertionError
 
+    @hyperparams
+    class ClashParams(SignalParams):
+        lr: float = param(1e-3, 0.0, 1.0)
+
     with pytest.raises(ConfigError, match="method 'ppo' is already registered"):
         register_method(MethodSpec("ppo", factory))
-    with pytest.raises(ConfigError, match=r"declares HParams.lr as .* already declared"):
-        register_method(MethodSpec("clash", factory, {"lr": Param(1e-3, 0.0, 1.0)}))
+    with pytest.raises(ConfigError, match=r"method 'clash': ClashParams.lr clashes with PPOParams.lr \(HParams field"
+                                          " names must be unique"):
+        MethodSpec("clash", factory, ClashParams)
     with pytest.raises(ConfigError, match=r"defaults HParams.gamma=2.0 is outside the allowed range \[0.0, 1.0\]"):
-        register_method(MethodSpec("bad-default", factory, defaults={"gamma": 2.0}))
+        MethodSpec("bad-default", factory, defaults={"gamma": 2.0})
     with pytest.raises(ConfigError, match="off names unknown HParams field 'nope'"):
-        register_method(MethodSpec("bad-off", factory, off={"nope": 0.0}))
+        MethodSpec("bad-off", factory, off={"nope": 0.0})
     with pytest.raises(ConfigError, match="requires unknown env output"):
-        register_method(MethodSpec("bad-env", factory, requires=("pixels",)))
-    with pytest.raises(ConfigError, match="cannot be an HParams field"):
-        register_method(MethodSpec("bad-name", factory, {"replace": Param(0.0, 0.0, 1.0)}))
+        MethodSpec("bad-env", factory, requires=("pixels",))
+    with pytest.raises(ConfigError, match="params=.* must be a subclass of SignalParams declared with @hyperparams"):
+        MethodSpec("bad-class", factory, PPOParams)
+
+    class Undecorated(SignalParams):  # a subclass that is not itself declared: not a pytree of its fields
+        pass
+
+    with pytest.raises(ConfigError, match="must be a subclass of SignalParams declared with @hyperparams"):
+        MethodSpec("bad-class", factory, Undecorated)
+    with pytest.raises(ConfigError, match="ReservedParams.replace: a hyperparameter name must not"):
+        @hyperparams
+        class ReservedParams(SignalParams):
+            replace: float = unit(0.0)
+    with pytest.raises(ConfigError, match=r"BareParams.x must be declared with param\(...\)"):
+        @hyperparams
+        class BareParams(SignalParams):
+            x: float = 0.0
     with pytest.raises(ConfigError, match=r"Param default 2.0 is outside its own range \[0.0, 1.0\]"):
         Param(2.0, 0.0, 1.0)
     assert cj.registered_methods()[:2] == ("ppo", "dense") and "clash" not in cj.registered_methods()
-    assert "lr" in hparam_fields() and len(hparam_fields()) == len(DECLS)
+    assert set(hparam_fields()) == set(OWNER) and "lr" in hparam_fields()
 
 
-def test_methods_that_share_a_program_are_checked_at_registration():
-    """``dense`` runs ``ppo``'s program and ``coevo-ranking`` ``coevo-regression``'s (told apart by
-    ``dense_weight`` / ``ranking_weight``); a ``program`` must name a method with the same factory."""
-    assert [(m, program_of(m)) for m in cj.registered_methods() if program_of(m) != m] == \
-        [("dense", "ppo"), ("coevo-ranking", "coevo-regression")]
-    assert cj.default_hparams("dense").dense_weight == 1.0 and cj.default_hparams("ppo").dense_weight == 0.0
-    assert cj.default_hparams("coevo-ranking").ranking_weight == 1.0
-    assert cj.default_hparams("coevo-regression").ranking_weight == 0.0
+def test_methods_that_differ_only_in_hparams_values_share_a_compiled_program():
+    """The runner keys a compiled program on what the method traces (factory, intrinsic
+    stream, params class), not on its name: ``dense`` runs ``ppo``'s program and
+    ``coevo-ranking`` ``coevo-regression``'s (told apart by ``dense_weight`` / ``ranking_weight``)."""
+    from coevo_jax.experiment.plan import arm_hparams
+    from coevo_jax.experiment.spec import Arm
+    from coevo_jax.experiment.worker import program_key
 
-    def factory(*a):
-        raise AssertionError
+    def key(method, **static):
+        arm = Arm(cj.StaticConfig(method=method, **static))
+        return program_key(types.SimpleNamespace(arm=arm, hp=arm_hparams(arm), chunk_len=2), 4)
 
-    with pytest.raises(ConfigError, match="program='nope' must name a registered method that runs its own program"):
-        register_method(MethodSpec("rider", factory, program="nope"))
-    with pytest.raises(ConfigError, match="program='dense' must name a registered method that runs its own program"):
-        register_method(MethodSpec("rider", method_spec("ppo").factory, program="dense"))
-    with pytest.raises(ConfigError, match="program='ppo' needs 'ppo''s factory and intrinsic_stream"):
-        register_method(MethodSpec("rider", factory, program="ppo"))
-    with pytest.raises(ConfigError, match="'ppo' cannot be unregistered while dense run"):
-        unregister_method("ppo")
-    assert "rider" not in cj.registered_methods()
+    assert key("dense") == key("ppo") and key("coevo-ranking") == key("coevo-regression")
+    assert float(cj.default_hparams("dense").signal.dense_weight) == 1.0
+    assert float(cj.default_hparams("coevo-ranking").signal.ranking_weight) == 1.0
+    assert float(cj.default_hparams("coevo-regression").signal.ranking_weight) == 0.0
+    assert key("coevo-novelty") != key("coevo-regression")  # another class and a second critic head
+    assert key("siop-shuffled") != key("siop")  # the same class, another factory
+    assert key("dense", num_envs=8) != key("ppo")
 
 
 def test_a_missing_env_output_is_a_config_error_naming_method_env_and_output():

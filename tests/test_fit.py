@@ -66,7 +66,7 @@ def test_compute_matched_refit_takes_k_times_the_steps():
             def refit(key):
                 s = signal.init(key, traj, hp)
                 s, _ = signal.observe(s, traj, hp, key)
-                return signal.update(s, traj, PolicyView(None, None, None, hp.lr), hp, key)[0].opt_state
+                return signal.update(s, traj, PolicyView(None, None, None, hp.ppo.lr), hp, key)[0].opt_state
 
             count = _adam_count(jax.jit(refit, compiler_options=OPT0)(jax.random.PRNGKey(2)))
             assert np.all(count == getattr(static, attr) * (3 if matched else 1)), (method, matched, count)

@@ -69,7 +69,7 @@ def fitted():
         traj, _ = episodes_traj(returns)
         state = sig.init(jax.random.PRNGKey(0), traj, hp)
         state, _ = sig.observe(state, traj, hp, None)
-        policy = PolicyView(None, None, None, hp.lr, 1.0)
+        policy = PolicyView(None, None, None, hp.ppo.lr, 1.0)
         state, metrics = sig.update(state, traj, policy, hp, jax.random.PRNGKey(1))
         _, streams, _ = sig.rewards(state, traj, hp)
         guidance = sig.rewards(state, traj, hp.replace(beta_ext=0.0, beta_int=1.0))[1].episodic
@@ -129,7 +129,7 @@ def test_no_refit_without_enough_complete_episodes(fitted):
 
 def test_ircr_hyperparameters_are_validated():
     spec = cj.method_spec("ircr")
-    assert spec.params["ircr_lr_ratio"].default == 4.0 and not spec.intrinsic_stream
-    assert cj.default_hparams("ircr").beta_ext == 0.0
+    assert spec.declarations()["ircr_lr_ratio"].default == 4.0 and not spec.intrinsic_stream
+    assert cj.default_hparams("ircr").signal.beta_ext == 0.0
     with pytest.raises(cj.ConfigError, match="ircr_lr_ratio"):
         cj.validate_hparams(cj.default_hparams("ircr", ircr_lr_ratio=-1.0))

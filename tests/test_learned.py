@@ -344,7 +344,8 @@ def test_signal_rewards_streams_per_method(method):
     static = cj.StaticConfig(method=method, reward_hidden=(16,), action_embed_dim=4, buffer_episodes=4)
     signal = L.make_learned(static, None, env, env_params)
     traj = _streams_traj(jax.random.PRNGKey(0))
-    hp = cj.default_hparams(method, beta_ext=2.0, beta_int=0.5, novelty_coef=3.0, normalize_int=1.0)
+    novelty = {"novelty_coef": 3.0} if method == "coevo-novelty" else {}
+    hp = cj.default_hparams(method, beta_ext=2.0, beta_int=0.5, normalize_int=1.0, **novelty)
     net, rnd = RN.make_reward_net(static, env, env_params), RN.make_rnd_net(static, env, env_params)
 
     @jax.jit

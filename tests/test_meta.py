@@ -254,7 +254,7 @@ def test_meta_rewards_r_phi_is_the_intrinsic_stream_scaled_not_shifted():
     static = cj.StaticConfig(method="meta", reward_hidden=(8,), action_embed_dim=4)
     signal = meta.make_meta(static, None, _fake_env(), None)
     hp0 = cj.default_hparams("meta", r_ext_coef=0.5, r_int_coef=2.0)
-    assert float(hp0.normalize_int) == 0.0  # the meta default: raw R_phi
+    assert float(hp0.signal.normalize_int) == 0.0  # the meta default: raw R_phi
     d = _data(hp0, 1e-3, dtype=jnp.float32)
 
     @jax.jit

@@ -60,7 +60,7 @@ def _pass(method, traj, key, **hp_overrides):
         k0, k1, k2 = jax.random.split(key, 3)
         s = signal.init(k0, traj, hp)
         s, _ = signal.observe(s, traj, hp, k1)
-        s, _ = signal.update(s, traj, PolicyView(None, None, None, hp.lr), hp, k2)
+        s, _ = signal.update(s, traj, PolicyView(None, None, None, hp.ppo.lr), hp, k2)
         return s, signal.rewards(s, traj, hp)
 
     return jax.jit(run).lower(key, traj, hp).compile(OPT0)(key, traj, hp)

@@ -303,13 +303,13 @@ def test_policy_reward_pays_the_outcome_once():
     traj = synthetic_traj()
     static = cj.StaticConfig(method="siop", potential_hidden=(8,), num_envs=4, rollout_len=8, potential_episode_len=16)
     hp = hp_()
-    assert float(hp.beta_ext) == float(hp.beta_int) == 1.0 and float(hp.normalize_int) == 0.0
+    assert float(hp.signal.beta_ext) == float(hp.signal.beta_int) == 1.0 and float(hp.signal.normalize_int) == 0.0
     sig = pot.make_potential(static)
     state = perturbed_state(sig, traj, hp, jax.random.PRNGKey(0))
     _, streams, _ = jax.jit(sig.rewards)(state, traj, hp)
     phi = np.asarray(pot.potential_values(static, state, traj.obs))
     phi_next = np.asarray(pot.potential_values(static, state, traj.next_obs))
-    g = float(hp.gamma)
+    g = float(hp.ppo.gamma)
     ep = np.asarray(streams.episodic)
     disc = g ** np.arange(8)
     G = float((disc * np.asarray(traj.reward)[:, 0]).sum())
@@ -350,8 +350,8 @@ def test_replay_transitions_and_one_member_ensemble(kd_traj):
     assert float(om["replay_episodes"]) == 2.0
     # slot 0: env 1's time-out at step 3 (ended first), slot 1: env 0's termination at step 7
     assert np.asarray(buf.length[:2]).tolist() == [4, 8] and np.asarray(buf.ends["terminated"][:2]).tolist() == [0, 1]
-    g0, boot = pot.replay_targets(buf, float(hp.gamma))
-    g = float(hp.gamma)
+    g0, boot = pot.replay_targets(buf, float(hp.ppo.gamma))
+    g = float(hp.ppo.gamma)
     np.testing.assert_allclose(g0[1, :8], [0.8 * g ** (7 - t) for t in range(8)], rtol=1e-5)
     np.testing.assert_allclose(boot[1], 0.0)
     np.testing.assert_allclose(g0[0, :4], 0.0)

@@ -101,10 +101,10 @@ def test_ppo_update_reduces_loss_on_fixed_batch():
     net, params, batch = _tiny_batch(jax.random.PRNGKey(3), b=32)
     hp = cj.default_hparams("ppo")
     opt = cj.ppo.init_optimizer(params)
-    before, _ = cj.ppo_loss(params, net, batch, hp.clip_eps, hp.vf_coef, hp.ent_coef)
+    before, _ = cj.ppo_loss(params, net, batch, hp.ppo.clip_eps, hp.ppo.vf_coef, hp.ppo.ent_coef)
     p2, _, m = jax.jit(cj.ppo_update, static_argnums=(2, 7, 8))(params, opt, net, batch, jax.random.PRNGKey(0), hp,
                                                               jnp.float32(3e-3), 4, 4)
-    after, _ = cj.ppo_loss(p2, net, batch, hp.clip_eps, hp.vf_coef, hp.ent_coef)
+    after, _ = cj.ppo_loss(p2, net, batch, hp.ppo.clip_eps, hp.ppo.vf_coef, hp.ppo.ent_coef)
     assert float(after) < float(before)
     assert set(m) >= {"policy_loss", "value_loss", "entropy", "approx_kl", "grad_norm"}
 

@@ -100,7 +100,7 @@ def signal_pass(signal, network, key, traj, params, opt_state, hp):
     k0, k1, k2 = jax.random.split(key, 3)
     s0 = signal.init(k0, traj, hp)
     s1, m_obs = signal.observe(s0, traj, hp, k1)
-    s2, m_upd = signal.update(s1, traj, PolicyView(network, params, opt_state, hp.lr), hp, k2)
+    s2, m_upd = signal.update(s1, traj, PolicyView(network, params, opt_state, hp.ppo.lr), hp, k2)
     s3, streams, m_rew = signal.rewards(s2, traj, hp)
     return (s0, s1, s2, s3), streams, (m_obs, m_upd, m_rew)
 
@@ -151,8 +151,9 @@ def passes(env, policies):
         ppo = cj.method_spec("ppo").factory(static, net, env, p)
 
         def off_advantages(s2, h):
-            """``(adv [T, N], sparse PPO's adv [T, N])`` on ``traj`` under ``h``."""
-            return advantages(signal, s2, traj, h), advantages(ppo, (), episodic_view(traj), h)
+            """``(adv [T, N], sparse PPO's adv [T, N])`` on ``traj`` under ``h`` (PPO: ``h.ppo`` with ppo's signal)."""
+            h_ppo = cj.HParams(h.ppo, cj.default_hparams("ppo").signal)
+            return advantages(signal, s2, traj, h), advantages(ppo, (), episodic_view(traj), h_ppo)
 
         def solo_and_off(key, params, opt_state, hp, hp_off):  # one program: the pass, then the off advantages
             out = signal_pass(signal, net, key, traj, params, opt_state, hp)

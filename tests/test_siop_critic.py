@@ -2,7 +2,7 @@
 PPO's own critic as the potential telescopes per episode, is zero for a zero
 critic, reads the episodic head, and turns PPO's TD error into one with the
 critic counted ``1 + beta_int`` times. SIOP's outcome target
-(``hp.potential_outcome``, coevo_jax/signals/potential.py): the fit's reward
+(``hp.signal.potential_outcome``, coevo_jax/signals/potential.py): the fit's reward
 is the final reward of terminated episodes only, and the tabular potential
 converges to the discounted outcome to go."""
 import jax
@@ -96,9 +96,9 @@ def test_advantages_are_ppos_with_the_critic_counted_one_plus_beta_times(beta_in
     @jax.jit
     def both(traj, hp):
         adv, _ = stream_advantages(SIGNAL.rewards((), traj, hp)[1], traj, hp)
-        c = 1.0 + hp.beta_int
-        want, _ = gae(traj.reward, c * traj.value, c * traj.next_value, traj.terminated, traj.truncated, hp.gamma,
-                      hp.gae_lambda)
+        c = 1.0 + hp.signal.beta_int
+        want, _ = gae(traj.reward, c * traj.value, c * traj.next_value, traj.terminated, traj.truncated, hp.ppo.gamma,
+                      hp.ppo.gae_lambda)
         return adv, want
 
     adv, want = both(traj, hp)
@@ -152,8 +152,8 @@ def test_outcome_potential_minimiser_is_the_discounted_outcome_to_go():
 
 
 def test_outcome_target_is_validated():
-    assert cj.default_hparams("siop").potential_outcome == 0.0
-    assert "potential_outcome" in cj.method_spec("siop-shuffled").params
+    assert cj.default_hparams("siop").signal.potential_outcome == 0.0
+    assert "potential_outcome" in cj.hparam_fields("siop-shuffled")
     with pytest.raises(cj.ConfigError, match=r"potential_outcome=1.5 is outside the allowed range \[0.0, 1.0\]"):
         cj.validate_hparams(cj.default_hparams("siop", potential_outcome=1.5))
 
@@ -161,7 +161,7 @@ def test_outcome_target_is_validated():
 def test_siop_critic_is_registered_as_a_control():
     spec = cj.method_spec("siop-critic")
     assert spec.off == {"beta_int": 0.0} and not spec.intrinsic_stream
-    assert cj.default_hparams("siop-critic").beta_int == 1.0
+    assert cj.default_hparams("siop-critic").signal.beta_int == 1.0
 
 
 # ----------------------------------------------------------------------------- diagnostics (issue 32 item 2)

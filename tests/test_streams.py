@@ -112,9 +112,9 @@ def test_two_streams_add_and_one_stream_is_plain_gae():
     hp = cj.default_hparams("icm")
     traj = traj_of(r_e[..., 0], term, trunc, v, nv)
     adv, tgt = stream_advantages(base.RewardStreams(r_e[..., 0], r_i[..., 0]), traj, hp)
-    a_e, t_e = cj.gae(r_e[..., 0], v[..., 0], nv[..., 0], term, trunc, hp.gamma, hp.gae_lambda)
+    a_e, t_e = cj.gae(r_e[..., 0], v[..., 0], nv[..., 0], term, trunc, hp.ppo.gamma, hp.ppo.gae_lambda)
     never = jnp.zeros_like(term)
-    a_i, t_i = cj.gae(r_i[..., 0], v[..., 1], nv[..., 1], never, never, hp.gamma, hp.gae_lambda)
+    a_i, t_i = cj.gae(r_i[..., 0], v[..., 1], nv[..., 1], never, never, hp.ppo.gamma, hp.ppo.gae_lambda)
     np.testing.assert_allclose(adv, a_e + a_i, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(tgt, np.stack([t_e, t_i], -1), rtol=1e-5, atol=1e-6)
     # the coefficient weighs the intrinsic advantage; at 0 the update is exactly the extrinsic one
@@ -179,7 +179,8 @@ def _bonus_setup(method):
                    jnp.roll(obs, -1, 0), action)._replace(features=jax.random.normal(key, (T, N, 8)))
     static = cj.StaticConfig(method=method, hidden_sizes=(16,), icm_feature_dim=8, num_envs=N, rollout_len=T,
                              num_minibatches=4, reward_hidden=(16, 16), action_embed_dim=4, buffer_episodes=2)
-    hp = cj.default_hparams(method, icm_lr_ratio=12.0, rnd_lr_ratio=12.0, normalize_int=0.0)  # 3e-3 at lr 2.5e-4
+    ratio = {"icm": "icm_lr_ratio", "coevo-novelty": "rnd_lr_ratio"}[method]
+    hp = cj.default_hparams(method, **{ratio: 12.0}, normalize_int=0.0)  # 3e-3 at lr 2.5e-4
     from coevo_jax.signals import make_signal
     return make_signal(static, None, env, p), traj, hp
 
@@ -230,7 +231,7 @@ def test_dense_on_an_env_without_a_dense_reward_is_a_config_error():
 
 
 def test_ppo_and_dense_share_one_program_and_read_their_reward_exactly():
-    """One jitted ``rewards`` (``hp.dense_weight`` traced) gives ppo ``traj.reward`` and dense
+    """One jitted ``rewards`` (``hp.signal.dense_weight`` traced) gives ppo ``traj.reward`` and dense
     ``traj.dense_reward``, bit for bit; a weight between mixes them."""
     from coevo_jax.signals.external import make_external
 
@@ -278,6 +279,6 @@ def test_icm_trains_in_observe_and_pays_a_separate_stream():
     assert float(streams.intrinsic_coef) == pytest.approx(0.5)
     net = icm_mod.ICMNetwork(6, 8, (16,))
     _, phi_tp1, _, phi_pred = net.apply(s1.bonus_params, traj.obs, traj.next_obs, traj.action)
-    np.testing.assert_allclose(streams.intrinsic, icm_mod.intrinsic_reward(phi_pred, phi_tp1, hp.icm_eta),
+    np.testing.assert_allclose(streams.intrinsic, icm_mod.intrinsic_reward(phi_pred, phi_tp1, hp.signal.icm_eta),
                                rtol=1e-5, atol=1e-8)
     np.testing.assert_array_equal(streams.episodic, traj.reward)

@@ -84,7 +84,7 @@ def test_default_studies_keep_each_protocol():
     for s in built("meta_gradient"):
         arms = {a.name: a for a in s.arms}
         assert list(arms) == ["ppo", "meta", "meta-rint-only"] and s.env_kwargs == {"reward_freq": 20}
-        assert arms["meta"].fixed["r_int_coef"] == pytest.approx(float(default_hparams("meta").r_int_coef))
+        assert arms["meta"].fixed["r_int_coef"] == pytest.approx(float(default_hparams("meta").signal.r_int_coef))
         assert arms["meta-rint-only"].fixed["r_ext_coef"] == 0.0 and "meta_lr_ratio" not in arms["ppo"].fixed
     (scaled,) = built("meta_gradient", ["--envs", "CartPole-v1", "--settings", "ppo-x0.1,ppo-x10"])
     assert [(a.static.method, a.fixed["beta_ext"], a.fixed["beta_int"]) for a in scaled.arms] == [

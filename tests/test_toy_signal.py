@@ -5,10 +5,11 @@ The toy is a count-based exploration bonus (Strehl and Littman 2008; hashed
 counts as in Tang et al. 2017, "#Exploration"): observations are hashed into
 ``2^BITS`` buckets by the signs of a fixed random projection, ``observe``
 counts the visits, and every step pays ``traj.reward + count_bonus /
-sqrt(n(s'))``. Its own hyperparameter ``count_bonus`` (range ``[0, 1]``) joins
-``HParams`` while it is registered; at ``count_bonus = 0`` the method is
-sparse PPO bit for bit.
+sqrt(n(s'))``. Its hyperparameters are its own class, declared here: the
+mixing fields every method has plus ``count_bonus`` (range ``[0, 1]``); at
+``count_bonus = 0`` the method is sparse PPO bit for bit.
 """
+import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 
 import jax
@@ -18,8 +19,9 @@ import pytest
 
 import coevo_jax as cj
 import envs_jax
-from coevo_jax.registry import MethodSpec, Param, register_method, unregister_method
-from coevo_jax.signals import RewardStreams, Signal
+from coevo_jax.params import hyperparams, unit
+from coevo_jax.registry import MethodSpec, register_method, unregister_method
+from coevo_jax.signals import RewardStreams, Signal, SignalParams
 from coevo_jax.signals.base import no_update
 from xla_options import OPT0
 
@@ -36,6 +38,13 @@ def buckets(proj: jax.Array, obs: jax.Array) -> jax.Array:
     return (bits * (2 ** jnp.arange(BITS, dtype=jnp.int32))).sum(-1)
 
 
+@hyperparams
+class CountBonusParams(SignalParams):
+    """The toy's hyperparameters (``HParams.signal``)."""
+
+    count_bonus: float = unit(0.01, doc="weight of the 1 / sqrt(visit count) bonus")
+
+
 def make_count_bonus(static, network, env, env_params) -> Signal:
     """The toy's :class:`Signal`: state ``{"proj" [D, BITS], "counts" [2^BITS]}``."""
 
@@ -49,14 +58,14 @@ def make_count_bonus(static, network, env, env_params) -> Signal:
     def rewards(state, traj, hp):
         n = state["counts"][buckets(state["proj"], traj.next_obs)]
         bonus = 1.0 / jnp.sqrt(jnp.maximum(n, 1.0))
-        return state, RewardStreams(traj.reward + hp.count_bonus * bonus), {"bonus_mean": bonus.mean()}
+        return state, RewardStreams(traj.reward + hp.signal.count_bonus * bonus), {"bonus_mean": bonus.mean()}
 
     return Signal(init, observe, no_update, rewards)
 
 
 TOY_SPEC = MethodSpec(
     TOY, make_count_bonus,
-    params={"count_bonus": Param(0.01, 0.0, 1.0, doc="weight of the 1 / sqrt(visit count) bonus")},
+    params=CountBonusParams,
     off={"count_bonus": 0.0},
     doc="toy: a hashed count-based exploration bonus in the episodic stream",
 )
@@ -67,30 +76,36 @@ def toy():
     register_method(TOY_SPEC)
     yield TOY_SPEC
     unregister_method(TOY)
-    assert "count_bonus" not in cj.hparam_fields()
+    assert TOY not in cj.registered_methods()
 
 
-def test_registered_toy_joins_hparams_with_its_default_and_range(toy):
-    assert TOY in cj.registered_methods() and "count_bonus" in cj.hparam_fields()
-    assert float(cj.default_hparams(TOY).count_bonus) == np.float32(0.01)
-    assert float(cj.default_hparams("ppo").count_bonus) == np.float32(0.01)  # every HParams has every field
+def test_registered_toy_has_its_own_class_default_and_range(toy):
+    assert TOY in cj.registered_methods() and cj.hparam_fields(TOY)[-1] == "count_bonus"
+    hp = cj.default_hparams(TOY)
+    assert isinstance(hp.signal, CountBonusParams) and float(hp.signal.count_bonus) == np.float32(0.01)
+    assert "count_bonus" not in cj.hparam_fields("ppo")  # other methods' HParams do not change
+    assert [f.name for f in dataclasses.fields(hp.signal)] == ["beta_ext", "beta_int", "normalize_int", "k",
+                                                               "count_bonus"]
     assert cj.StaticConfig(method=TOY).value_heads == 1
     for bad in (1.5, -0.1):
         with pytest.raises(cj.ConfigError,
                            match=rf"HParams.count_bonus={bad} is outside the allowed range \[0.0, 1.0\]"):
             cj.validate_hparams(cj.default_hparams(TOY, count_bonus=bad))
+    with pytest.raises(cj.ConfigError, match="method 'ppo' needs HParams with signal=ExternalParams, got"
+                                             " CountBonusParams"):
+        cj.Trainer(cj.StaticConfig(method="ppo", **STATIC), *envs_jax.make("CartPole-v1")).init(
+            jax.random.PRNGKey(0), hp)
 
 
-def test_unregistered_methods_fields_leave_hparams(toy):
-    spec = MethodSpec("count-bonus-2", make_count_bonus, {"other_bonus": Param(0.5, 0.0, 1.0)})
+def test_a_second_registration_is_refused_and_unregistering_removes_it(toy):
+    spec = MethodSpec("count-bonus-2", make_count_bonus, CountBonusParams)
     register_method(spec)
     try:
-        assert cj.hparam_fields()[-1] == "other_bonus"
+        assert cj.hparam_fields("count-bonus-2") == cj.hparam_fields(TOY)
         with pytest.raises(cj.ConfigError, match="is already registered"):
             register_method(spec)
     finally:
         unregister_method(spec.name)
-    assert "other_bonus" not in cj.hparam_fields() and "count_bonus" in cj.hparam_fields()
     with pytest.raises(cj.ConfigError, match="unknown method 'count-bonus-2'; registered methods: ppo"):
         cj.method_spec("count-bonus-2")
 
@@ -103,12 +118,14 @@ def runs(toy):
     p = p.replace(max_steps=12)
     seeds = jax.random.split(jax.random.PRNGKey(0), 2)
     keys = jnp.concatenate([seeds, seeds])
-    hps = jax.tree.map(lambda *x: jnp.stack(x), *[cj.default_hparams(TOY, count_bonus=w) for w in (0, 0, 0.5, 0.5)])
-    lowered = [jax.jit(jax.vmap(cj.Trainer(cj.StaticConfig(method=m, **STATIC), env, p).train)).lower(keys, hps)
+    stack = lambda hps: jax.tree.map(lambda *x: jnp.stack(x), *hps)  # noqa: E731
+    hps = {TOY: stack([cj.default_hparams(TOY, count_bonus=w) for w in (0, 0, 0.5, 0.5)]),
+           "ppo": stack([cj.default_hparams("ppo")] * 4)}
+    lowered = [jax.jit(jax.vmap(cj.Trainer(cj.StaticConfig(method=m, **STATIC), env, p).train)).lower(keys, hps[m])
                for m in (TOY, "ppo")]
     with ThreadPoolExecutor(2) as pool:  # XLA releases the GIL: the two compile side by side
         compiled = list(pool.map(lambda low: low.compile(OPT0), lowered))
-    return {m: train(keys, hps) for m, train in zip((TOY, "ppo"), compiled)}
+    return {m: train(keys, hps[m]) for m, train in zip((TOY, "ppo"), compiled)}
 
 
 def test_toy_trains_end_to_end_and_is_ppo_at_zero_weight(runs):

@@ -149,7 +149,7 @@ def test_tuned_values_reach_every_study_and_are_never_replaced_silently(tmp_path
     assert dict(arms["coevo-regression"].fixed) == reg and dict(arms["coevo-frozen"].fixed) == {**reg, **frozen}
     assert dict(arms["ppo"].fixed) == task.tuned["ppo"] and dict(arms["icm"].fixed) == task.tuned["ppo"]
     hp = arm_hparams(arms["siop"])
-    assert all(np.isclose(float(getattr(hp, f)[0]), v, rtol=1e-6) for f, v in siop.items())
+    assert all(np.isclose(float(hp.as_dict()[f][0]), v, rtol=1e-6) for f, v in siop.items())
 
     ks = load("k_sensitivity")
     (kstudy,) = ks.studies(ks.build_parser().parse_args(["--admitted", path, "--num-seeds", "1"]))
@@ -157,7 +157,7 @@ def test_tuned_values_reach_every_study_and_are_never_replaced_silently(tmp_path
     assert dict(karms["siop"].fixed) == siop and karms["siop-norm"].fixed == {**siop, "normalize_int": 1.0}
     assert dict(karms["coevo-regression"].fixed) == reg and tuple(karms["siop"].grid["k"]) == ks.DEFAULT_KS
     khp = arm_hparams(karms["coevo-regression"])
-    assert all(np.allclose(np.asarray(getattr(khp, f)), v, rtol=1e-6) for f, v in reg.items())
+    assert all(np.allclose(np.asarray(khp.as_dict()[f]), v, rtol=1e-6) for f, v in reg.items())
 
     # equal values (to float32) pass; different ones are refused, then replaced with the old kept
     assert write_tuned(path, TASK, {"siop": {**siop, "lr": float(np.float32(siop["lr"]))}}, {}) == []
@@ -210,7 +210,8 @@ def test_a_zipped_grid_runs_its_points_not_their_product():
     configs = [{"lr": 1e-3, "ent_coef": 0.01}, {"lr": 2e-3, "ent_coef": 0.02}, {"lr": 3e-3, "ent_coef": 0.01}]
     arm = tuning.tuning_arm(StaticConfig(method="ppo"), configs)
     hp = arm_hparams(arm)
-    assert np.allclose(np.asarray(hp.lr), [1e-3, 2e-3, 3e-3]) and np.allclose(np.asarray(hp.ent_coef), [.01, .02, .01])
+    assert np.allclose(np.asarray(hp.ppo.lr), [1e-3, 2e-3, 3e-3])
+    assert np.allclose(np.asarray(hp.ppo.ent_coef), [.01, .02, .01])
     crossed = Arm(arm.static, arm.grid)
     assert len(crossed.settings()) == 9 and "zipped" not in json.dumps(crossed.to_json())
     study = Study("KeyDoor-5x5", (arm, crossed), 2)

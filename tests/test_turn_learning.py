@@ -64,7 +64,7 @@ def test_default_studies_and_help():
         for a in s.arms:  # same base lr / ent / network for every arm, the rest at the library defaults
             assert dict(a.fixed) == hp and a.static.network == "bag" and a.static.action_head == "utterance"
             assert a.static.num_envs == 16 and a.static.num_minibatches == mb and not a.grid
-    assert float(default_hparams("siop").normalize_int) == 0.0  # (siop's own default is kept, not overridden)
+    assert float(default_hparams("siop").signal.normalize_int) == 0.0  # (siop's own default is kept, not overridden)
     maze, = mod.studies(parser.parse_args(["--envs", "TextMaze-Turns", "--methods", "siop", "--total-steps", "1024"]))
     assert maze.arms[0].static.total_steps == 1024
 

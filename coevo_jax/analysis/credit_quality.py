@@ -187,7 +187,7 @@ def score_states(trainer, states, hp, models, max_steps: int) -> dict:
     :class:`~coevo_jax.train.TrainState` (see the module docstring); ``hp`` the arm's
     HParams (leaves ``[R]``; run 0's ``gamma``, ``gae_lambda``, ``beta_ext``, ``beta_int`` are used)."""
     signals = arm_signals(trainer.static.method)
-    gamma, lam, beta_ext, beta_int = (float(np.asarray(getattr(hp, f))[0])
+    gamma, lam, beta_ext, beta_int = (float(np.asarray(hp.as_dict()[f])[0])
                                       for f in ("gamma", "gae_lambda", "beta_ext", "beta_int"))
     obs, _, goal = _goal_next(models)
     pi, values, features = network_outputs(trainer, states.params, obs)

@@ -230,7 +230,7 @@ def turn_credit_report(result, run: int = 0, out: str | None = None, seed: int =
     dialogues = example_dialogues(env, params, jax.random.PRNGKey(seed))
     gamma, models = 0.99, {}
     if siop in labels:
-        gamma = float(result.hparams(siop).gamma[run])
+        gamma = float(result.hparams(siop).ppo.gamma[run])
         models[siop] = (trainer_for(result, siop), run_state(result.final_states(siop), run))
     if coevo in labels:
         models[coevo] = (trainer_for(result, coevo), run_state(result.final_states(coevo), run))
@@ -300,7 +300,7 @@ def maze_credit_spearman(result, label: str = "siop", key=None) -> np.ndarray:
     traj = final_rollouts(trainer, states, key, trainer.static.rollout_len)
     credit = np.asarray(jax.jit(jax.vmap(lambda s, t, h: _credit(trainer.static, s, t, h)))(
         states.signal_state, traj, hp))
-    gamma = np.asarray(hp.gamma, np.float64)
+    gamma = np.asarray(hp.ppo.gamma, np.float64)
     return np.array([spearman(credit[r], maze_optimal_advantage(maze_cells(traj.obs[r]), traj.action[r], gamma[r]))
                      for r in range(credit.shape[0])], np.float64)
 

@@ -194,7 +194,7 @@ def methods(cfg):
         except cj.ConfigError as e:
             skipped[m] = str(e).splitlines()[0]
             continue
-        default_k[m] = int(hp.k)
+        default_k[m] = int(hp.signal.k)
         for variant, hp_v in (("k1", hp.replace(k=1)), ("default", hp)):
             if variant == "default" and default_k[m] == 1:
                 continue

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from coevo_jax.config import ConfigError, HParams, default_hparams, hparam_fields, validate_hparams, validate_static
+from coevo_jax.config import ConfigError, default_hparams, hparam_fields, validate_hparams, validate_static
 from coevo_jax.experiment.spec import Arm, Study, chunk_length
 
 
@@ -45,29 +45,28 @@ def _check_counts(study: Study) -> None:
 
 
 def arm_hparams(arm: Arm) -> Any:
-    """The arm's HParams with leaves ``[S]`` (grid points), validated."""
-    fields = hparam_fields()
+    """The arm's HParams (its method's classes) with leaves ``[S]`` (grid points), validated."""
+    fields = hparam_fields(arm.static.method)
     for field in list(arm.grid) + list(arm.fixed):
         if field not in fields:
-            raise ConfigError(f"{arm.name}: unknown HParams field {field!r}; fields are {', '.join(fields)}")
+            raise ConfigError(f"{arm.name}: unknown HParams field {field!r} of method {arm.static.method!r};"
+                              f" fields are {', '.join(fields)}")
     for field, vals in arm.grid.items():
         if len(list(vals)) == 0:
             raise ConfigError(f"{arm.name}: grid field {field!r} has no values")
         if field in arm.fixed:
             raise ConfigError(f"{arm.name}: field {field!r} is both swept and fixed")
     settings = arm.settings()
-    base = default_hparams(arm.static.method)
+    base = default_hparams(arm.static.method).as_dict()
     raw = {}
     for field in fields:
-        if field in arm.grid:
-            vals = [s[field] for s in settings]
-        else:
-            vals = [arm.fixed.get(field, np.asarray(getattr(base, field)).item())] * len(settings)
+        fixed = [arm.fixed.get(field, base[field])] * len(settings)
+        vals = [s[field] for s in settings] if field in arm.grid else fixed
         try:
             raw[field] = np.asarray(vals, np.float64)
         except (TypeError, ValueError):
             raise ConfigError(f"{arm.name}: HParams.{field} values {vals!r} are not numbers") from None
-    return validate_hparams(HParams(**raw))
+    return validate_hparams(default_hparams(arm.static.method, **raw))
 
 
 def build_plan(study: Study, check_trainers: bool = True) -> list[ArmPlan]:

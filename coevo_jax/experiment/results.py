@@ -16,7 +16,6 @@ import numpy as np
 
 from coevo_jax.analysis import metrics
 from coevo_jax.analysis.tables import csv_to_rows, rows_to_csv
-from coevo_jax.config import hparam_fields
 from coevo_jax.experiment.folder import FINISHED_MARK, read_json
 from coevo_jax.experiment.plan import ArmPlan, arm_hparams, build_plan, worker_batches
 from coevo_jax.experiment.spec import Study, StudyError
@@ -30,7 +29,7 @@ class StudyResult:
     out: str
     study: Study
     curves: dict  # metric -> [runs, iterations] float32 (NaN where an arm lacks it / is shorter)
-    runs: dict  # per-run metadata: arm, label, method, setting, seed, diverged, hp/<field>  [runs]
+    runs: dict  # per-run metadata: arm, label, method, setting, seed, diverged, hp/<field> (NaN: not its method's)
     summary: list  # one dict per (arm, grid point)
     info: dict
 
@@ -135,6 +134,7 @@ def assemble(study: Study, plans: list[ArmPlan], per_arm) -> tuple[dict, dict]:
     names = sorted({n for blocks, _, _ in per_arm for n in blocks})
     curves = {n: np.full((total, iters), np.nan, np.float32) for n in names}
     parts, start = [], 0  # per arm: {column: [its runs]}
+    fields = dict.fromkeys(f for p in plans for f in p.hp.as_dict())  # hp/<field>: NaN in arms without the field
     for ai, (plan, (blocks, div, _)) in enumerate(zip(plans, per_arm)):
         n, r = plan.num_runs, np.arange(plan.num_runs)
         for name, arr in blocks.items():
@@ -142,8 +142,8 @@ def assemble(study: Study, plans: list[ArmPlan], per_arm) -> tuple[dict, dict]:
         parts.append({"arm": np.full(n, ai), "label": np.full(n, plan.arm.name),
                       "method": np.full(n, plan.arm.static.method), "setting": r // study.num_seeds,
                       "seed": r % study.num_seeds, "diverged": div,
-                      **{f"hp/{f}": np.asarray(getattr(plan.hp, f), np.float64)[r // study.num_seeds]
-                         for f in hparam_fields()}})
+                      **{f"hp/{f}": np.asarray(plan.hp.as_dict().get(f, np.full(len(plan.settings), np.nan)),
+                                               np.float64)[r // study.num_seeds] for f in fields}})
         start += n
     return curves, {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 

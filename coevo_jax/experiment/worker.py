@@ -26,7 +26,7 @@ from coevo_jax.experiment import checkpoint
 from coevo_jax.experiment.plan import build_plan, run_keys, worker_batches
 from coevo_jax.experiment.spec import Study, StudyError, config_hash
 from coevo_jax.files import atomic_savez, atomic_write_text
-from coevo_jax.registry import program_of
+from coevo_jax.registry import method_spec
 
 BATCH_AXIS = "runs"  # the vmapped (and sharded) run axis; K-gated refits branch on it (Trainer.batch_axis)
 # ``init`` runs once per batch: compiled without LLVM optimisation it compiles ~3x faster and its run time
@@ -76,14 +76,17 @@ def compile_program(trainer, hp, b: int, chunk_len: int, devices) -> Program:
 
 
 def program_key(plan, b: int) -> tuple:
-    """What a compiled batch program depends on: the arm's static config (its method
-    as the one whose program it runs, :func:`~coevo_jax.registry.program_of`), the
-    batch and chunk sizes and the hparams' structure (not their values, which are inputs)."""
+    """What a compiled batch program depends on: the arm's static config less its method
+    name, what the method traces (its spec's factory and intrinsic stream; its params
+    class is in the hparams' structure), the batch and chunk sizes and the hparams'
+    structure (not their values, which are inputs). Methods equal in all of these
+    (``ppo`` and ``dense``, ``coevo-regression`` and ``coevo-ranking``) share a program."""
     import jax
 
-    static = plan.arm.static.replace(method=program_of(plan.arm.static.method))
+    spec = method_spec(plan.arm.static.method)
     leaves, treedef = jax.tree.flatten(plan.hp)
-    return static, b, plan.chunk_len, treedef, tuple((np.shape(x)[1:], np.asarray(x).dtype) for x in leaves)
+    return (plan.arm.static.replace(method=""), spec.factory, spec.intrinsic_stream, b, plan.chunk_len, treedef,
+            tuple((np.shape(x)[1:], np.asarray(x).dtype) for x in leaves))
 
 
 def default_compile_cache() -> str:

@@ -1,8 +1,10 @@
 """Reward sources, one module per method, all with the :class:`Signal` interface.
 
-Each module registers its method(s) with :func:`coevo_jax.registry.register_method`
-when it is imported; importing this package imports every built-in one (an
-import error surfaces here), so ``import coevo_jax`` registers them all.
+Each module declares its method's hyperparameter class (a subclass of
+:class:`SignalParams`) and registers its method(s) with
+:func:`coevo_jax.registry.register_method` when it is imported; importing this
+package imports every built-in one (an import error surfaces here), so
+``import coevo_jax`` registers them all.
 """
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ from envs_jax.core import provides
 
 from coevo_jax.registry import ConfigError, method_spec
 from coevo_jax.signals.base import (
-    PolicyView, ReturnScale, RewardStreams, Signal, gated_update, init_return_scale, scale_normalise,
+    PolicyView, RefitGateParams, ReturnScale, RewardStreams, Signal, SignalParams, gated_update, init_return_scale,
+    scale_normalise,
 )
 
 # the built-in methods, in registration order (ppo first: it is the reference the others reduce to)
@@ -39,5 +42,5 @@ def check_env_outputs(method: str, env) -> None:
                               f"{tuple(env.optional_outputs)})")
 
 
-__all__ = ["PolicyView", "ReturnScale", "RewardStreams", "Signal", "check_env_outputs", "gated_update",
-           "init_return_scale", "make_signal", "scale_normalise"]
+__all__ = ["PolicyView", "RefitGateParams", "ReturnScale", "RewardStreams", "Signal", "SignalParams",
+           "check_env_outputs", "gated_update", "init_return_scale", "make_signal", "scale_normalise"]

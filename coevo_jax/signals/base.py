@@ -9,7 +9,7 @@ each iteration, after collecting a ``[T, N]`` :class:`~coevo_jax.rollout.Traject
    (ICM, the RND predictor; they keep their parameters from before this
    training, and the rollout's bonus is read with those: bonus first, then train);
 2. ``update(state, traj, policy, hp, key) -> (state, metrics)``: the refit,
-   run only when ``iteration % hp.k == 0`` (the loop gates it);
+   run only when ``iteration % hp.signal.k == 0`` (the loop gates it);
 3. ``rewards(state, traj, hp) -> (state, RewardStreams, metrics)``: the
    rewards PPO optimises, computed with the freshly updated state (the state
    comes back because the running reward scale lives in it).
@@ -59,13 +59,44 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from coevo_jax.episodes import MAX_WINDOW
+from coevo_jax.params import INF, hyperparams, param, unit
+
+
+# ----------------------------------------------------------------------------- hyperparameters
+@hyperparams
+class SignalParams:
+    """The reward-mixing fields every method has (``HParams.signal``); each method
+    subclasses it with its own fields and defaults (``MethodSpec.params``).
+
+    Episodic ``r = beta_ext * r_ext + beta_int * n(r_int)`` (shaping, a learned
+    decomposition), or a separate non-episodic stream with advantage weight
+    ``beta_int`` (see each signal module); ``k`` is the refit period."""
+
+    beta_ext: float = param(1.0, -INF, INF, False, False, doc="weight of the external reward")
+    beta_int: float = param(1.0, -INF, INF, False, False,
+                            doc="weight of the internal reward (or of its advantage)")
+    normalize_int: float = unit(1.0, doc="1: divide r_int by a running RMS of its return (never shifted), 0: raw")
+    k: int = param(4, 1, 1_000_000, integer=True, doc="update period of the internal reward / potential, in"
+                                                      " iterations")
+
+
+@hyperparams
+class RefitGateParams(SignalParams):
+    """The refit gate of every learner that refits on a replay of complete episodes
+    (R_phi, SIOP's potential, IRCR's guidance; :func:`coevo_jax.episodes.refit_ready`)."""
+
+    min_refit_episodes: int = param(1, 0, MAX_WINDOW, integer=True,
+                                    doc="a refit runs only when its buffer holds at least this many complete"
+                                        " episodes (else parameters and optimiser state stay as they are); 0: always")
+
 
 class PolicyView(NamedTuple):
     network: Any  # flax module (static)
     params: Any
     opt_state: Any
     lr: jax.Array  # the policy's learning rate this iteration
-    lr_frac: jax.Array | float = 1.0  # lr / hp.lr: the annealing factor (1 -> 0), for learners that follow it
+    lr_frac: jax.Array | float = 1.0  # lr / hp.ppo.lr: the annealing factor (1 -> 0), for learners that follow it
 
 
 class RewardStreams(NamedTuple):
@@ -153,7 +184,7 @@ def return_rms(scale: ReturnScale, eps: float = 1e-8) -> jax.Array:
 
 
 def scale_normalise(scale: ReturnScale, r: jax.Array, gamma, on, done: jax.Array | None = None):
-    """``(scale, r / rms)`` when ``on`` (a traced 0/1 flag, ``hp.normalize_int``),
+    """``(scale, r / rms)`` when ``on`` (a traced 0/1 flag, ``hp.signal.normalize_int``),
     ``(scale, r)`` when it is 0. The statistics are updated with ``r [T, N]``
     first either way; the output is ``r`` times one positive number, never shifted."""
     scale = update_return_scale(scale, r, gamma, done)
@@ -187,7 +218,7 @@ def gated_update(signal: Signal, do_update: jax.Array, state, traj, policy: Poli
         def run_selected(s):
             # a run that does not refit now is computed at K = 1 (its result is discarded): under compute-matched
             # refits (steps x K in a while loop as long as the batch's longest) it then adds no steps
-            new, metrics = signal.update(s, traj, policy, hp.replace(k=jnp.where(do_update, hp.k, 1)), key)
+            new, metrics = signal.update(s, traj, policy, hp.replace(k=jnp.where(do_update, hp.signal.k, 1)), key)
             keep = lambda a, b: jnp.where(do_update, a, b)  # noqa: E731
             return jax.tree.map(keep, new, s), jax.tree.map(lambda m: keep(m, jnp.zeros_like(m)), metrics)
 

@@ -11,12 +11,12 @@ gradient flows through them, and no network of its own):
     F_t = gamma * V(s_t+1) - V(s_t),   V(s_t+1) = 0 if terminated_t,
                                        V(final_obs_t) if truncated_t (a time-out bootstraps),
 
-spread over ``static.credit_nstep`` steps, clipped at ``hp.credit_clip`` and
+spread over ``static.credit_nstep`` steps, clipped at ``hp.signal.credit_clip`` and
 paid in the episodic stream as ``beta_ext * r_ext + beta_int * F``, all
 exactly as ``siop`` does with its default ``normalize_int = 0``
 (:func:`~coevo_jax.signals.potential.trajectory_shaping`): the credit is raw,
 in the units of the critic's values, which are those of the external return.
-``hp.normalize_int`` is not read (the signal keeps no state). If
+``hp.signal.normalize_int`` is not read (the signal keeps no state). If
 ``siop``, ``siop-critic`` and ``ppo`` learn alike, SIOP's potential adds nothing
 the critic lacks.
 
@@ -39,7 +39,7 @@ import jax.numpy as jnp
 
 from coevo_jax.registry import MethodSpec, register_method
 from coevo_jax.signals.base import RewardStreams, Signal, float_metrics, no_observe, no_update
-from coevo_jax.signals.potential import POTENTIAL_PARAMS, clip_credit, episodic_values, trajectory_shaping
+from coevo_jax.signals.potential import ShapingParams, clip_credit, episodic_values, trajectory_shaping
 
 
 def make_critic_shaping(static, network=None, env=None, env_params=None) -> Signal:
@@ -52,12 +52,12 @@ def make_critic_shaping(static, network=None, env=None, env_params=None) -> Sign
     def rewards(state, traj, hp):
         phi, phi_next = episodic_values(traj)
         raw = trajectory_shaping(phi, phi_next, traj, hp, nstep)
-        credit = clip_credit(raw, hp.credit_clip)
-        streams = RewardStreams(hp.beta_ext * traj.reward + hp.beta_int * credit)
+        credit = clip_credit(raw, hp.signal.credit_clip)
+        streams = RewardStreams(hp.signal.beta_ext * traj.reward + hp.signal.beta_int * credit)
         metrics = {
             "potential_mean": phi.mean(), "potential_min": phi.min(), "potential_max": phi.max(),
             "credit_mean": credit.mean(), "credit_var": credit.var(),
-            "credit_clip_frac": (jnp.abs(raw) > hp.credit_clip).mean(),
+            "credit_clip_frac": (jnp.abs(raw) > hp.signal.credit_clip).mean(),
         }
         return state, streams, float_metrics(metrics)
 
@@ -65,9 +65,7 @@ def make_critic_shaping(static, network=None, env=None, env_params=None) -> Sign
 
 
 register_method(MethodSpec(
-    "siop-critic", make_critic_shaping, {"credit_clip": POTENTIAL_PARAMS["credit_clip"]},
-    # siop's mixing: raw shaping in units of the external return
-    {"beta_ext": 1.0, "beta_int": 1.0, "normalize_int": 0.0},
+    "siop-critic", make_critic_shaping, ShapingParams,  # siop's mixing: raw shaping in units of the external return
     static_checks={"credit_nstep": (1, 1024)}, off={"beta_int": 0.0}, tune={"beta_int": (0.25, 2.0)},
     doc="control: siop's shaping credit gamma V(s') - V(s) with PPO's own critic V as the potential",
 ))

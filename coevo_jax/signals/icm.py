@@ -7,13 +7,13 @@ one-hot), an inverse model ``g(phi(s_t), phi(s_t+1)) -> logits of a_t`` and a fo
 ``f(phi(s_t), onehot(a_t)) -> phi(s_t+1)``. The encoder is shaped by the inverse
 loss only: in the forward loss both feature vectors are ``stop_gradient``-ed, so
 the features keep only what the agent's actions can influence. Loss
-``(1 - beta) * L_inverse + beta * L_forward`` with ``beta = hp.icm_forward_weight``;
-the intrinsic reward is ``hp.icm_eta * 0.5 * ||f(phi(s_t), a_t) - phi(s_t+1)||^2``
+``(1 - beta) * L_inverse + beta * L_forward`` with ``beta = hp.signal.icm_forward_weight``;
+the intrinsic reward is ``hp.signal.icm_eta * 0.5 * ||f(phi(s_t), a_t) - phi(s_t+1)||^2``
 and the policy's rewards are two streams (:class:`~coevo_jax.signals.base.RewardStreams`):
 
 * episodic: ``beta_ext * r_ext``;
 * intrinsic (non-episodic, its own critic head): ``n(r_int)``, ``n`` the
-  division by a running RMS of the intrinsic return when ``hp.normalize_int``
+  division by a running RMS of the intrinsic return when ``hp.signal.normalize_int``
   (never a mean shift; Burda et al. 2018), its advantage weighted by ``beta_int``.
 
 A bonus in the episodic stream would be a living reward: with time-outs
@@ -25,9 +25,9 @@ episode ends or not.
 end an episode). The ICM trains on every rollout, in ``observe`` (the paper
 trains it alongside the policy), not only at the K-gated refits: one shuffled
 epoch over the trajectory in ``static.num_minibatches`` minibatches (PPO's
-minibatch size), Adam at ``hp.icm_lr_ratio * hp.lr`` (a multiple of the
+minibatch size), Adam at ``hp.signal.icm_lr_ratio * hp.ppo.lr`` (a multiple of the
 policy's lr, not annealed) with global-norm clipping at
-``hp.max_grad_norm`` (the policy's; the ICM has no clip field of its own).
+``hp.ppo.max_grad_norm`` (the policy's; the ICM has no clip field of its own).
 ``update`` has nothing to do.
 
 **Bonus first, then train.** The bonus of a rollout is the forward error of
@@ -47,10 +47,12 @@ import optax
 
 from coevo_jax.encoding import encode_obs, obs_vocab
 from coevo_jax.fit import fit, init_optimizer, make_optimizer
-from coevo_jax.registry import MethodSpec, register_method, unit, weight
+from coevo_jax.params import default_of, hyperparams, unit, weight
+from coevo_jax.registry import MethodSpec, register_method
 from coevo_jax.rollout import flatten_time
 from coevo_jax.signals.base import (
-    ReturnScale, RewardStreams, Signal, flat_obs, init_return_scale, mlp, no_update, return_rms, scale_normalise,
+    ReturnScale, RewardStreams, Signal, SignalParams, flat_obs, init_return_scale, mlp, no_update, return_rms,
+    scale_normalise,
 )
 
 
@@ -127,9 +129,9 @@ def icm_train(icm: ICMNetwork, params, opt_state, data, hp, key, num_minibatches
         obs, next_obs, action = mb
         _, phi_tp1, logits, phi_pred = icm.apply(p, obs, next_obs, action)
         inv, fwd = inverse_loss(logits, action), forward_loss(phi_pred, phi_tp1)
-        return icm_loss(inv, fwd, hp.icm_forward_weight), {"icm_inverse": inv, "icm_forward": fwd}
+        return icm_loss(inv, fwd, hp.signal.icm_forward_weight), {"icm_inverse": inv, "icm_forward": fwd}
 
-    tx = make_optimizer(hp.max_grad_norm, hp.icm_lr_ratio * hp.lr)
+    tx = make_optimizer(hp.ppo.max_grad_norm, hp.signal.icm_lr_ratio * hp.ppo.lr)
     params, opt_state, m = fit(loss_fn, params, opt_state, tx, data, key, num_minibatches=num_minibatches)
     m = jax.tree.map(jnp.mean, m)
     return params, opt_state, {"icm_loss": m["loss"], "icm_inverse": m["icm_inverse"], "icm_forward": m["icm_forward"]}
@@ -158,9 +160,9 @@ def make_icm(static, network, env, env_params) -> Signal:
 
     def rewards(state, traj, hp):
         _, phi_tp1, _, phi_pred = icm.apply(state.bonus_params, *transitions(traj))
-        r_int = intrinsic_reward(phi_pred, phi_tp1, hp.icm_eta)
-        scale, r_norm = scale_normalise(state.scale, r_int, hp.gamma, hp.normalize_int)
-        streams = RewardStreams(hp.beta_ext * traj.reward, r_norm, hp.beta_int)
+        r_int = intrinsic_reward(phi_pred, phi_tp1, hp.signal.icm_eta)
+        scale, r_norm = scale_normalise(state.scale, r_int, hp.ppo.gamma, hp.signal.normalize_int)
+        streams = RewardStreams(hp.signal.beta_ext * traj.reward, r_norm, hp.signal.beta_int)
         metrics = {"icm_reward_mean": r_int.mean(), "icm_reward_max": r_int.max(),
                    "int_return_rms": return_rms(scale)}
         return state._replace(scale=scale), streams, metrics
@@ -169,20 +171,23 @@ def make_icm(static, network, env, env_params) -> Signal:
 
 
 # ----------------------------------------------------------------------------- registration
-ICM_PARAMS = {
-    "icm_lr_ratio": weight(1.0, doc="the ICM's Adam step as a multiple of the policy's lr (it trains on every"
-                                    " rollout; not annealed)"),
-    "icm_eta": weight(0.01, doc="scale of the forward-error bonus"),
-    "icm_forward_weight": unit(0.2, doc="beta: weight of the forward loss (1 - beta: the inverse loss)"),
-}
+@hyperparams
+class ICMParams(SignalParams):
+    """``icm``'s hyperparameters: the bonus stream's advantage weight is ``beta_int``."""
 
-register_method(MethodSpec(
-    "icm", make_icm, ICM_PARAMS,
     # Intrinsic-advantage weights (icm beta_int, coevo-novelty novelty_coef, meta r_int_coef): from a grid of
     # 0.01-0.03, 0.1, 0.3, 1 on KeyDoor-5x5 at the main job's budget, 8 tuning seeds kept apart from the
     # evaluation seeds (README, "Reward construction"), the largest weight whose final success stayed within
     # 0.05 of sparse PPO's (0.84 there): every bonus cost success on that task, more the larger its weight.
-    defaults={"beta_int": 0.1},
+    beta_int: float = default_of(SignalParams, "beta_int", 0.1)
+    icm_lr_ratio: float = weight(1.0, doc="the ICM's Adam step as a multiple of the policy's lr (it trains on every"
+                                          " rollout; not annealed)")
+    icm_eta: float = weight(0.01, doc="scale of the forward-error bonus")
+    icm_forward_weight: float = unit(0.2, doc="beta: weight of the forward loss (1 - beta: the inverse loss)")
+
+
+register_method(MethodSpec(
+    "icm", make_icm, ICMParams,
     intrinsic_stream=True,
     static_checks={"icm_feature_dim": (1, 4096)},
     off={"beta_int": 0.0},

@@ -30,7 +30,7 @@ input encoding: ``StaticConfig.reward_input``, ``"obs"`` for the paper's
 ``r_g(s, a)``, ``"features"`` the policy's hidden state, as for R_phi; token
 observations one-hot encoded), read through its *linear* output (the pre-tanh
 head ``pre``: the targets fill ``[0, 1]``, which a tanh reaches only at
-infinity). Each refit (every ``hp.k`` iterations, ``static.reward_steps``
+infinity). Each refit (every ``hp.signal.k`` iterations, ``static.reward_steps``
 full-batch Adam steps, or ``reward_steps x k`` under
 ``static.refit_steps_per_k``) minimises
 
@@ -41,15 +41,15 @@ episodes (:mod:`coevo_jax.episodes`; per step R_phi's input and the action, per
 episode its whole return; a row holds ``static.max_episode_len`` steps, by default the env's time
 limit, so every step of an episode gets its return as target).
 A timed-out episode counts with the return it collected. The Adam step is
-``hp.ircr_lr_ratio`` times the policy's current learning rate (annealed with
-it), clipped at ``hp.reward_max_grad_norm``.
+``hp.signal.ircr_lr_ratio`` times the policy's current learning rate (annealed with
+it), clipped at ``hp.signal.reward_max_grad_norm``.
 
 **Rewards.** The paper replaces the environment reward by the guidance reward.
 ``r_g`` is a learned per-step stand-in for the external return, so it respects
 episode ends: the episodic stream (base.py's rules), ``beta_ext * r_ext +
 beta_int * r_g`` with defaults ``beta_ext = 0``, ``beta_int = 1`` (the paper's
 replacement; ``beta_ext = 1`` adds it to the external reward instead). Raw by
-default (``hp.normalize_int = 0``: ``r_g`` is already in ``[0, 1]``); 1 divides
+default (``hp.signal.normalize_int = 0``: ``r_g`` is already in ``[0, 1]``); 1 divides
 it by the running RMS of its discounted return, never shifting it. Note that
 ``r_g >= 0`` on every step pays for steps: states of high-return episodes are
 worth lingering in until the refits see that lingering episodes end with low
@@ -66,14 +66,15 @@ from flax import struct
 
 from coevo_jax import episodes as ep
 from coevo_jax.fit import fit, init_optimizer, make_optimizer, refit_steps, refit_when
-from coevo_jax.registry import MethodSpec, Param, register_method
+from coevo_jax.params import default_of, hyperparams, param
+from coevo_jax.registry import MethodSpec, register_method
 from coevo_jax.reward_net import (
     REWARD_NET_STATIC_CHECKS, make_reward_net, reward_inputs,
 )
 from coevo_jax.signals.base import (
-    ReturnScale, RewardStreams, Signal, float_metrics, init_return_scale, return_rms, scale_normalise,
+    ReturnScale, RewardStreams, Signal, SignalParams, float_metrics, init_return_scale, return_rms, scale_normalise,
 )
-from coevo_jax.signals.learned import REFIT_PARAMS, check_learned_static, pearson
+from coevo_jax.signals.learned import RewardNetParams, check_learned_static, pearson
 
 #: below this spread of the buffer's returns every normalised target is 0
 MIN_SPREAD = 1e-8
@@ -108,10 +109,10 @@ def episode_means(g: jax.Array, mask: jax.Array) -> jax.Array:
 
 def ircr_streams(r_ext, r_g, scale: ReturnScale, done, hp):
     """``(scale, RewardStreams)``: episodic ``beta_ext * r_ext + beta_int *
-    n(r_g)``, ``n`` the running-RMS scale when ``hp.normalize_int`` (identity
+    n(r_g)``, ``n`` the running-RMS scale when ``hp.signal.normalize_int`` (identity
     at 0). ``r_ext, r_g, done [T, N]``."""
-    scale, g = scale_normalise(scale, r_g, hp.gamma, hp.normalize_int, done)
-    return scale, RewardStreams(hp.beta_ext * r_ext + hp.beta_int * g)
+    scale, g = scale_normalise(scale, r_g, hp.ppo.gamma, hp.signal.normalize_int, done)
+    return scale, RewardStreams(hp.signal.beta_ext * r_ext + hp.signal.beta_int * g)
 
 
 # ----------------------------------------------------------------------------- the signal
@@ -158,8 +159,8 @@ def make_ircr(static, network, env, env_params) -> Signal:
         buf = state.replay.train
         x, actions, mask = buf.steps["x"], buf.steps["action"], ep.buffer_mask(buf)
         target = minmax_normalise(buf.ends["full_return"], buf.valid)
-        step_size = hp.ircr_lr_ratio * policy.lr
-        tx = make_optimizer(hp.reward_max_grad_norm, step_size)
+        step_size = hp.signal.ircr_lr_ratio * policy.lr
+        tx = make_optimizer(hp.signal.reward_max_grad_norm, step_size)
 
         steps = refit_steps(static.reward_steps, static, hp)
 
@@ -178,7 +179,7 @@ def make_ircr(static, network, env, env_params) -> Signal:
             }
             return (params, opt_state), float_metrics(metrics)
 
-        # fewer than hp.min_refit_episodes complete episodes: no step, Adam's count untouched
+        # fewer than hp.signal.min_refit_episodes complete episodes: no step, Adam's count untouched
         (params, opt_state), metrics = refit_when(ep.refit_ready(buf, hp), refit, (state.params, state.opt_state))
         ret, some = buf.ends["full_return"], buf.valid.any()
         metrics = {**metrics, "buffer_size": buf.valid.sum().astype(jnp.float32),
@@ -198,17 +199,20 @@ def make_ircr(static, network, env, env_params) -> Signal:
 
 
 # ----------------------------------------------------------------------------- registration
-IRCR_PARAMS = {
-    "ircr_lr_ratio": Param(4.0, 0.0, 1e4, doc="the guidance network's Adam step as a multiple of the policy's"
-                                              " current lr (0: frozen at its initialisation)"),
-    "reward_max_grad_norm": REFIT_PARAMS["reward_max_grad_norm"],
-    **ep.REFIT_GATE_PARAMS,
-}
+@hyperparams
+class IRCRParams(RewardNetParams):
+    """``ircr``'s hyperparameters: the paper replaces the external reward by ``r_g``
+    (raw) and refits every iteration (its data changes every rollout)."""
+
+    beta_ext: float = default_of(SignalParams, "beta_ext", 0.0)
+    normalize_int: float = default_of(SignalParams, "normalize_int", 0.0)
+    k: int = default_of(SignalParams, "k", 1)
+    ircr_lr_ratio: float = param(4.0, 0.0, 1e4, doc="the guidance network's Adam step as a multiple of the policy's"
+                                                    " current lr (0: frozen at its initialisation)")
+
 
 register_method(MethodSpec(
-    "ircr", make_ircr, IRCR_PARAMS,
-    # the paper replaces the external reward by r_g; refit every iteration (its data changes every rollout)
-    {"beta_ext": 0.0, "beta_int": 1.0, "normalize_int": 0.0, "k": 1},
+    "ircr", make_ircr, IRCRParams,
     static_checks={**REWARD_NET_STATIC_CHECKS, "reward_steps": (1, 10_000)},
     check_static=check_learned_static, off={"beta_ext": 1.0, "beta_int": 0.0}, tune={"ircr_lr_ratio": (0.2, 20.0)},
     doc="IRCR (Gangwani et al. 2020): a learned per-step guidance reward regressed on the min-max normalised"

@@ -14,12 +14,13 @@ action. The refit objectives come from the reward-learning literature:
 * ``coevo-ranking``: the Bradley-Terry pairwise preference loss over episodes
   (Christiano et al. 2017; T-REX, Brown et al. 2019), with episodes ordered by
   external return instead of by a person. The objective is the traced
-  ``hp.ranking_weight`` (0 regression, 1 ranking, between: a mix), so these
-  two methods run one compiled program (``MethodSpec.program``);
+  ``hp.signal.ranking_weight`` (0 regression, 1 ranking, between: a mix) of one
+  params class, :class:`LearnedParams`, so the study runner compiles one program
+  for both;
 * ``coevo-novelty``: the regression objective plus a random-network-distillation
   bonus (Burda et al. 2019) ``e_t = ||g(x_t) - f(x_t)||^2 / K``, ``f`` fixed and
   random, ``g`` trained on *every* rollout (in ``observe``; Adam at
-  ``hp.rnd_lr_ratio * hp.lr``, one shuffled epoch in ``static.num_minibatches`` minibatches).
+  ``hp.signal.rnd_lr_ratio * hp.ppo.lr``, one shuffled epoch in ``static.num_minibatches`` minibatches).
   The bonus of a rollout is read with ``g`` as it was *before* that fit
   (``rnd_bonus_params``), as at collection time in Burda et al.: a predictor
   that has just fit the rollout would shrink the bonus on the states that were new.
@@ -33,7 +34,7 @@ action. The refit objectives come from the reward-learning literature:
   what ``beta_int`` means as training goes on;
 * intrinsic (``coevo-novelty`` only; non-episodic, the critic's second head):
   ``n(e_t)``, ``n(e) = e / rms(intrinsic return)`` (a running RMS, never a
-  mean shift) when ``hp.normalize_int``, its advantage weighted by
+  mean shift) when ``hp.signal.normalize_int``, its advantage weighted by
   ``novelty_coef``. A positive bonus in the episodic stream would be a living
   reward.
 
@@ -47,13 +48,13 @@ the start of the current refit (``drift_ema = 0``) the penalty and its
 gradient start at 0 and do not bind within a few steps; against the lagging
 anchor it holds R_phi back when the returns jump. ``extreme_weight`` penalises
 the squared tanh pre-activation (the outputs' saturation). The
-refit's Adam step is ``hp.reward_lr_ratio`` times the policy's learning rate
-of the iteration (``hp.lr * policy.lr_frac``, annealed with it): tuning the
+refit's Adam step is ``hp.signal.reward_lr_ratio`` times the policy's learning rate
+of the iteration (``hp.ppo.lr * policy.lr_frac``, annealed with it): tuning the
 policy's lr moves R_phi's with it, and their ratio is constant over a run.
 
 **A refit needs data.** A refit (``static.reward_steps`` full-batch steps,
-times ``hp.k`` under ``static.refit_steps_per_k``) runs only when the training
-buffer holds at least ``hp.min_refit_episodes`` complete episodes; before that
+times ``hp.signal.k`` under ``static.refit_steps_per_k``) runs only when the training
+buffer holds at least ``hp.signal.min_refit_episodes`` complete episodes; before that
 R_phi, its anchor and its Adam state stay as they are (no steps on an empty
 buffer advance Adam's count). ``signal/refit_steps`` is the steps a refit
 took (0 when skipped); the loop sums it into the run's ``refit_steps``.
@@ -83,17 +84,19 @@ from flax import struct
 
 from coevo_jax.config import check_int
 from coevo_jax.episodes import (
-    MAX_WINDOW, REFIT_GATE_PARAMS, VAL_EVERY, EpisodeReplay, add_rollout, buffer_mask, episode_sum, episode_window,
+    MAX_WINDOW, VAL_EVERY, EpisodeReplay, add_rollout, buffer_mask, episode_sum, episode_window,
     init_replay, refit_ready, replay_episodes,
 )
 from coevo_jax.fit import fit, init_optimizer, make_optimizer, refit_steps, refit_when
-from coevo_jax.registry import MethodSpec, Param, grad_clip, register_method, unit, weight
+from coevo_jax.params import default_of, grad_clip, hyperparams, param, unit, weight
+from coevo_jax.registry import MethodSpec, register_method
 from coevo_jax.reward_net import (
     REWARD_NET_STATIC_CHECKS, check_reward_net_static, make_reward_net, make_rnd_net, reward_inputs, rnd_error,
 )
 from coevo_jax.rollout import flatten_time
 from coevo_jax.signals.base import (
-    ReturnScale, RewardStreams, Signal, float_metrics, init_return_scale, pearson, return_rms, scale_normalise,
+    RefitGateParams, ReturnScale, RewardStreams, Signal, SignalParams, float_metrics, init_return_scale, pearson,
+    return_rms, scale_normalise,
 )
 
 METHODS = ("coevo-regression", "coevo-ranking", "coevo-novelty")
@@ -151,15 +154,16 @@ def reward_objective(r, pre, r_anchor, mask, ret, valid, hp):
     """Phase-B loss of R_phi from per-step outputs (all ``[E, L]`` but ``ret,
     valid [E]``): ``anchor_weight * fit + drift_weight * drift + extreme_weight
     * extreme``, ``fit = (1 - w) * regression MSE + w * ranking loss`` with ``w =
-    hp.ranking_weight`` (0: ``coevo-regression``, ``coevo-novelty``; 1:
+    hp.signal.ranking_weight`` (0: ``coevo-regression``, ``coevo-novelty``; 1:
     ``coevo-ranking``; a traced value, so both methods run one compiled program,
     and each loss enters exactly: ``1 * x + 0 * y == x`` for finite ``y``).
     Returns ``(loss, metrics)``."""
-    w = hp.ranking_weight
-    fit = (1.0 - w) * regression_loss(r, mask, ret, valid) + w * ranking_loss(r, mask, ret, valid, hp.ranking_temp)
+    w = hp.signal.ranking_weight
+    fit = ((1.0 - w) * regression_loss(r, mask, ret, valid)
+           + w * ranking_loss(r, mask, ret, valid, hp.signal.ranking_temp))
     drift = drift_loss(r, r_anchor, mask)
     extreme = extreme_loss(pre, mask)
-    loss = hp.anchor_weight * fit + hp.drift_weight * drift + hp.extreme_weight * extreme
+    loss = hp.signal.anchor_weight * fit + hp.signal.drift_weight * drift + hp.signal.extreme_weight * extreme
     return loss, {"fit_loss": fit, "drift_loss": drift, "extreme_loss": extreme, "reward_loss": loss}
 
 
@@ -170,26 +174,26 @@ def ema_params(anchor, params, rate):
 
 
 def reward_step_size(hp, policy) -> jax.Array:
-    """The refit's Adam step ``hp.reward_lr_ratio * hp.lr * policy.lr_frac``: a
+    """The refit's Adam step ``hp.signal.reward_lr_ratio * hp.ppo.lr * policy.lr_frac``: a
     multiple of the policy's learning rate of the iteration (annealed with it)."""
-    return hp.reward_lr_ratio * hp.lr * policy.lr_frac
+    return hp.signal.reward_lr_ratio * hp.ppo.lr * policy.lr_frac
 
 
 def coevo_streams(r_ext, r_phi, bonus, scale: ReturnScale, hp):
     """``(scale, RewardStreams)`` from ``r_ext, r_phi [T, N]`` and the RND error
     ``bonus [T, N]`` (``None``: no intrinsic stream): episodic ``beta_ext * r_ext
     + beta_int * r_phi`` (raw), intrinsic ``n(bonus)`` with advantage weight ``novelty_coef`` (see the module docstring)."""
-    episodic = hp.beta_ext * r_ext + hp.beta_int * r_phi
+    episodic = hp.signal.beta_ext * r_ext + hp.signal.beta_int * r_phi
     if bonus is None:
         return scale, RewardStreams(episodic, None)
-    scale, b = scale_normalise(scale, bonus, hp.gamma, hp.normalize_int)
-    return scale, RewardStreams(episodic, b, hp.novelty_coef)
+    scale, b = scale_normalise(scale, bonus, hp.ppo.gamma, hp.signal.normalize_int)
+    return scale, RewardStreams(episodic, b, hp.signal.novelty_coef)
 
 
 def rnd_fit(rnd, params, opt_state, target_params, x: jax.Array, hp, key, num_minibatches: int):
     """One shuffled epoch of predictor steps on ``x [B, D]`` (``num_minibatches``
-    minibatches; clip ``hp.reward_max_grad_norm``, Adam at ``hp.rnd_lr_ratio *
-    hp.lr``: a multiple of the policy's lr, not annealed, as it trains on every
+    minibatches; clip ``hp.signal.reward_max_grad_norm``, Adam at ``hp.signal.rnd_lr_ratio *
+    hp.ppo.lr``: a multiple of the policy's lr, not annealed, as it trains on every
     rollout). Returns ``(params, opt_state, mean loss)``."""
     target = jax.lax.stop_gradient(rnd.apply(target_params, x))
 
@@ -197,7 +201,7 @@ def rnd_fit(rnd, params, opt_state, target_params, x: jax.Array, hp, key, num_mi
         x_mb, target_mb = mb
         return rnd_error(rnd.apply(p, x_mb), target_mb).mean(), {}
 
-    tx = make_optimizer(hp.reward_max_grad_norm, hp.rnd_lr_ratio * hp.lr)
+    tx = make_optimizer(hp.signal.reward_max_grad_norm, hp.signal.rnd_lr_ratio * hp.ppo.lr)
     params, opt_state, m = fit(loss_fn, params, opt_state, tx, (x, target), key, num_minibatches=num_minibatches)
     return params, opt_state, m["loss"].mean()
 
@@ -279,7 +283,7 @@ def make_learned(static, network, env, env_params) -> Signal:
         buf = state.replay.train
         x, actions, mask, ret = fit_data(buf)
         step_size = reward_step_size(hp, policy)
-        tx = make_optimizer(hp.reward_max_grad_norm, step_size)
+        tx = make_optimizer(hp.signal.reward_max_grad_norm, step_size)
         steps = refit_steps(static.reward_steps, static, hp)
 
         def refit(learner):
@@ -299,7 +303,7 @@ def make_learned(static, network, env, env_params) -> Signal:
             metrics["buffer_corr"] = pearson(episode_sums(r_new, mask), ret, buf.valid)
             metrics["reward_step_size"] = step_size
             metrics["refit_steps"] = steps
-            return (params, ema_params(anchor_params, params, hp.drift_ema), opt_state), float_metrics(metrics)
+            return (params, ema_params(anchor_params, params, hp.signal.drift_ema), opt_state), float_metrics(metrics)
 
         # no complete episode (or fewer than min_refit_episodes): no step, Adam's count untouched
         (params, anchor_params, opt_state), metrics = refit_when(
@@ -340,29 +344,42 @@ def make_learned(static, network, env, env_params) -> Signal:
 
 
 # ----------------------------------------------------------------------------- registration
-#: R_phi's refit (all three methods)
-REFIT_PARAMS = {
-    "reward_lr_ratio": weight(0.2, doc="the refit's Adam step as a multiple of the policy's lr of the iteration"
-                                       " (annealed with it)"),
-    "reward_max_grad_norm": grad_clip(1.0, doc="global-norm clip of R_phi's and RND's steps"),
-    "anchor_weight": weight(1.0, doc="weight of the external-reward anchor (fit)"),
-    "drift_weight": weight(0.1, doc="penalty on drift of R_phi's outputs from the anchor's (drift_ema)"),
-    "extreme_weight": weight(0.01, doc="penalty on extreme (saturated) outputs"),
-    "drift_ema": Param(0.9, 0.0, 1.0, high_inclusive=False,
-                       doc="the drift anchor: EMA (per refit) of R_phi's params; 0 = the last refit's"),
-    **REFIT_GATE_PARAMS,
-}
-#: the fit's objective: coevo-regression and coevo-ranking differ only in ranking_weight's value (one program)
-OBJECTIVE_PARAMS = {
-    "ranking_weight": unit(0.0, doc="weight of the Bradley-Terry ranking loss in the fit, 1 - it of the regression MSE"
-                                    " (coevo-regression 0, coevo-ranking 1)"),
-    "ranking_temp": grad_clip(1.0, doc="Bradley-Terry temperature"),
-}
-NOVELTY_PARAMS = {
-    "novelty_coef": weight(0.5, doc="advantage weight of the RND novelty bonus (intrinsic stream)"),
-    "rnd_lr_ratio": weight(1.0, doc="the RND predictor's Adam step as a multiple of the policy's lr (it trains on"
-                                    " every rollout; not annealed)"),
-}
+@hyperparams
+class RewardNetParams(RefitGateParams):
+    """A learned per-step reward refit on an episode replay (R_phi here, IRCR's guidance network)."""
+
+    reward_max_grad_norm: float = grad_clip(1.0, doc="global-norm clip of the reward network's (and RND's) steps")
+
+
+@hyperparams
+class LearnedParams(RewardNetParams):
+    """``coevo-regression``'s and ``coevo-ranking``'s hyperparameters (the two differ
+    only in ``ranking_weight``'s value: one program). R_phi is a decomposition of the
+    return, in the episodic stream, never normalised (module docstring)."""
+
+    beta_int: float = default_of(SignalParams, "beta_int", 0.5)
+    reward_lr_ratio: float = weight(0.2, doc="the refit's Adam step as a multiple of the policy's lr of the"
+                                             " iteration (annealed with it)")
+    anchor_weight: float = weight(1.0, doc="weight of the external-reward anchor (fit)")
+    drift_weight: float = weight(0.1, doc="penalty on drift of R_phi's outputs from the anchor's (drift_ema)")
+    extreme_weight: float = weight(0.01, doc="penalty on extreme (saturated) outputs")
+    drift_ema: float = param(0.9, 0.0, 1.0, high_inclusive=False,
+                             doc="the drift anchor: EMA (per refit) of R_phi's params; 0 = the last refit's")
+    ranking_weight: float = unit(0.0, doc="weight of the Bradley-Terry ranking loss in the fit, 1 - it of the"
+                                          " regression MSE (coevo-regression 0, coevo-ranking 1)")
+    ranking_temp: float = grad_clip(1.0, doc="Bradley-Terry temperature")
+
+
+@hyperparams
+class NoveltyParams(LearnedParams):
+    """``coevo-novelty``'s: R_phi plus the RND bonus, in the intrinsic stream,
+    divided by a running RMS of its return (``normalize_int`` 1)."""
+
+    novelty_coef: float = weight(0.3, doc="advantage weight of the RND novelty bonus (intrinsic stream)")
+    rnd_lr_ratio: float = weight(1.0, doc="the RND predictor's Adam step as a multiple of the policy's lr (it"
+                                          " trains on every rollout; not annealed)")
+
+
 LEARNED_STATIC_CHECKS = {**REWARD_NET_STATIC_CHECKS, "reward_steps": (1, 10_000)}
 
 
@@ -380,26 +397,21 @@ def check_learned_static(static) -> None:
     check_window(static, "max_episode_len")
     if static.buffer_episodes is not None:
         check_int(static, "buffer_episodes", 2, 1 << 16)
-# R_phi is a decomposition of the return, in the episodic stream, never normalised (module docstring)
-_MIXING = {"beta_ext": 1.0, "beta_int": 0.5}
 #: what equal-budget tuning searches (sweeps/_study/tuning.py): R_phi's step and its weight in the reward
 TUNE = {"reward_lr_ratio": (0.01, 20.0), "beta_int": (0.1, 2.0)}
 
 register_method(MethodSpec(
-    "coevo-regression", make_learned, {**REFIT_PARAMS, **OBJECTIVE_PARAMS}, _MIXING,
+    "coevo-regression", make_learned, LearnedParams,
     static_checks=LEARNED_STATIC_CHECKS, check_static=check_learned_static, off={"beta_int": 0.0}, tune=TUNE,
     doc="co-evolving R_phi fit so its episode sums equal the external returns (RUDDER-style decomposition)",
 ))
 register_method(MethodSpec(
-    "coevo-ranking", make_learned, {**REFIT_PARAMS, **OBJECTIVE_PARAMS}, {**_MIXING, "ranking_weight": 1.0},
-    static_checks=LEARNED_STATIC_CHECKS, check_static=check_learned_static, off={"beta_int": 0.0},
-    program="coevo-regression", tune=TUNE,
+    "coevo-ranking", make_learned, LearnedParams, {"ranking_weight": 1.0},
+    static_checks=LEARNED_STATIC_CHECKS, check_static=check_learned_static, off={"beta_int": 0.0}, tune=TUNE,
     doc="co-evolving R_phi fit to order episodes like their external returns (Bradley-Terry)",
 ))
 register_method(MethodSpec(
-    "coevo-novelty", make_learned, {**REFIT_PARAMS, **OBJECTIVE_PARAMS, **NOVELTY_PARAMS},
-    # the RND bonus, in the intrinsic stream, divided by a running RMS of its return
-    {**_MIXING, "normalize_int": 1.0, "novelty_coef": 0.3}, intrinsic_stream=True,
+    "coevo-novelty", make_learned, NoveltyParams, intrinsic_stream=True,
     static_checks=LEARNED_STATIC_CHECKS, check_static=check_learned_static,
     off={"beta_int": 0.0, "novelty_coef": 0.0}, tune={**TUNE, "novelty_coef": (0.03, 1.0)},
     doc="coevo-regression plus an RND novelty bonus in a non-episodic stream",

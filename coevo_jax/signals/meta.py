@@ -12,14 +12,14 @@ streams (:class:`~coevo_jax.signals.base.RewardStreams`):
 * intrinsic (non-episodic return, the critic's second head):
   ``n(R_phi)``, ``n(r) = r / rms(intrinsic return)`` (a running RMS,
   :func:`~coevo_jax.signals.base.scale_normalise`, never a mean shift) when
-  ``hp.normalize_int``, else ``n(r) = r``; its advantage is weighted by
+  ``hp.signal.normalize_int``, else ``n(r) = r``; its advantage is weighted by
   ``r_int_coef`` (the same policy gradient as weighting the reward, without
   the intrinsic critic's error at ``r_int_coef = 0``).
 
 R_phi pays on every step: in the episodic stream a positive R_phi would be a
 living reward (a time-out bootstraps it forever, "never finish" collects it);
 in its own non-episodic return it is worth the same whether episodes end or
-not. ``hp.r_int_episodic = 1`` pays it in the episodic return instead, as
+not. ``hp.signal.r_int_episodic = 1`` pays it in the episodic return instead, as
 LIRPG's code does (the study that separates the two uses it). The default is
 ``normalize_int = 0``: the untrained R_phi is ~0 (``|r| < 0.01``) and dividing
 it by its own tiny return scale would turn it into unit-scale noise.
@@ -36,7 +36,7 @@ it by its own tiny return scale would turn it into unit-scale noise.
    advantages from the external reward alone and an external critic ``V_ext``;
 3. ``jax.grad`` of the outer objective w.r.t. ``phi`` differentiates through
    the unrolled inner steps (second order); phi takes one clipped Adam ascent
-   step (``hp.meta_lr_ratio * hp.lr * policy.lr_frac``: a multiple of the
+   step (``hp.signal.meta_lr_ratio * hp.ppo.lr * policy.lr_frac``: a multiple of the
    policy's learning rate of the iteration, annealed with it) on that gradient divided by the
    policy's learning rate. ``V_ext`` is refit on the external GAE targets.
 
@@ -48,7 +48,7 @@ constant in the derivative; one meta step per signal update, on the
 meta-gradient divided by the policy's learning rate (the raw one is ~1e-8 per
 coordinate, below Adam's eps, so Adam would hardly move phi); ``V_ext`` (a
 separate MLP on observations) has its own optimiser mirroring the policy's
-critic (``hp.max_grad_norm``, the policy's learning rate, ``update_epochs x
+critic (``hp.ppo.max_grad_norm``, the policy's learning rate, ``update_epochs x
 num_minibatches`` shuffled steps). ``static.meta_truncate = m`` stops gradients
 through the first ``m`` inner steps (the look-ahead still takes them), so
 memory grows with ``N - m``.
@@ -66,13 +66,14 @@ from coevo_jax.config import ConfigError
 from coevo_jax.encoding import encode_obs, obs_vocab
 from coevo_jax.fit import fit, fit_step, init_optimizer, make_optimizer
 from coevo_jax.ppo import PPOBatch, gae, ppo_loss, stream_advantages
-from coevo_jax.registry import MethodSpec, Param, grad_clip, register_method, unit, weight
+from coevo_jax.params import default_of, grad_clip, hyperparams, unit, weight
+from coevo_jax.registry import MethodSpec, register_method
 from coevo_jax.reward_net import (
     REWARD_NET_STATIC_CHECKS, RewardNet, apply_reward, check_reward_net_static, make_reward_net, reward_inputs,
 )
 from coevo_jax.rollout import flatten_time, mask_logits
 from coevo_jax.signals.base import (
-    ReturnScale, RewardStreams, Signal, float_metrics, init_return_scale, mlp, no_observe, return_rms,
+    ReturnScale, RewardStreams, Signal, SignalParams, float_metrics, init_return_scale, mlp, no_observe, return_rms,
     update_return_scale,
 )
 
@@ -117,7 +118,7 @@ def intrinsic_reward(reward_net: RewardNet, phi, traj) -> jax.Array:
 def meta_streams(r_int: jax.Array, traj, scale: ReturnScale, hp):
     """The policy's rewards from ``r_int = R_phi [T, N]``: ``(scale, RewardStreams(
     r_ext_coef * r_ext, n(r_int), r_int_coef))`` (see the module docstring); with
-    ``hp.r_int_episodic = 1``, ``RewardStreams(r_ext_coef * r_ext + r_int_coef *
+    ``hp.signal.r_int_episodic = 1``, ``RewardStreams(r_ext_coef * r_ext + r_int_coef *
     n(r_int), n(r_int), 0)``: R_phi paid in the episodic return, as in LIRPG's
     own code (the intrinsic head then trains on a stream of weight 0).
 
@@ -125,11 +126,11 @@ def meta_streams(r_int: jax.Array, traj, scale: ReturnScale, hp):
     held constant in derivatives w.r.t. ``r_int``.
     """
     f32 = jnp.float32  # the running statistics are float32 (also under jax_enable_x64)
-    scale = update_return_scale(scale, jax.lax.stop_gradient(r_int).astype(f32), hp.gamma.astype(f32), None)
-    factor = jax.lax.stop_gradient(hp.normalize_int / return_rms(scale) + (1.0 - hp.normalize_int))
-    r_int, e = r_int * factor, hp.r_int_episodic
-    return scale, RewardStreams(hp.r_ext_coef * traj.reward + e * hp.r_int_coef * r_int, r_int,
-                                (1.0 - e) * hp.r_int_coef)
+    scale = update_return_scale(scale, jax.lax.stop_gradient(r_int).astype(f32), hp.ppo.gamma.astype(f32), None)
+    factor = jax.lax.stop_gradient(hp.signal.normalize_int / return_rms(scale) + (1.0 - hp.signal.normalize_int))
+    r_int, e = r_int * factor, hp.signal.r_int_episodic
+    return scale, RewardStreams(hp.signal.r_ext_coef * traj.reward + e * hp.signal.r_int_coef * r_int, r_int,
+                                (1.0 - e) * hp.signal.r_int_coef)
 
 
 def mixed_batch(phi, traj, reward_net: RewardNet, hp, scale: ReturnScale | None = None) -> PPOBatch:
@@ -182,9 +183,9 @@ def inner_step(theta, opt_state, batch: PPOBatch, network: nn.Module, hp, lr, no
     (see :func:`guard_adam_state` for the one change that only affects derivatives).
     """
     def loss_fn(p, b):
-        return ppo_loss(p, network, b, hp.clip_eps, hp.vf_coef, hp.ent_coef, normalize_advantages)
+        return ppo_loss(p, network, b, hp.ppo.clip_eps, hp.ppo.vf_coef, hp.ppo.ent_coef, normalize_advantages)
 
-    theta, opt_state, _ = fit_step(loss_fn, guarded(make_optimizer(hp.max_grad_norm, lr)), theta, opt_state, batch)
+    theta, opt_state, _ = fit_step(loss_fn, guarded(make_optimizer(hp.ppo.max_grad_norm, lr)), theta, opt_state, batch)
     return theta, opt_state
 
 
@@ -220,10 +221,10 @@ def inner_update(theta, opt_state, phi, traj, network: nn.Module, reward_net: Re
 
 def external_advantages(v_net: nn.Module, psi, traj, hp):
     """GAE of the external reward with ``V_ext``: ``(adv [T, N], targets [T, N])``
-    (``hp.gamma``, ``hp.gae_lambda``; gradients w.r.t. ``psi`` stopped)."""
+    (``hp.ppo.gamma``, ``hp.ppo.gae_lambda``; gradients w.r.t. ``psi`` stopped)."""
     value = v_net.apply(psi, traj.obs)
     next_value = v_net.apply(psi, traj.next_obs)
-    adv, targets = gae(traj.reward, value, next_value, traj.terminated, traj.truncated, hp.gamma, hp.gae_lambda)
+    adv, targets = gae(traj.reward, value, next_value, traj.terminated, traj.truncated, hp.ppo.gamma, hp.ppo.gae_lambda)
     return jax.lax.stop_gradient(adv), jax.lax.stop_gradient(targets)
 
 
@@ -260,7 +261,7 @@ def outer_objective(phi, theta, opt_state, traj, adv_ext, network: nn.Module, re
     theta_new, _ = inner_update(theta, opt_state, phi, traj, network, reward_net, hp, lr, num_steps, truncate,
                                 normalize_advantages, scale)
     obj = clipped_surrogate(theta_new, network, flatten_time(traj.obs), flatten_time(traj.action), flatten_time(traj.logp),
-                            flatten_time(adv_ext), hp.clip_eps, normalize_advantages,
+                            flatten_time(adv_ext), hp.ppo.clip_eps, normalize_advantages,
                             jax.tree.map(flatten_time, traj.legal_mask))
     return obj, theta_new
 
@@ -279,22 +280,22 @@ def meta_gradient(phi, theta, opt_state, traj, adv_ext, network: nn.Module, rewa
 def fit_value(v_net: nn.Module, psi, psi_opt, obs: jax.Array, targets: jax.Array, key: jax.Array, hp, lr,
               num_epochs: int, num_minibatches: int):
     """Regress ``V_ext(obs [B, ...])`` on ``targets [B]`` (0.5 MSE): ``num_epochs``
-    passes of shuffled minibatch steps with :func:`make_optimizer` ``(hp.max_grad_norm, lr)``.
+    passes of shuffled minibatch steps with :func:`make_optimizer` ``(hp.ppo.max_grad_norm, lr)``.
     Returns ``(psi, psi_opt, loss before the fit)``."""
     def loss_fn(p, mb):
         o, t = mb
         return 0.5 * ((v_net.apply(p, o) - t) ** 2).mean(), {}
 
     loss0 = loss_fn(psi, (obs, targets))[0]
-    psi, psi_opt, _ = fit(loss_fn, psi, psi_opt, make_optimizer(hp.max_grad_norm, lr), (obs, targets), key,
+    psi, psi_opt, _ = fit(loss_fn, psi, psi_opt, make_optimizer(hp.ppo.max_grad_norm, lr), (obs, targets), key,
                           epochs=num_epochs, num_minibatches=num_minibatches)
     return psi, psi_opt, loss0
 
 
 def meta_step_size(hp, policy) -> jax.Array:
-    """phi's Adam step: ``hp.meta_lr_ratio * hp.lr * policy.lr_frac`` (a multiple of the
+    """phi's Adam step: ``hp.signal.meta_lr_ratio * hp.ppo.lr * policy.lr_frac`` (a multiple of the
     policy's learning rate of the iteration, annealed with it)."""
-    return hp.meta_lr_ratio * hp.lr * policy.lr_frac
+    return hp.signal.meta_lr_ratio * hp.ppo.lr * policy.lr_frac
 
 
 def meta_update(state: MetaState, traj, policy, hp, key, reward_net: RewardNet, v_net: nn.Module,
@@ -303,7 +304,7 @@ def meta_update(state: MetaState, traj, policy, hp, key, reward_net: RewardNet, 
     """One LIRPG update of phi (meta-gradient ascent) and of ``V_ext``.
 
     ``policy`` is a :class:`~coevo_jax.signals.PolicyView`. phi's optimiser
-    (clip by ``hp.meta_max_grad_norm``, Adam, step :func:`meta_step_size`)
+    (clip by ``hp.signal.meta_max_grad_norm``, Adam, step :func:`meta_step_size`)
     ascends the meta-gradient divided by the policy's learning rate
     ``policy.lr`` (see the comment in the body). Returns ``(state, metrics)``:
     the outer objective before the step, the meta-gradient's global norm (raw,
@@ -312,7 +313,7 @@ def meta_update(state: MetaState, traj, policy, hp, key, reward_net: RewardNet, 
     adv_ext, targets_ext = external_advantages(v_net, state.psi, traj, hp)
     obj, grad = meta_gradient(state.phi, policy.params, policy.opt_state, traj, adv_ext, policy.network,
                               reward_net, hp, policy.lr, num_steps, truncate, normalize_advantages, state.scale)
-    tx = make_optimizer(hp.meta_max_grad_norm, meta_step_size(hp, policy))
+    tx = make_optimizer(hp.signal.meta_max_grad_norm, meta_step_size(hp, policy))
     # theta' - theta is proportional to the policy's step size, and so is the
     # meta-gradient (per coordinate ~1e-8 at lr 2.5e-4, far below Adam's eps
     # 1e-5, where Adam would barely move phi). Divide by the step size: the
@@ -358,15 +359,21 @@ def make_meta(static, network, env, env_params) -> Signal:
 
 
 # ----------------------------------------------------------------------------- registration
-META_PARAMS = {  # the mixing weights, then phi's optimiser
-    "r_ext_coef": weight(1.0, doc="weight of the external reward"),
-    "r_int_coef": weight(1.0, doc="advantage weight of the R_phi stream"),
-    "r_int_episodic": Param(0.0, 0.0, 1.0, doc="1: R_phi is paid in the episodic return (LIRPG's construction;"
-                                               " a positive R_phi is then a living reward), 0: its own stream"),
-    "meta_lr_ratio": weight(0.4, doc="phi's Adam step as a multiple of the policy's lr of the iteration"
-                                     " (annealed with it)"),
-    "meta_max_grad_norm": grad_clip(1.0, doc="global-norm clip of phi's step"),
-}
+@hyperparams
+class MetaParams(SignalParams):
+    """``meta``'s hyperparameters: the mixing weights, then phi's optimiser. R_phi is
+    raw (``normalize_int`` 0): the untrained R_phi is ~0 (|r| < 0.01); divided by its
+    own tiny return scale it would be O(1) noise. Refit every iteration (``k`` 1)."""
+
+    normalize_int: float = default_of(SignalParams, "normalize_int", 0.0)
+    k: int = default_of(SignalParams, "k", 1)
+    r_ext_coef: float = weight(1.0, doc="weight of the external reward")
+    r_int_coef: float = weight(0.1, doc="advantage weight of the R_phi stream")
+    r_int_episodic: float = unit(0.0, doc="1: R_phi is paid in the episodic return (LIRPG's construction;"
+                                          " a positive R_phi is then a living reward), 0: its own stream")
+    meta_lr_ratio: float = weight(0.4, doc="phi's Adam step as a multiple of the policy's lr of the iteration"
+                                           " (annealed with it)")
+    meta_max_grad_norm: float = grad_clip(1.0, doc="global-norm clip of phi's step")
 
 
 def check_meta_static(static) -> None:
@@ -378,10 +385,7 @@ def check_meta_static(static) -> None:
 
 
 register_method(MethodSpec(
-    "meta", make_meta, META_PARAMS,
-    # raw R_phi: the untrained R_phi is ~0 (|r| < 0.01); divided by its own tiny return scale it would be O(1)
-    # noise
-    defaults={"k": 1, "normalize_int": 0.0, "r_int_coef": 0.1},
+    "meta", make_meta, MetaParams,
     intrinsic_stream=True,
     static_checks={**REWARD_NET_STATIC_CHECKS, "meta_inner_steps": (1, 64), "meta_truncate": (0, 63)},
     check_static=check_meta_static,

@@ -6,7 +6,7 @@ penalty changes which episodes are long), or the mere magnitude of an extra
 reward. Two controls separate those explanations from credit assignment:
 
 * ``constant`` pays ``beta_ext * r_ext + beta_int * c`` with a fixed
-  ``hp.constant_reward = c``, mixed like ``coevo-regression``'s ``R_phi`` (the
+  ``hp.signal.constant_reward = c``, mixed like ``coevo-regression``'s ``R_phi`` (the
   same episodic stream, the same ``beta_int`` default, unnormalised). With
   ``c > 0`` it is a living bonus, with ``c < 0`` a step penalty; the default
   ``|c| = 0.02`` is the size of a learned decomposition's per-step reward on
@@ -31,8 +31,9 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from coevo_jax.registry import INF, MethodSpec, Param, method_spec, register_method
-from coevo_jax.signals.base import RewardStreams, Signal, no_observe, no_update
+from coevo_jax.params import INF, default_of, hyperparams, param
+from coevo_jax.registry import MethodSpec, method_spec, register_method
+from coevo_jax.signals.base import RewardStreams, Signal, SignalParams, no_observe, no_update
 from coevo_jax.signals.potential import make_potential
 
 
@@ -44,18 +45,24 @@ def make_constant(static, network, env, env_params) -> Signal:
         return ()
 
     def rewards(state, traj, hp):
-        c = jnp.full(traj.reward.shape, hp.constant_reward, jnp.float32)
-        return state, RewardStreams(hp.beta_ext * traj.reward + hp.beta_int * c), {}
+        c = jnp.full(traj.reward.shape, hp.signal.constant_reward, jnp.float32)
+        return state, RewardStreams(hp.signal.beta_ext * traj.reward + hp.signal.beta_int * c), {}
 
     return Signal(init, no_observe, no_update, rewards)
 
 
+@hyperparams
+class ConstantParams(SignalParams):
+    """``constant``'s hyperparameters, mixed like ``coevo-regression``'s R_phi (``beta_int`` 0.5)."""
+
+    beta_int: float = default_of(SignalParams, "beta_int", 0.5)
+    constant_reward: float = param(0.02, -INF, INF, False, False,
+                                   doc="the reward c added (times beta_int) at every step: > 0 a living bonus, < 0"
+                                       " a step penalty")
+
+
 register_method(MethodSpec(
-    "constant", make_constant,
-    {"constant_reward": Param(0.02, -INF, INF, False, False,
-                              doc="the reward c added (times beta_int) at every step: > 0 a living bonus, < 0 a"
-                                  " step penalty")},
-    {"beta_ext": 1.0, "beta_int": 0.5}, off={"beta_int": 0.0},
+    "constant", make_constant, ConstantParams, off={"beta_int": 0.0},
     doc="control: a constant reward per step in the episodic stream, mixed like coevo-regression's R_phi",
 ))
 
@@ -98,7 +105,7 @@ def make_shuffled_potential(static, network=None, env=None, env_params=None) -> 
         potential, streams, metrics = inner.rewards(state.potential, traj, hp.replace(beta_ext=0.0, beta_int=1.0))
         key, k = jax.random.split(state.key)
         credit = shuffle_within_episodes(streams.episodic, jnp.logical_or(traj.terminated, traj.truncated), k)
-        out = RewardStreams(hp.beta_ext * traj.reward + hp.beta_int * credit)
+        out = RewardStreams(hp.signal.beta_ext * traj.reward + hp.signal.beta_int * credit)
         return ShuffledState(potential, key), out, metrics
 
     return Signal(init, observe, update, rewards)

@@ -11,13 +11,13 @@ episode would have gone on, so a truncated episode bootstraps with
 ``Phi(final_obs)`` (never 0, never a failure). Three losses on replayed
 transitions share this fixed point:
 
-* **fit** (``hp.w_fit``): ``Phi(s_t) ~ G_t``, the Monte-Carlo discounted return
+* **fit** (``hp.signal.w_fit``): ``Phi(s_t) ~ G_t``, the Monte-Carlo discounted return
   to go of a complete episode, ``G_t = sum_{q=t}^{T-1} gamma^(q-t) r_q`` plus
   ``gamma^(T-t) sg(Phi(final_obs))`` if it timed out;
-* **consistency** (``hp.w_cons``): ``Phi(s_t) ~ r_t + gamma sg(Phi(s_t+1))``,
+* **consistency** (``hp.signal.w_cons``): ``Phi(s_t) ~ r_t + gamma sg(Phi(s_t+1))``,
   the bootstrap term 0 on a terminated step and ``Phi(final_obs)`` on a
   truncated one;
-* **L2** (``hp.w_reg``): ``mean(Phi^2)``, a prior that shrinks ``Phi`` by a
+* **L2** (``hp.signal.w_reg``): ``mean(Phi^2)``, a prior that shrinks ``Phi`` by a
   fraction ``~ w_reg / (w_fit + w_cons)``.
 
 With ``w_reg = 0`` the value function of the data's policy minimises both the
@@ -27,7 +27,7 @@ but move no target. (The seed document's undiscounted losses, fit ``V(s_T)``
 to the whole return and ``V(s_t) ~ V(s_t+1)``, with a terminal potential fitted
 to the outcome, have no common fixed point.)
 
-**Outcome or return** (``hp.potential_outcome``, traced, in ``[0, 1]``): the
+**Outcome or return** (``hp.signal.potential_outcome``, traced, in ``[0, 1]``): the
 reward ``r`` in both losses is the external reward at 0 (the default: ``Phi``
 is the value of the return, as above) and, at 1, the *outcome* alone: the
 final reward of a terminated episode, every other step's reward (intermediate
@@ -57,13 +57,13 @@ the start state only. (The seed's "progress" form ``V(s_T) - V(s_0)`` with a fit
 would pay the outcome a second time and is not potential-based under
 discounting.)
 
-**Scale** (``hp.normalize_int``, 0 by default for ``siop``): 1 divides ``F`` by
+**Scale** (``hp.signal.normalize_int``, 0 by default for ``siop``): 1 divides ``F`` by
 a running RMS of its discounted return (:func:`~coevo_jax.signals.base.scale_normalise`,
 ``done = terminated | truncated``), one positive number per batch, so ``F``
 stays potential-based (with ``Phi / std``) and is never shifted. Off by
 default because ``Phi`` is already in units of the external return, and a
 near-constant early ``Phi`` would have its noise blown up to unit scale.
-``hp.credit_clip`` caps ``|F|`` after scaling; a clipped step no longer
+``hp.signal.credit_clip`` caps ``|F|`` after scaling; a clipped step no longer
 cancels against its neighbours (it breaks telescoping), so the default
 (``1e6``) never binds.
 
@@ -81,13 +81,13 @@ is exact for ``n = 1`` only.
 ``static.potential_episode_len`` steps, by default (``None``) the env's time
 limit, so every step of an episode is replayed; a shorter length is refused),
 not only on the current rollout: ``static.potential_steps`` Adam steps (times
-``hp.k`` under ``static.refit_steps_per_k``; lr ``hp.potential_lr_ratio`` times
+``hp.signal.k`` under ``static.refit_steps_per_k``; lr ``hp.signal.potential_lr_ratio`` times
 the policy's lr of the iteration, annealed with it; clipping
-``hp.potential_max_grad_norm``), each on ``static.minibatch_size`` (PPO's
+``hp.signal.potential_max_grad_norm``), each on ``static.minibatch_size`` (PPO's
 minibatch size) transitions drawn uniformly from the stored steps: the
 on-policy state distribution of the last few policies, at a PPO minibatch's
 cost. The fixed point is then the value of that mixture of recent policies.
-A refit runs only when the replay holds at least ``hp.min_refit_episodes``
+A refit runs only when the replay holds at least ``hp.signal.min_refit_episodes``
 complete episodes (before that ``Phi`` and its Adam state stay as they are);
 ``signal/refit_steps`` is the steps it took. ``rewards`` computes credit on the
 current trajectory with the freshly updated ``Phi``.
@@ -116,9 +116,11 @@ from coevo_jax import episodes as ep
 from coevo_jax.config import check_choice, check_int, check_sizes
 from coevo_jax.encoding import encode_obs, obs_vocab
 from coevo_jax.fit import fit, init_optimizer, make_optimizer, refit_steps, refit_when
-from coevo_jax.registry import INF, MethodSpec, Param, grad_clip, register_method, unit, weight
+from coevo_jax.params import INF, default_of, grad_clip, hyperparams, param, unit, weight
+from coevo_jax.registry import MethodSpec, register_method
 from coevo_jax.signals.base import (
-    ReturnScale, RewardStreams, Signal, flat_obs, init_return_scale, pearson, return_rms, scale_normalise,
+    RefitGateParams, ReturnScale, RewardStreams, Signal, SignalParams, flat_obs, init_return_scale, pearson,
+    return_rms, scale_normalise,
 )
 
 sg = jax.lax.stop_gradient
@@ -131,7 +133,7 @@ class PotentialNetwork(nn.Module):
 
     Optional LayerNorm after every hidden Dense. The output layer starts near
     zero (kernel ``N(0, 1e-4)``) with bias 0; :func:`init_potential_params`
-    sets the bias to the initial return guess ``hp.potential_init``.
+    sets the bias to the initial return guess ``hp.signal.potential_init``.
     """
 
     hidden: tuple = (64, 64)
@@ -233,7 +235,7 @@ def trajectory_shaping(phi, phi_next, traj, hp, nstep: int):
     """Raw (unscaled, unclipped) credit ``[T, N]`` of a trajectory from
     ``phi = Phi(obs)``, ``phi_next = Phi(next_obs)`` ``[T, N]``."""
     done = jnp.logical_or(traj.terminated, traj.truncated)
-    return nstep_spread(shaping_credit(phi, phi_next, traj.terminated, hp.gamma), done, hp.gamma, nstep)
+    return nstep_spread(shaping_credit(phi, phi_next, traj.terminated, hp.ppo.gamma), done, hp.ppo.gamma, nstep)
 
 
 # ----------------------------------------------------------------------------- targets and losses
@@ -242,7 +244,7 @@ def fit_rewards(buf: ep.EpisodeBuffer, outcome):
     ``(1 - outcome) * r + outcome * r * final`` with ``r`` the stored external
     reward and ``final`` 1 on the last step of a *terminated* episode (a
     time-out has no outcome yet: its value comes from the bootstrap). So
-    ``outcome = 0`` (``hp.potential_outcome``, the default) is the return,
+    ``outcome = 0`` (``hp.signal.potential_outcome``, the default) is the return,
     exactly ``r``; 1 is the outcome alone, the episode's final reward."""
     max_len = ep.max_len_of(buf)
     r = buf.steps["reward"]
@@ -297,21 +299,21 @@ def potential_loss_terms(phi, phi_next, phi_final, batch, weight, gamma):
 
 def combine_loss(terms: dict, hp):
     """``w_fit * fit + w_cons * consistency + w_reg * l2``."""
-    return hp.w_fit * terms["fit"] + hp.w_cons * terms["consistency"] + hp.w_reg * terms["l2"]
+    return hp.signal.w_fit * terms["fit"] + hp.signal.w_cons * terms["consistency"] + hp.signal.w_reg * terms["l2"]
 
 
 def potential_step_size(hp, lr_frac=1.0) -> jax.Array:
-    """The potential's Adam step ``hp.potential_lr_ratio * hp.lr * lr_frac``: a
+    """The potential's Adam step ``hp.signal.potential_lr_ratio * hp.ppo.lr * lr_frac``: a
     multiple of the policy's learning rate of the iteration (annealed with it)."""
-    return hp.potential_lr_ratio * hp.lr * lr_frac
+    return hp.signal.potential_lr_ratio * hp.ppo.lr * lr_frac
 
 
 def refit(network, params, opt_state, buf: ep.EpisodeBuffer, hp, key, steps, batch_size: int, lr_frac=1.0):
     """``steps`` Adam steps (:func:`potential_step_size`) of one member on ``batch_size``
     transitions drawn from the replay each. Returns ``(params, opt_state, per-step
     terms [steps])`` (``[2]``, first and last, for a traced count)."""
-    reward = fit_rewards(buf, hp.potential_outcome)
-    g0, boot = replay_targets(buf, hp.gamma, reward)
+    reward = fit_rewards(buf, hp.signal.potential_outcome)
+    g0, boot = replay_targets(buf, hp.ppo.gamma, reward)
     value = lambda p, x: network.apply(p, flat_obs(x, x.ndim - 1))  # noqa: E731
 
     def sample(k):
@@ -322,10 +324,10 @@ def refit(network, params, opt_state, buf: ep.EpisodeBuffer, hp, key, steps, bat
         batch, weight = minibatch
         phi_final = value(p, buf.ends["final_obs"])[batch["episode"]]
         terms = potential_loss_terms(value(p, batch["obs"]), value(p, batch["next_obs"]), phi_final, batch, weight,
-                                     hp.gamma)
+                                     hp.ppo.gamma)
         return combine_loss(terms, hp), terms
 
-    tx = make_optimizer(hp.potential_max_grad_norm, potential_step_size(hp, lr_frac))
+    tx = make_optimizer(hp.signal.potential_max_grad_norm, potential_step_size(hp, lr_frac))
     return fit(loss_fn, params, opt_state, tx, sample, key, steps=steps)
 
 
@@ -410,8 +412,8 @@ def make_potential(static, network=None, env=None, env_params=None) -> Signal:
         return combine_members(member_values(vnet, params, flat_obs(obs, obs.ndim - lead)), how)
 
     def init(key, traj, hp):
-        params = init_potential_params(vnet, key, flat_obs(traj.obs[0, :1], traj.obs.ndim - 2), hp.potential_init,
-                                       size)
+        params = init_potential_params(vnet, key, flat_obs(traj.obs[0, :1], traj.obs.ndim - 2),
+                                       hp.signal.potential_init, size)
         steps, ends, _ = jax.tree.map(lambda x: x[0, 0], replay_fields(traj))
         replay = ep.init_replay(static.potential_buffer_episodes, window, traj.reward.shape[1],
                                 steps, ends)
@@ -421,7 +423,7 @@ def make_potential(static, network=None, env=None, env_params=None) -> Signal:
     def observe(state, traj, hp, key):
         # before the refit has seen this rollout: its finished episodes are held out
         heldout = heldout_return_fit(values(state.params, traj.obs, 2), values(state.params, traj.next_obs, 2),
-                                     traj, hp.gamma)
+                                     traj, hp.ppo.gamma)
         replay = ep.add_rollout(state.replay, *replay_fields(traj))
         seen = jnp.maximum(jnp.max(jnp.abs(traj.reward)),
                            jnp.max(jnp.where(traj.episode_done, jnp.abs(traj.episode_return), 0.0)))
@@ -451,13 +453,13 @@ def make_potential(static, network=None, env=None, env_params=None) -> Signal:
         phi, phi_next = values(state.params, traj.obs, 2), values(state.params, traj.next_obs, 2)
         raw = trajectory_shaping(phi, phi_next, traj, hp, nstep)
         done = jnp.logical_or(traj.terminated, traj.truncated)
-        scale, scaled = scale_normalise(state.scale, raw, hp.gamma, hp.normalize_int, done)
-        credit = clip_credit(scaled, hp.credit_clip)
-        streams = RewardStreams(hp.beta_ext * traj.reward + hp.beta_int * credit)
+        scale, scaled = scale_normalise(state.scale, raw, hp.ppo.gamma, hp.signal.normalize_int, done)
+        credit = clip_credit(scaled, hp.signal.credit_clip)
+        streams = RewardStreams(hp.signal.beta_ext * traj.reward + hp.signal.beta_int * credit)
         metrics = {
             "potential_mean": phi.mean(), "potential_min": phi.min(), "potential_max": phi.max(),
             "credit_mean": credit.mean(), "credit_var": credit.var(),
-            "credit_clip_frac": (jnp.abs(scaled) > hp.credit_clip).mean(),
+            "credit_clip_frac": (jnp.abs(scaled) > hp.signal.credit_clip).mean(),
             "credit_return_rms": return_rms(scale),
             "potential_diverged": potential_diverged(phi, state.max_abs_return),
             **critic_agreement(phi, traj),
@@ -485,19 +487,31 @@ def trajectory_credit(static, state: PotentialState, traj, hp, obs_ndim: int | N
 
 
 # ----------------------------------------------------------------------------- registration
-POTENTIAL_PARAMS = {
-    "potential_lr_ratio": weight(2.0, doc="the potential's Adam step as a multiple of the policy's lr of the"
-                                          " iteration (annealed with it)"),
-    "potential_max_grad_norm": grad_clip(1.0, doc="global-norm clip of its steps"),
-    "w_fit": weight(1.0, doc="Monte-Carlo return-to-go fit"),
-    "w_cons": weight(1.0, doc="TD consistency, same fixed point as the fit"),
-    "w_reg": weight(1e-3, doc="L2 prior on Phi"),
-    "potential_init": Param(0.0, -INF, INF, False, False, doc="initial output bias: a guess of the return"),
-    "credit_clip": Param(1e6, 0.0, INF, low_inclusive=False, doc="|credit| cap after scaling (never binds by default)"),
-    "potential_outcome": unit(0.0, doc="what Phi is the value of: 0 the return (every external reward), 1 the"
-                                       " outcome (the final reward of a terminated episode only)"),
-    **ep.REFIT_GATE_PARAMS,
-}
+@hyperparams
+class ShapingParams(SignalParams):
+    """Potential-based shaping credit, raw (``normalize_int`` 0: the potential is in
+    units of the external return, so ``r_ext + F`` pays the outcome once; module
+    docstring). ``siop-critic`` runs with it alone."""
+
+    normalize_int: float = default_of(SignalParams, "normalize_int", 0.0)
+    credit_clip: float = param(1e6, 0.0, INF, low_inclusive=False,
+                               doc="|credit| cap after scaling (never binds by default)")
+
+
+@hyperparams
+class SIOPParams(ShapingParams, RefitGateParams):
+    """``siop``'s (and ``siop-shuffled``'s) hyperparameters: the shaping credit, the refit
+    gate and the potential's fit."""
+
+    potential_lr_ratio: float = weight(2.0, doc="the potential's Adam step as a multiple of the policy's lr of the"
+                                                " iteration (annealed with it)")
+    potential_max_grad_norm: float = grad_clip(1.0, doc="global-norm clip of its steps")
+    w_fit: float = weight(1.0, doc="Monte-Carlo return-to-go fit")
+    w_cons: float = weight(1.0, doc="TD consistency, same fixed point as the fit")
+    w_reg: float = weight(1e-3, doc="L2 prior on Phi")
+    potential_init: float = param(0.0, -INF, INF, False, False, doc="initial output bias: a guess of the return")
+    potential_outcome: float = unit(0.0, doc="what Phi is the value of: 0 the return (every external reward), 1 the"
+                                             " outcome (the final reward of a terminated episode only)")
 
 
 def check_potential_static(static) -> None:  # ConfigError for a bad potential_hidden, ensemble_combine or window
@@ -508,9 +522,7 @@ def check_potential_static(static) -> None:  # ConfigError for a bad potential_h
 
 
 register_method(MethodSpec(
-    "siop", make_potential, POTENTIAL_PARAMS,
-    # raw shaping: Phi is in units of the external return, so r_ext + F pays the outcome once (module docstring)
-    defaults={"beta_ext": 1.0, "beta_int": 1.0, "normalize_int": 0.0},
+    "siop", make_potential, SIOPParams,
     static_checks={"potential_steps": (1, 10_000), "potential_buffer_episodes": (1, 1 << 16),
                    "ensemble_size": (1, 64), "credit_nstep": (1, 1024)},
     check_static=check_potential_static,
