@@ -219,3 +219,31 @@ def test_a_zipped_grid_runs_its_points_not_their_product():
     assert [a.zipped for a in back.arms] == [True, False] and config_text(back) == config_text(study)
     with pytest.raises(ConfigError, match="a zipped grid needs as many values for every field, got lr: 2, k: 1"):
         Arm(arm.static, {"lr": (1e-3, 2e-3), "k": (1,)}, zipped=True).settings()
+
+
+def test_what_r_phi_learned_is_reported_per_configuration_in_order_of_its_lr_ratio():
+    """The report's R_phi table: one row per configuration, sorted by reward_lr_ratio, with
+    R_phi's own lr (policy lr x ratio) and each metric's mean over the second half of training
+    and over the seeds; Spearman's rho against the ratio (-1 for a metric falling with it)."""
+    mod = load("tune")
+    args = mod.build_parser().parse_args(["--methods", "coevo-regression", "--tune-seeds", "2"])
+    (study,) = mod.tune_studies(args, [])
+    arm = study.arms[0]
+    iters = arm.static.num_iterations
+    ratios = np.array([c["reward_lr_ratio"] for c in arm.settings()])
+    success = np.full((16, 2, iters), 0.2)
+    result = _synthetic_result(study, success)
+    setting = result.runs["setting"]
+    corr = np.zeros((len(setting), iters), np.float32)
+    corr[:, iters // 2:] = -np.log(ratios[setting])[:, None]  # falls with the ratio, late in training only
+    corr[:, : iters // 2] = 5.0  # the first half is not read
+    result.curves.update({"signal/val_corr": corr, "signal/r_phi_abs_mean": np.full_like(corr, 0.01)})
+    rows, rho = tuning.learned_reward_rows(result, "coevo-regression")
+    assert [r["reward_lr_ratio"] for r in rows] == sorted(ratios.tolist()) and len(rows) == 16
+    first = rows[0]
+    config = arm.settings()[first["config"]]
+    assert first["R_phi lr"] == pytest.approx(config["lr"] * config["reward_lr_ratio"], rel=1e-2)
+    assert first["held-out corr"] == pytest.approx(-np.log(config["reward_lr_ratio"]), rel=1e-5)
+    assert first["|R_phi| per step"] == pytest.approx(0.01) and first["tuning AUC"] == pytest.approx(0.2)
+    assert rho["held-out corr"] == pytest.approx(-1.0) and np.isnan(rho["tuning AUC"])  # AUC constant
+    assert tuning.learned_reward_rows(_synthetic_result(study, success), "coevo-regression") == ([], {})
