@@ -90,9 +90,9 @@ def build_parser():
                         " reward_steps x K / potential_steps x K steps)")
     p.add_argument("--no-normalised", action="store_true",
                    help=f"leave out the normalised lines ({', '.join(NORMALISED.values())}) (default: run them)")
-    p.add_argument("--norm-beta-int", type=float, default=None, metavar="B",
-                   help="beta_int of the normalised lines (default: the method's tuned value, which was tuned for"
-                        " the raw credit)")
+    p.add_argument("--norm-beta-int", default=None, metavar="B1,B2,...",
+                   help="one normalised line per beta_int value, labelled siop-norm@beta_int=B (default: one line at"
+                        " the method's tuned value, which was tuned for the raw credit)")
     p.add_argument("--num-seeds", type=int, default=None, metavar="N",
                    help=f"seeds per setting, >= 1 (default: {MIN_SEEDS}, more if needed for {MIN_RUNS} runs in all)")
     p.add_argument("--total-steps", type=int, default=None, metavar="S",
@@ -114,6 +114,20 @@ def parse_ks(text: str) -> tuple:
     if len(set(ks)) != len(ks):
         raise ConfigError(f"--k={text!r} repeats a value")
     return tuple(sorted(ks))
+
+
+def normalised_lines(label: str, text: str | None) -> list[tuple[str, dict]]:
+    """``[(label, HParams overrides)]`` of the normalised lines: one at the tuned values when
+    ``text`` is None, else one per ``beta_int`` of the comma list (each >= 0)."""
+    if text is None:
+        return [(label, {})]
+    try:
+        betas = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        betas = []
+    if not betas or min(betas) < 0:
+        raise ConfigError(f"--norm-beta-int={text!r} must be a comma list of numbers >= 0")
+    return [(f"{label}@beta_int={b:g}", {"beta_int": b}) for b in betas]
 
 
 def static_for(method: str, task, total_steps: int, matched: bool) -> StaticConfig:
@@ -143,8 +157,8 @@ def studies(args) -> list:
         tuned = {f: v for f, v in task.hparams(m).items() if f != "k"}  # each method's tuned values; K is swept
         arms.append(Arm(static, {} if m in REFERENCE_METHODS else {"k": ks}, fixed=tuned))
         if m in NORMALISED and not args.no_normalised:
-            beta = {} if args.norm_beta_int is None else {"beta_int": args.norm_beta_int}
-            arms.append(Arm(static, {"k": ks}, fixed={**tuned, "normalize_int": 1.0, **beta}, label=NORMALISED[m]))
+            for label, beta in normalised_lines(NORMALISED[m], args.norm_beta_int):
+                arms.append(Arm(static, {"k": ks}, fixed={**tuned, "normalize_int": 1.0, **beta}, label=label))
     arms = tuple(arms)
     settings = sum(1 if not a.grid else len(ks) for a in arms)
     num_seeds = args.num_seeds if args.num_seeds is not None else max(MIN_SEEDS, math.ceil(MIN_RUNS / settings))

@@ -386,6 +386,7 @@ def _k_sensitivity():
     (["--total-steps", "-5"], "--total-steps=-5"),
     (["--num-seeds", "0"], "--num-seeds=0"),
     (["--max-parallel", "0"], "--max-parallel=0"),
+    (["--norm-beta-int", "0.1,-1"], "--norm-beta-int='0.1,-1' must be a comma list of numbers >= 0"),
 ])
 def test_k_sensitivity_bad_input_one_line_no_folder(argv, msg, tmp_path, capsys):
     out = str(tmp_path / "ks")
@@ -393,6 +394,16 @@ def test_k_sensitivity_bad_input_one_line_no_folder(argv, msg, tmp_path, capsys)
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and msg in err and err.startswith("k_sensitivity.py: error:")
     assert not os.path.exists(out)
+
+
+def test_k_sensitivity_normalised_lines_one_per_beta_int():
+    """Each --norm-beta-int value is its own normalised SIOP line at that weight, the other tuned values kept."""
+    ks = _k_sensitivity()
+    (study,) = ks.studies(ks.build_parser().parse_args(["--methods", "siop", "--norm-beta-int", "0.5,0.05"]))
+    arms = {a.name: a for a in study.arms}
+    assert list(arms) == ["siop", "siop-norm@beta_int=0.5", "siop-norm@beta_int=0.05"]
+    for label, beta in (("siop-norm@beta_int=0.5", 0.5), ("siop-norm@beta_int=0.05", 0.05)):
+        assert arms[label].fixed == {**arms["siop"].fixed, "normalize_int": 1.0, "beta_int": beta}
 
 
 def test_k_sensitivity_cli_exit_code_in_a_subprocess(tmp_path):
