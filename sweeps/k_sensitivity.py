@@ -24,7 +24,9 @@ iteration 0 is skipped on most seeds, half the refits at K = 64): the table's
 ``refit_steps`` metric). R_phi's buffer and the potential's replay keep every
 step of an episode (their length is the task's time limit). SIOP is
 crossed with normalisation (``siop``: raw credit, ``siop-norm``: divided by a
-running RMS of its return).
+running RMS of its return, at siop's tuned ``beta_int`` or, with
+``--norm-beta-int B1,B2``, one line per weight); the table's ``credit weight``
+is what multiplies the raw potential difference in the policy's reward.
 
 All runs go through the one runner (:mod:`coevo_jax.experiment`); metrics are
 defined in :mod:`coevo_jax.analysis.metrics`, statistics are rliable's IQMs
