@@ -21,7 +21,7 @@ import jax
 import numpy as np
 
 from coevo_jax import params
-from coevo_jax.params import ConfigError, Param, declarations
+from coevo_jax.params import ConfigError, declarations
 from coevo_jax.ppo import PPOParams
 from coevo_jax.registry import method_spec, registered_methods
 
@@ -193,11 +193,6 @@ def hparam_fields(method: str | None = None) -> tuple[str, ...]:
     if method is not None:
         return tuple(method_spec(method).declarations())
     return tuple(dict.fromkeys(n for m in registered_methods() for n in method_spec(m).declarations()))
-
-
-def hparam_declarations(method: str) -> dict[str, Param]:
-    """``{field: Param}`` of ``method``'s ``HParams`` (flat names)."""
-    return method_spec(method).declarations()
 
 
 def as_arrays(hp: HParams) -> HParams:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import coevo_jax as cj
-from coevo_jax.config import ConfigError, hparam_declarations, hparam_fields, validate_hparams, validate_static
+from coevo_jax.config import ConfigError, hparam_fields, validate_hparams, validate_static
 from coevo_jax.params import Param, hyperparams, param, unit
 from coevo_jax.ppo import PPOParams
 from coevo_jax.registry import MethodSpec, method_spec, register_method
@@ -25,7 +25,7 @@ OWNER = {f: m for m in reversed(cj.registered_methods()) for f in hparam_fields(
 
 
 def _flat_defaults(method: str) -> dict:
-    return {**{f: p.default for f, p in hparam_declarations(method).items()}, **method_spec(method).defaults}
+    return {**{f: p.default for f, p in method_spec(method).declarations().items()}, **method_spec(method).defaults}
 
 
 @pytest.mark.parametrize("method", cj.registered_methods())
@@ -34,7 +34,7 @@ def test_every_leaf_is_an_array_of_its_declared_dtype_holding_the_methods_defaul
     assert isinstance(hp.ppo, PPOParams) and isinstance(hp.signal, method_spec(method).params)
     assert list(hp.as_dict()) == list(hparam_fields(method)) == PPO_FIELDS + list(hparam_fields(method))[7:]
     assert len(jax.tree.leaves(hp)) == len(hparam_fields(method))
-    for name, p in hparam_declarations(method).items():
+    for name, p in method_spec(method).declarations().items():
         v = hp.as_dict()[name]
         assert isinstance(v, jax.Array) and v.dtype == (jnp.int32 if p.integer else jnp.float32), name
         assert float(v) == np.float32(_flat_defaults(method)[name]), name
@@ -156,7 +156,7 @@ def _outside_values(p: Param) -> list:
 @pytest.mark.parametrize("field", list(OWNER))
 def test_every_declared_range_rejects_values_outside_it_naming_field_and_range(field):
     method = OWNER[field]
-    p = hparam_declarations(method)[field]
+    p = method_spec(method).declarations()[field]
     validate_hparams(cj.default_hparams(method, **{field: p.default}))
     for value in _outside_values(p):
         if p.integer and not math.isfinite(value):
