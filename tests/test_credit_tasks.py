@@ -186,6 +186,23 @@ def test_keytodoor_scripted_expert_always_opens_the_door(ktd):
     assert (apples_eaten == int(params.num_apples)).mean() > 0.9  # 16 steps clear 6 apples on a 4x4 room
 
 
+def test_keytodoor_fixed_horizon_pays_the_door_once_and_keeps_success_to_the_time_limit(ktd):
+    env, params = ktd
+    fixed = params.replace(door_ends_episode=0, apple_reward=0.0)
+    T = int(params.max_steps)
+    _, _, r, _, done, success, picked, term = _episodes(env, fixed, 1, jax.random.PRNGKey(7))  # the expert
+    assert not term.any() and done[:, T - 1].all() and not done[:, : T - 1].any()  # every episode lasts T steps
+    np.testing.assert_allclose(r.sum(1), float(params.door_reward))  # the door pays once, nothing after it
+    opened = np.argmax(success, axis=1)
+    assert success[:, -1].all() and all(success[i, opened[i]:].all() for i in range(len(opened)))
+    assert (opened < T - 1).all()  # so the steps after the opening really ran
+    # the random policy never ends an episode early either
+    _, _, _, _, done_r, _, _, term_r = _episodes(env, fixed, 0, jax.random.PRNGKey(8))
+    assert not term_r.any() and done_r[:, T - 1].all() and not done_r[:, : T - 1].any()
+    with pytest.raises(ValueError, match="door_ends_episode must be 0 or 1"):
+        envs_jax.make("KeyToDoor-Distractor", door_ends_episode=2)
+
+
 def test_keytodoor_params_are_checked():
     with pytest.raises(ValueError, match="num_apples must be in"):
         envs_jax.make("KeyToDoor-Distractor", num_apples=16)

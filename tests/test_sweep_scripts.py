@@ -12,7 +12,8 @@ from _study import options
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = ("siop_learning", "coevo_learning", "meta_gradient", "text_learning", "ppo_learning", "calibrate",
-           "turn_learning", "compare_methods", "credit_quality", "collusion", "siop_vs_critic", "chain_credit")
+           "turn_learning", "compare_methods", "credit_quality", "collusion", "siop_vs_critic", "chain_credit",
+           "ircr_horizon")
 
 
 def load(name):
@@ -56,6 +57,9 @@ def test_help_lists_a_default_for_every_own_option(name):
     ("collusion", ["--task", "doorkey5-h40"], "has a fixed horizon"),
     ("chain_credit", ["--task", "keytodoor-a1"], "the choice-step ground truth is DelayedChain's"),
     ("chain_credit", ["--methods", "dense,ircr"], "--methods must include ppo"),
+    ("ircr_horizon", ["--task", "chain-l16-n05"], "runs on DelayedChain; such tasks: keytodoor-a1"),
+    ("ircr_horizon", ["--arms", "ircr,dense"], "--arms must include ppo"),
+    ("ircr_horizon", ["--arms", "ppo,ircr@dense"], "--arms: unknown 'ircr@dense'"),
     ("siop_vs_critic", ["--settings", "default,nope"], "--settings: unknown 'nope'"),
     ("siop_vs_critic", ["--settings", "td0"], "--settings must include 'default'"),
     ("siop_vs_critic", ["--regime-tasks", "", "--outcome-tasks", ""], "nothing to run"),
@@ -138,6 +142,15 @@ def test_default_studies_keep_each_protocol():
     assert all(arms[e].static.method == "ppo" and arms[e].fixed["lr"] in {dict(p)["lr"] for p in pairs} for e in extra)
     assert arms["coevo-frozen"].fixed["reward_lr_ratio"] == 0
     assert arms["coevo-frozen"].static.method == "coevo-regression"
+    ends, fixed = built("ircr_horizon")
+    ktd = load("compare_methods").load_admitted(os.path.join(ROOT, "sweeps", "admitted_tasks.json"))["keytodoor-a1"]
+    assert (ends.env_kwargs["door_ends_episode"], fixed.env_kwargs["door_ends_episode"]) == (1, 0)
+    assert ends.arms == fixed.arms and [a.name for a in ends.arms] == list(load("ircr_horizon").DEFAULT_ARMS)
+    arms = {a.name: a for a in ends.arms}
+    (tuned_ircr,) = built("ircr_horizon", ["--arms", "ppo,ircr"])[0].arms[1:]
+    assert dict(tuned_ircr.fixed) == ktd.tuned["ircr"] and arms["ircr@ppo"].static.buffer_episodes == 256
+    at_ppo = {**ktd.tuned["ircr"], "lr": ktd.tuned["ppo"]["lr"], "ent_coef": ktd.tuned["ppo"]["ent_coef"]}
+    assert dict(arms["ircr@ppo"].fixed) == at_ppo and dict(arms["ircr+ext@ppo"].fixed) == {**at_ppo, "beta_ext": 1.0}
     for key, value in chain_task.static_overrides.items():  # every arm runs with the task's StaticConfig overrides
         assert all(getattr(a.static, key) == (tuple(value) if isinstance(value, list) else value) for a in chain.arms)
 
@@ -309,3 +322,17 @@ def test_republishing_a_committed_report_is_not_flagged_as_uncommitted(tmp_path)
     git("add", "tracked.txt")  # a tracked change to the code is flagged
     write_report(str(repo / "docs"), "study", "A study", "python s.py", "| c |", [str(fig)], 1.0, str(repo))
     assert "+ uncommitted changes" in open(path).read()
+
+
+def test_ircr_horizon_final_means_weight_each_iteration_by_its_episodes():
+    mod = load("ircr_horizon")
+    it = np.arange(20, dtype=np.float64)
+    curves = {"episodes": np.stack([np.r_[np.ones(18), 1.0, 3.0], np.r_[np.ones(18), 0.0, 2.0]]),
+              "episode_length": np.stack([100 + it, 100 + it]), "episode_return": np.stack([it, it]),
+              "success_rate": np.stack([np.r_[np.zeros(18), 1.0, 0.0], np.zeros(20)])}
+    curves["episode_length"][:, 18:] = [[10.0, 30.0], [np.nan, 20.0]]  # no episode ended: NaN, weight 0
+    m = mod.final_means(curves, np.array([0, 1]), 20)  # the last 10% of 20 iterations: 18 and 19
+    assert m["episode_length"] == pytest.approx((10 + 3 * 30 + 2 * 20) / 6)
+    assert m["episode_return"] == pytest.approx((18 + 3 * 19 + 2 * 19) / 6)
+    assert m["success_rate"] == pytest.approx(1 / 6)
+    assert mod.final_means(curves, np.array([0]), 20)["episode_length"] == pytest.approx(25.0)

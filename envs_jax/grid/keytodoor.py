@@ -18,7 +18,12 @@ steps, after which the agent is teleported into the next room, whatever it did:
 3. **door room** (``door_steps`` steps): a door on a random cell. Stepping onto
    it while carrying the key opens it: reward ``door_reward`` and the episode
    ends (``terminated``, ``info["success"]``). Without the key the door blocks
-   the way like a wall.
+   the way like a wall. With ``door_ends_episode = 0`` every episode has the
+   fixed horizon ``max_steps`` instead: the opened door vanishes, the agent
+   stays in the room until the time limit, nothing more is paid, and
+   ``info["success"]`` stays true (the setting of return-redistribution
+   methods tuned on fixed-horizon tasks, such as IRCR: there a per-step reward
+   that is never negative does not pay the agent for delaying the door).
 
 The time limit ``max_steps`` defaults to ``key_steps + apple_steps +
 door_steps`` (the end of phase 3 is a time-out: ``truncated``). Every room is an
@@ -30,7 +35,7 @@ within a room.
 The decision that matters is the key pick-up in phase 1; it pays only in
 phase 3, more than ``apple_steps`` steps later, behind the apples' noise.
 
-``info`` (same keys every step): ``success`` (bool: the door opened on this
+``info`` (same keys every step): ``success`` (bool: the door is open after this
 step), ``key_picked`` (bool: the key was taken on this step; the ground truth of
 the decision that matters), ``phase`` (int32 0, 1, 2 of the state after the
 step) and ``dense_reward`` (the oracle): the reward plus potential-based
@@ -88,7 +93,8 @@ class KeyToDoorParams(ShapedParams):
     the key; ``shaping_scale`` and ``shaping_gamma``: the oracle's shaping
     (see the module docstring and :class:`~envs_jax.grid._common.ShapedParams`);
     ``show_carrying``: 1 to observe the carrying flag in every phase, 0 (default)
-    in the key room only.
+    in the key room only; ``door_ends_episode``: 1 (default) the opened door
+    terminates the episode, 0 the episode runs to ``max_steps`` (fixed horizon).
     """
 
     max_steps: int = 30
@@ -99,6 +105,7 @@ class KeyToDoorParams(ShapedParams):
     apple_reward: float = 1.0
     door_reward: float = 1.0
     show_carrying: int = 0
+    door_ends_episode: int = 1
 
 
 @struct.dataclass
@@ -107,7 +114,8 @@ class KeyToDoorState(EnvState):
 
     ``starts``: int32 ``(3, 2)`` the agent's start cell in each room;
     ``apples``: bool ``(size, size)`` ``[y, x]`` the apples not yet eaten;
-    ``has_key``: bool ``()``; ``time``: int32 ``()`` steps taken.
+    ``has_key``: bool ``()``; ``time``: int32 ``()`` steps taken; ``door_pos``
+    is ``(-1, -1)`` once the door is open (only with ``door_ends_episode = 0``).
     """
 
     agent_pos: Array
@@ -187,9 +195,18 @@ def potential(state: KeyToDoorState, params: KeyToDoorParams) -> Array:
             * missing).astype(jnp.float32)
 
 
+OPEN_DOOR = (-1, -1)  # door_pos of an opened door (off the grid: not drawn, blocks nothing)
+
+
+def door_open(state: KeyToDoorState) -> Array:
+    """Bool ``()``: the door has been opened (only a fixed-horizon episode goes on after it)."""
+    return state.door_pos[0] < 0
+
+
 def transition(key: Array, state: KeyToDoorState, action: Array, params: KeyToDoorParams):
     """One step: ``(next state, reward, opened, picked)``; ``time`` advanced, the
-    agent teleported to the next room's start when the step ends a phase."""
+    agent teleported to the next room's start when the step ends a phase, an
+    opened door moved off the grid (``opened``: on this step)."""
     n = state.apples.shape[0]
     phase = phase_of(state.time, params)
     front = jnp.clip(state.agent_pos + jnp.asarray(DIRS)[jnp.asarray(action, jnp.int32)], 0, n - 1)
@@ -208,6 +225,7 @@ def transition(key: Array, state: KeyToDoorState, action: Array, params: KeyToDo
     nxt = state.replace(
         time=time, agent_pos=pos.astype(jnp.int32), has_key=jnp.logical_or(state.has_key, picked),
         apples=jnp.logical_and(state.apples, jnp.logical_not(jnp.logical_and(here, eaten))),
+        door_pos=jnp.where(opened, jnp.asarray(OPEN_DOOR, jnp.int32), state.door_pos),
     )
     return nxt, reward.astype(jnp.float32), opened, picked
 
@@ -237,6 +255,8 @@ class KeyToDoor(Environment):
         if not 0 <= int(p.num_apples) <= self.size * self.size - 1:
             raise ValueError(f"num_apples must be in [0, {self.size * self.size - 1}] for size {self.size}, "
                              f"got {p.num_apples}")
+        if int(p.door_ends_episode) not in (0, 1):
+            raise ValueError(f"door_ends_episode must be 0 or 1, got {p.door_ends_episode}")
         if min(int(p.key_steps), int(p.apple_steps), int(p.door_steps)) < 1:
             raise ValueError("key_steps, apple_steps and door_steps must be >= 1, got "
                              f"{p.key_steps}, {p.apple_steps}, {p.door_steps}")
@@ -262,10 +282,12 @@ class KeyToDoor(Environment):
 
     def step_env(self, key: Array, state: KeyToDoorState, action: Array, params: KeyToDoorParams):
         nxt, reward, opened, picked = transition(key, state, action, params)
-        dense = shaped_reward(reward, potential(state, params), potential(nxt, params), opened, params.shaping_gamma)
-        info = {"success": opened, "dense_reward": dense, "key_picked": picked,
+        terminated = jnp.logical_and(opened, params.door_ends_episode != 0)
+        dense = shaped_reward(reward, potential(state, params), potential(nxt, params), terminated,
+                              params.shaping_gamma)
+        info = {"success": door_open(nxt), "dense_reward": dense, "key_picked": picked,
                 "phase": phase_of(nxt.time, params)}
-        return observe(nxt, params), nxt, reward, opened, info
+        return observe(nxt, params), nxt, reward, terminated, info
 
     def render(self, state: KeyToDoorState, params=None) -> str:
         """Text drawing of the current room: ``A`` agent, ``K`` key, ``a`` apple,
@@ -280,7 +302,7 @@ class KeyToDoor(Environment):
         if phase == 1:
             for y, x in zip(*np.nonzero(s.apples)):
                 rows[y][x] = "a"
-        if phase == 2:
+        if phase == 2 and not bool(door_open(s)):
             rows[int(s.door_pos[1])][int(s.door_pos[0])] = "D"
         rows[int(s.agent_pos[1])][int(s.agent_pos[0])] = "A"
         carrying = "yes" if bool(s.has_key) else "no"
