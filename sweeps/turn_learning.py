@@ -18,8 +18,10 @@ One study per env (``--out/<env>``), paired seeds, one runner
 uniform-random row (:func:`coevo_jax.controls.random_row`) and the scripted
 expert's success rate: final success and return (IQM, 95% CI), AUC, turns to
 a success rate of 0.8 (fixed in advance) and the share of seeds that get there,
-the dialogues (finished episodes) before that point (median), and P(> ppo) on
-final success with its CI (rliable). ``success_curves.png``: success IQM
+the dialogues (finished episodes) before that point (median), the final turns
+per dialogue (mean over seeds; a learned reward that charges every turn shows
+as a collapse to one-turn dialogues) and P(> ppo) on final success with its
+CI (rliable). ``success_curves.png``: success IQM
 against turns. With a ``siop`` or ``coevo-regression`` arm the study folder
 gets ``turn_credit.txt`` / ``.png``: the per-turn SIOP credit and R_phi of seed
 0's final models on the expert's dialogue and on a failed one
@@ -102,6 +104,16 @@ def dialogues_to_threshold(res, label: str) -> np.ndarray:
                      for e, s in zip(eps, sts)], np.float64)
 
 
+def dialogue_turns(res, label: str) -> float:
+    """Arm ``label``'s turns per finished dialogue over the last 10% of its turns
+    (:func:`~coevo_jax.analysis.metrics.final_score`), mean over its seeds."""
+    from coevo_jax.analysis.metrics import final_score
+
+    idx = res.select(label)
+    return float(np.nanmean(final_score(res.curves["episode_length"][idx], res.curves["episodes"][idx],
+                                        res.curves["env_steps"][idx[0]])))
+
+
 def report(args, results) -> str:
     from coevo_jax.analysis import plots, stats
     from coevo_jax.analysis.tables import arm_finals, study_report
@@ -115,10 +127,12 @@ def report(args, results) -> str:
         expert = expert_row(res.study, args.expert_episodes)
         finals = arm_finals(res)
         dialogues = {lab: np.median(dialogues_to_threshold(res, lab)) for lab in labels}
+        turns = {lab: dialogue_turns(res, lab) for lab in labels}
         spear = maze_credit_spearman(res) if res.study.env == "TextMaze-Turns" and "siop" in labels else None
 
-        def extra(r, finals=finals, dialogues=dialogues, spear=spear):
-            row = {f"dialogues to {res.study.threshold:g} (median)": dialogues.get(r["arm"], "-")}
+        def extra(r, finals=finals, dialogues=dialogues, turns=turns, spear=spear):
+            row = {f"dialogues to {res.study.threshold:g} (median)": dialogues.get(r["arm"], "-"),
+                   "turns per dialogue (final)": f"{turns[r['arm']]:.2f}" if r["arm"] in turns else "-"}
             if "ppo" in finals and r["arm"] in finals:
                 row["P(> ppo) [95% CI]"] = stats.improvement_cell(finals[r["arm"]], finals["ppo"])
             if spear is not None:
