@@ -314,9 +314,11 @@ def test_republishing_a_committed_report_is_not_flagged_as_uncommitted(tmp_path)
     git("add", "-A")
     git("commit", "-qm", "first")
     fig.write_bytes(b"second")  # the rerun's figure differs from the committed one
-    write_report(str(repo / "docs"), "study", "A study", "python s.py", "| b |", [str(fig)], 1.0, str(repo))
+    write_report(str(repo / "docs"), "study", "A study", "python s.py", f"| b |\nfigure: {fig}", [str(fig)], 1.0,
+                 str(repo))
     text = open(path).read()
     assert "uncommitted" not in text and "| b |" in text
+    assert "figure: study/curve.png" in text and str(tmp_path) not in text  # named where it is published
     assert (repo / "docs" / "study" / "curve.png").read_bytes() == b"second"
     (repo / "tracked.txt").write_text("x")
     git("add", "tracked.txt")  # a tracked change to the code is flagged
