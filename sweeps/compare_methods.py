@@ -25,7 +25,11 @@ one study per task through the one runner:
   credit 4x heavier; default 1).
 
 Reported per task and arm: final success IQM with its 95% stratified-bootstrap
-CI, AUC, P(> ppo) with its CI (rliable, paired seeds), the steps until success
+CI, AUC, P(> ppo) with its CI (rliable, paired seeds), P(> the best control)
+with its CI for every arm that is not a control (the best control: the control
+arm with the highest final success IQM on the task, a rule fixed in advance; a
+gain over PPO is learned credit only where this CI's lower end is above 0.5
+too), the steps until success
 stays >= 0.8 (fixed in advance) with the fraction of seeds reaching it, and a
 flag on any arm below the random row (definitions:
 :mod:`coevo_jax.analysis.metrics`).
@@ -105,6 +109,12 @@ def studies(args) -> list:
     return out
 
 
+def best_control(summary: list) -> str | None:
+    """The control arm with the highest final success IQM among ``summary``'s rows (``None``: no control)."""
+    controls = [r for r in summary if r["arm"] in CONTROLS]
+    return max(controls, key=lambda r: r["final_success_iqm"])["arm"] if controls else None
+
+
 def report(args, results) -> str:
     from coevo_jax.analysis import plots, stats
     from coevo_jax.analysis.tables import arm_finals, ci, write_table
@@ -121,6 +131,7 @@ def report(args, results) -> str:
                          f" defaults): {', '.join(untuned)}")
         finals[task] = arm_finals(res)
         floor = random_row(res.study)
+        best = best_control(res.summary)
         for r in [floor] + res.summary:
             kind = "control" if r["arm"] in CONTROLS else "ablation" if r["arm"] in ABLATIONS else ""
             row = {"task": task, "arm": r["arm"], "kind": kind,
@@ -133,6 +144,10 @@ def report(args, results) -> str:
                 row["P(> ppo) [95% CI]"] = stats.improvement_cell(finals[task][r["arm"]], finals[task]["ppo"])
             else:
                 row["P(> ppo) [95% CI]"] = "-"
+            row["P(> best control) [95% CI]"] = "-"
+            if best and r["arm"] in finals[task] and r["arm"] not in CONTROLS and r["arm"] != "ppo":
+                poi = stats.improvement_cell(finals[task][r["arm"]], finals[task][best])
+                row["P(> best control) [95% CI]"] = f"{poi} ({best})"
             row["below random"] = "BELOW" if r["final_success_iqm"] < floor["final_success_iqm"] else ""
             rows.append(row)
     table = write_table(os.path.join(args.out, "comparison.md"), rows)

@@ -338,3 +338,11 @@ def test_ircr_horizon_final_means_weight_each_iteration_by_its_episodes():
     assert m["episode_return"] == pytest.approx((18 + 3 * 19 + 2 * 19) / 6)
     assert m["success_rate"] == pytest.approx(1 / 6)
     assert mod.final_means(curves, np.array([0]), 20)["episode_length"] == pytest.approx(25.0)
+
+
+def test_compare_methods_best_control_is_the_control_with_the_highest_final_success():
+    mod = load("compare_methods")
+    rows = [{"arm": "ppo", "final_success_iqm": 0.9}, {"arm": "constant-c", "final_success_iqm": 0.4},
+            {"arm": "coevo-frozen", "final_success_iqm": 0.5}, {"arm": "siop-shuffled", "final_success_iqm": 0.1}]
+    assert mod.best_control(rows) == "coevo-frozen"  # ppo is higher, but it is not a control
+    assert mod.best_control(rows[:1]) is None
