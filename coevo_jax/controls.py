@@ -58,20 +58,30 @@ def uniform_random_curves(static: StaticConfig, env, env_params, key: jax.Array)
     return curves
 
 
-def random_scores(study, num_seeds: int | None = None) -> dict:
-    """Per-seed scores (:func:`coevo_jax.analysis.metrics.run_scores`) of the
-    uniform-random policy on a :class:`~coevo_jax.experiment.Study`'s first arm's
-    rollout shape and budget, with its env steps under ``"env_steps"``."""
+def random_curves(study, num_seeds: int | None = None) -> dict:
+    """:func:`uniform_random_curves` on a :class:`~coevo_jax.experiment.Study`'s first arm's
+    rollout shape and budget, one run per seed ``0 .. num_seeds - 1`` (default: the study's)
+    folded into its base seed: numpy ``{metric: [seeds, iterations]}``."""
     import numpy as np
-
-    from coevo_jax.analysis import metrics
 
     static = study.arms[0].static
     env, params = study.make_env()
     n = num_seeds or study.num_seeds
     keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.PRNGKey(study.base_seed), i))(jnp.arange(n))
     curves = jax.device_get(jax.jit(jax.vmap(lambda k: uniform_random_curves(static, env, params, k)))(keys))
-    curves = {k: np.asarray(v) for k, v in curves.items()}
+    return {k: np.asarray(v) for k, v in curves.items()}
+
+
+def random_scores(study, num_seeds: int | None = None, curves: dict | None = None) -> dict:
+    """Per-seed scores (:func:`coevo_jax.analysis.metrics.run_scores`) of the
+    uniform-random policy (:func:`random_curves`, or the given ``curves``), with
+    its env steps under ``"env_steps"``."""
+    import numpy as np
+
+    from coevo_jax.analysis import metrics
+
+    curves = random_curves(study, num_seeds) if curves is None else curves
+    n, static = len(curves["env_steps"]), study.arms[0].static
     scores = metrics.run_scores(curves, np.arange(n), static.num_iterations, study.threshold, study.threshold_metric)
     return {**scores, "env_steps": float(curves["env_steps"][0, -1])}
 

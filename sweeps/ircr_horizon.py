@@ -98,24 +98,10 @@ def final_means(curves: dict, runs: np.ndarray, num_iterations: int) -> dict:
     return {k: mean(k) for k in ("episode_length", "episode_return", "success_rate")}
 
 
-def random_means(study) -> dict:
-    """:func:`final_means` of the uniform-random policy on ``study``'s first arm's shape and seeds."""
-    import jax
-
-    from coevo_jax.controls import uniform_random_curves
-
-    static = study.arms[0].static
-    env, params = study.make_env()
-    keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.PRNGKey(study.base_seed), i))(np.arange(study.num_seeds))
-    curves = jax.device_get(jax.jit(jax.vmap(lambda k: uniform_random_curves(static, env, params, k)))(keys))
-    return final_means({k: np.asarray(v) for k, v in curves.items()}, np.arange(study.num_seeds),
-                       static.num_iterations)
-
-
 def report(args, results) -> str:
     from coevo_jax.analysis import stats
     from coevo_jax.analysis.tables import arm_finals, ci, definitions, rows_to_csv, write_table
-    from coevo_jax.controls import random_row
+    from coevo_jax.controls import random_curves, random_row, random_scores
     from coevo_jax.files import atomic_write_text
 
     task, _ = chosen_task(args)
@@ -123,10 +109,11 @@ def report(args, results) -> str:
     rows, verdict = [], {}
     for result, horizon in zip(results, HORIZONS):
         study = result.study
-        floor = random_row(study)
+        random = random_curves(study)  # one rollout for the random row and its means
+        floor = random_row(study, scores=random_scores(study, curves=random))
         finals = arm_finals(result)
         curves = {k.removeprefix("metric/"): v for k, v in result.curves.items()}
-        means = {"random": random_means(study)}
+        means = {"random": final_means(random, np.arange(study.num_seeds), study.arms[0].static.num_iterations)}
         for arm in study.arms:
             means[arm.name] = final_means(curves, result.select(arm.name), arm.static.num_iterations)
         for r in [floor] + list(result.summary):
