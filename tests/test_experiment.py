@@ -1,7 +1,7 @@
 """The experiment runner (coevo_jax/experiment/) and the main job's CLI.
 
-One tiny configuration (CartPole-v1, 4 envs x 8 steps, 4 iterations in 2
-chunks, a 2-point grid x 2 seeds) is run several ways -- in one process, over
+One tiny configuration (a 4-step DelayedChain with noise rewards on every
+step, 4 envs x 8 steps, 4 iterations in 2 chunks, a 2-point grid x 2 seeds) is run several ways -- in one process, over
 2 worker processes, sharded over 4 forced host devices, stopped and resumed --
 and every way must give the same curves. One grid point (``vf_coef = 3e38``)
 overflows the loss to non-finite values, so those runs must be flagged as
@@ -40,8 +40,11 @@ CACHE = os.environ.get("COEVO_JAX_TEST_COMPILE_CACHE", os.path.join(tempfile.get
 STATIC = cj.StaticConfig(method="ppo", num_envs=4, rollout_len=8, total_steps=4 * 8 * 4, hidden_sizes=(16, 16),
                          num_minibatches=2, update_epochs=2)
 BAD_VF = 3e38  # inside HParams' range, but the value loss times 3e38 overflows: the run diverges
-CONFIG = Study("CartPole-v1", (Arm(STATIC, {"vf_coef": (0.5, BAD_VF)}),), num_seeds=2, num_chunks=2, threshold=20.0,
-               threshold_metric="episode_return", save_final=True, save_chunks=True)
+# an envs_jax task: the worker processes started here import no gymnax (seconds each); noise rewards on every
+# step give the value loss a magnitude that BAD_VF overflows
+ENV, ENV_KWARGS = "DelayedChain", {"length": 4}
+CONFIG = Study(ENV, (Arm(STATIC, {"vf_coef": (0.5, BAD_VF)}),), num_seeds=2, num_chunks=2, threshold=1.0,
+               threshold_metric="episode_return", save_final=True, save_chunks=True, env_kwargs=ENV_KWARGS)
 GOOD_RUNS, BAD_RUNS = [0, 1], [2, 3]  # run r: setting r // 2, seed r % 2
 # 4 seeds (8 runs) over 4 devices: 2 runs per device, the per-device shape of the reference's batches of 2;
 # its runs 0, 1 (setting 0) and 4, 5 (setting 1) have the keys and HParams of the reference's runs 0..3
@@ -121,7 +124,7 @@ def reference(workdir, sharded_job):
 @pytest.fixture(scope="module")
 def solo():
     """``make_train`` runs with the same keys and hyperparameters as the sweep's good runs."""
-    env, p = envs_jax.make("CartPole-v1")
+    env, p = envs_jax.make(ENV, **ENV_KWARGS)
     prev = jax.config.jax_compilation_cache_dir
     jax.config.update("jax_compilation_cache_dir", CACHE)
     try:
@@ -150,7 +153,7 @@ def test_sweep_runs_equal_solo_runs_and_divergence_is_isolated(reference, solo):
     good, bad = res.summary  # one row per setting, in grid order
     assert good["vf_coef"] == 0.5 and bad["vf_coef"] == pytest.approx(BAD_VF)
     assert good["n_diverged"] == 0 and bad["n_diverged"] == 2
-    assert good["n_seeds"] == 2 and good["method"] == "ppo" and good["env"] == "CartPole-v1"
+    assert good["n_seeds"] == 2 and good["method"] == "ppo" and good["env"] == ENV
     # the summary's final return: episodes finished in the last 10% of env steps (here: the last iteration)
     finals = res.curves["episode_return"][GOOD_RUNS, -1]
     np.testing.assert_allclose(final_score(res.curves["episode_return"][GOOD_RUNS], res.curves["episodes"][GOOD_RUNS],
@@ -327,8 +330,8 @@ def test_methods_that_ride_on_another_programs_get_its_program_key():
 def test_arms_differing_only_in_hparam_values_share_one_compiled_program(reference, workdir):
     """A second arm with the same static config and batch shape (siop and siop-norm in the main
     job) runs the program compiled for the first (0 s compiling) and gives its own runs' results."""
-    twin = Study("CartPole-v1", (Arm(STATIC, fixed={"vf_coef": 0.5}), Arm(STATIC, fixed={"vf_coef": 0.5}, label="twin")),
-                 num_seeds=2, num_chunks=2, threshold=20.0, threshold_metric="episode_return")
+    twin = Study(ENV, (Arm(STATIC, fixed={"vf_coef": 0.5}), Arm(STATIC, fixed={"vf_coef": 0.5}, label="twin")),
+                 num_seeds=2, num_chunks=2, threshold=1.0, threshold_metric="episode_return", env_kwargs=ENV_KWARGS)
     res = run_study(twin, os.path.join(workdir, "twin"), processes=1, max_parallel=2, progress=False,
                     compile_cache=CACHE)
     compile_s = res.info["workers"]["0"]["compile_s"]

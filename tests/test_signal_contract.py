@@ -18,7 +18,9 @@ trace of ``train`` serves every K (and ``hp`` is a traced argument of every
 compiled pass here).
 
 Compile time dominates on a 2-core CPU: every program is compiled once (module
-cache) at XLA's lowest backend optimisation level.
+cache) at XLA's lowest backend optimisation level, and a method whose programs
+the runner shares with another's (``dense`` with ``ppo``, ``coevo-ranking`` with
+``coevo-regression``) runs on that method's executables, as in a study.
 """
 import functools
 from concurrent.futures import ThreadPoolExecutor
@@ -132,12 +134,23 @@ def policies(env):
     return out
 
 
+def program_owner(method: str) -> str:
+    """The first registered method whose compiled programs ``method`` runs on: the same
+    factory, intrinsic stream and hparams structure, the rule of the runner's ``program_key``
+    (``dense`` runs on ``ppo``'s programs, ``coevo-ranking`` on ``coevo-regression``'s)."""
+    def key(m):
+        spec = cj.method_spec(m)
+        return spec.factory, spec.intrinsic_stream, jax.tree.structure(cj.default_hparams(m))
+    return next(m for m in METHODS if key(m) == key(method))
+
+
 _CACHE: dict = {}
 
 
 @pytest.fixture(scope="module")
 def passes(env, policies):
-    """``passes(method)``: the method's signal and its solo / vmapped / off runs, computed once."""
+    """``passes(method)``: the method's signal and its solo / vmapped / off runs, computed once
+    (a method runs on its :func:`program_owner`'s compiled programs, with its own hparams)."""
     env, p = env
 
     def get(method: str):
@@ -160,15 +173,19 @@ def passes(env, policies):
             out = signal_pass(signal, net, key, traj, params, opt_state, hp)
             return out, off_advantages(out[0][2], hp_off)
 
-        run = functools.partial(signal_pass, signal, net)
-        solo, batched = _compile_concurrently(
-            jax.jit(solo_and_off).lower(KEYS[0], params, opt_state, hp, hp_off),
-            jax.jit(jax.vmap(run, in_axes=(0, None, None, None, None))).lower(KEYS, traj, params, opt_state, hp))
-        solo = [solo(k, params, opt_state, hp, hp_off) for k in KEYS]
-        out = dict(spec=spec, signal=signal, traj=traj, hp=hp, solo=[s for s, _ in solo],
+        owner = program_owner(method)
+        if owner != method:
+            solo, batched = get(owner)["programs"]
+        else:
+            run = functools.partial(signal_pass, signal, net)
+            solo, batched = _compile_concurrently(
+                jax.jit(solo_and_off).lower(KEYS[0], params, opt_state, hp, hp_off),
+                jax.jit(jax.vmap(run, in_axes=(0, None, None, None, None))).lower(KEYS, traj, params, opt_state, hp))
+        runs = [solo(k, params, opt_state, hp, hp_off) for k in KEYS]
+        out = dict(spec=spec, signal=signal, traj=traj, hp=hp, solo=[s for s, _ in runs], programs=(solo, batched),
                    batched=batched(KEYS, traj, params, opt_state, hp))
         if spec.off is not None:
-            out["off"] = dict(jit=solo[0][1], eager=off_advantages(solo[0][0][0][2], hp_off))
+            out["off"] = dict(jit=runs[0][1], eager=off_advantages(runs[0][0][0][2], hp_off))
         _CACHE[method] = out
         return out
 
@@ -261,8 +278,8 @@ def test_k_is_traced_one_trace_serves_every_k(trains, method):
     assert out[1]["signal/updated"].shape == (STATIC.num_iterations,)
 
 
-# one method per refit machinery (coevo-ranking shares coevo-regression's program; siop-shuffled refits
-# siop's potential and constant refits nothing: test_off_gives_sparse_ppos_advantages_bit_for_bit covers them)
+# one method per refit machinery (siop-shuffled refits siop's potential and constant refits nothing:
+# test_off_gives_sparse_ppos_advantages_bit_for_bit covers them); coevo-ranking runs on coevo-regression's program
 SINGLE_STREAM_OFF = [m for m in METHODS if m not in ("ppo", "constant", "siop-shuffled")
                      and cj.method_spec(m).off is not None and not cj.method_spec(m).intrinsic_stream]
 
@@ -270,10 +287,12 @@ SINGLE_STREAM_OFF = [m for m in METHODS if m not in ("ppo", "constant", "siop-sh
 @pytest.fixture(scope="module")
 def off_runs(trains):
     """``{method: [(state, metrics) for K = 1, 2]}`` of the single-stream methods
-    under their ``off`` overrides, and sparse PPO's run; compiled concurrently."""
+    under their ``off`` overrides, and sparse PPO's run; each program compiled once
+    (for its :func:`program_owner`), concurrently."""
     hps = {m: cj.default_hparams(m, k=1, **(cj.method_spec(m).off or {})) for m in ["ppo"] + SINGLE_STREAM_OFF}
-    compiled = _compile_concurrently(*[trains(m)[0].lower(KEYS[0], hp) for m, hp in hps.items()])
-    return {m: [c(KEYS[0], hp.replace(k=k)) for k in (1, 2)] for c, (m, hp) in zip(compiled, hps.items())}
+    owners = sorted({program_owner(m) for m in hps}, key=list(hps).index)
+    compiled = dict(zip(owners, _compile_concurrently(*[trains(o)[0].lower(KEYS[0], hps[o]) for o in owners])))
+    return {m: [compiled[program_owner(m)](KEYS[0], hp.replace(k=k)) for k in (1, 2)] for m, hp in hps.items()}
 
 
 @pytest.mark.parametrize("method", SINGLE_STREAM_OFF)
@@ -283,4 +302,4 @@ def test_single_stream_off_training_equals_ppo_for_two_k_from_one_compile(trains
         assert float(m["signal/updated"].sum()) == refits  # the refit really ran, K read at run time
         jax.tree.map(np.testing.assert_array_equal, s.params, s_ppo.params)
         np.testing.assert_array_equal(np.asarray(m["episode_return"]), np.asarray(m_ppo["episode_return"]))
-    assert len(trains(method)[1]) == 1  # one trace (shared with test_k_is_traced_one_trace_serves_every_k)
+    assert len(trains(program_owner(method))[1]) == 1  # one trace (shared with test_k_is_traced_one_trace_serves_every_k)
