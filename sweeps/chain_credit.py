@@ -86,28 +86,9 @@ def studies(args) -> list:
     arms = [task.arm(m) for m in methods]
     if not args.no_controls:
         arms.append(task.arm("coevo-regression", FROZEN, {"reward_lr_ratio": 0.0}))
-        baselines = {own_ppo(task, m): m for m in methods if m in CREDIT_METHODS}  # one arm per distinct pair
-        arms += [task.arm("ppo", label, dict(policy_values(task, m)))
-                 for label, m in baselines.items() if label != "ppo"]
+        arms += task.own_ppo_arms([m for m in methods if m in CREDIT_METHODS])
     return [Study(task.env, tuple(arms), args.num_seeds, env_kwargs=dict(task.env_kwargs), base_seed=args.seed,
                   num_chunks=args.num_chunks, threshold=args.threshold, name=task.task, save_chunks=True)]
-
-
-def policy_values(task, method: str) -> tuple:
-    """``(("lr", v), ("ent_coef", v))``: the policy values ``method`` runs with on ``task``."""
-    hp = task.hparams(method)
-    return tuple((f, hp[f]) for f in ("lr", "ent_coef") if f in hp)
-
-
-def ppo_label(pair: tuple) -> str:
-    """The label of sparse PPO's arm at the policy values ``pair``."""
-    return "ppo@" + ",".join(f"{'ent' if f == 'ent_coef' else f}={v:g}" for f, v in pair)
-
-
-def own_ppo(task, method: str) -> str:
-    """The arm of sparse PPO at ``method``'s policy values: ``"ppo"`` when they are PPO's own."""
-    pair = policy_values(task, method)
-    return "ppo" if pair == policy_values(task, "ppo") else ppo_label(pair)
 
 
 def credit_curves(result) -> dict:
@@ -162,7 +143,7 @@ def report(args, results) -> str:
         if arm in finals and arm != "ppo":
             poi = stats.probability_of_improvement(finals[arm], finals["ppo"])
             row["P(> ppo) [95% CI]"] = stats.improvement_text(poi)
-            own = own_ppo(task, arm) if arm in CREDIT_METHODS else None
+            own = task.own_ppo(arm) if arm in CREDIT_METHODS else None
             winners += [arm] if arm in CREDIT_METHODS and beats_ppo(poi) else []
             if own in finals:
                 own_poi = stats.probability_of_improvement(finals[arm], finals[own])

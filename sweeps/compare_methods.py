@@ -17,6 +17,9 @@ one study per task through the one runner:
   never refit) and ``siop-shuffled`` (SIOP's credit moved to random steps of the
   same episode: the placebo); each control at its method's tuned values
   (``siop-shuffled`` at siop's, the constants at ppo's);
+* ``ppo@lr=..,ent=..``: sparse PPO at each other policy lr and entropy
+  coefficient that a learned reward was tuned to (one arm per pair): did the
+  reward help, or the policy's values?
 * the uniform-random row (:func:`coevo_jax.controls.random_row`);
 * with ``--ablations``, SIOP's ablations (why it does or does not beat PPO):
   the potential's replay of the last 8 or 256 episodes (default 64), an
@@ -25,7 +28,8 @@ one study per task through the one runner:
   credit 4x heavier; default 1).
 
 Reported per task and arm: final success IQM with its 95% stratified-bootstrap
-CI, AUC, P(> ppo) with its CI (rliable, paired seeds), P(> the best control)
+CI, AUC, P(> ppo) with its CI (rliable, paired seeds), P(> ppo at the arm's own
+policy lr and entropy) with its CI, P(> the best control)
 with its CI for every arm that is not a control (the best control: the control
 arm with the highest final success IQM on the task, a rule fixed in advance; a
 gain over PPO is learned credit only where this CI's lower end is above 0.5
@@ -103,6 +107,8 @@ def studies(args) -> list:
         task = admitted[name]
         arms = [task.arm(m) for m in methods]
         arms += [task.arm(m, label, hp, tuned_as=CONTROL_TUNED_AS.get(label)) for label, (m, hp) in controls.items()]
+        if controls:
+            arms += task.own_ppo_arms([m for m in methods if m not in ("ppo", "dense")])
         arms += [task.arm(m, label, hp, static) for label, (m, hp, static) in ablations.items()]
         out.append(Study(task.env, tuple(arms), args.num_seeds, env_kwargs=dict(task.env_kwargs), base_seed=args.seed,
                          num_chunks=args.num_chunks, threshold=args.threshold, name=name))
@@ -124,7 +130,8 @@ def report(args, results) -> str:
     rows, finals, notes = [], {}, []
     for res in results:
         task = res.study.name
-        methods = [a.static.method for a in res.study.arms if a.name not in CONTROLS and a.name not in ABLATIONS]
+        methods = [a.static.method for a in res.study.arms
+                   if a.name not in CONTROLS and a.name not in ABLATIONS and not a.name.startswith("ppo@")]
         untuned = admitted[task].untuned(methods) if task in admitted else methods
         if untuned:
             notes.append(f"{task}: not tuned by sweeps/tune.py (at ppo's or calibration's lr / ent_coef and library"
@@ -133,7 +140,9 @@ def report(args, results) -> str:
         floor = random_row(res.study)
         best = best_control(res.summary)
         for r in [floor] + res.summary:
-            kind = "control" if r["arm"] in CONTROLS else "ablation" if r["arm"] in ABLATIONS else ""
+            arm = r["arm"]
+            kind = ("control" if arm in CONTROLS else "ablation" if arm in ABLATIONS
+                    else "ppo at a method's lr, ent" if arm.startswith("ppo@") else "")
             row = {"task": task, "arm": r["arm"], "kind": kind,
                    "seeds": r["n_seeds"], "diverged": r["n_diverged"],
                    "success IQM [95% CI]": ci(r, "final_success"), "AUC success": f"{r['auc_success_iqm']:.3f}",
@@ -144,8 +153,13 @@ def report(args, results) -> str:
                 row["P(> ppo) [95% CI]"] = stats.improvement_cell(finals[task][r["arm"]], finals[task]["ppo"])
             else:
                 row["P(> ppo) [95% CI]"] = "-"
+            own = admitted[task].own_ppo(arm) if task in admitted and not kind and arm not in ("ppo", "dense") else None
+            row["P(> ppo at its lr, ent) [95% CI]"] = "-"
+            if own is not None and own != "ppo" and own in finals[task]:
+                row["P(> ppo at its lr, ent) [95% CI]"] = (
+                    f"{stats.improvement_cell(finals[task][arm], finals[task][own])} ({own})")
             row["P(> best control) [95% CI]"] = "-"
-            if best and r["arm"] in finals[task] and r["arm"] not in CONTROLS and r["arm"] != "ppo":
+            if best and r["arm"] in finals[task] and kind in ("", "ablation") and r["arm"] != "ppo":
                 poi = stats.improvement_cell(finals[task][r["arm"]], finals[task][best])
                 row["P(> best control) [95% CI]"] = f"{poi} ({best})"
             row["below random"] = "BELOW" if r["final_success_iqm"] < floor["final_success_iqm"] else ""

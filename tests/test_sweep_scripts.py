@@ -110,6 +110,18 @@ def test_default_studies_keep_each_protocol():
     assert arms["siop-shuffled"].static.method == "siop-shuffled" and compare[0].env_kwargs == {"max_steps": 60}
     assert arms["ppo"].static.total_steps == tuned.total_steps and compare[0].threshold == 0.8
     assert not any(n.startswith("siop-replay") for n in arms)
+    # sparse PPO at each other (lr, ent_coef) a learned reward was tuned to on the task, and at no other
+    (ktd_compare,) = built("compare_methods", ["--tasks", "keytodoor-a1"])
+    ktd_task = load("compare_methods").load_admitted(os.path.join(ROOT, "sweeps", "admitted_tasks.json"))["keytodoor-a1"]
+    learned = [m for m in methods if m not in ("ppo", "dense")]
+    own = {ktd_task.own_ppo(m) for m in learned} - {"ppo"}
+    arms = {a.name: a for a in ktd_compare.arms}
+    assert own and sorted(n for n in arms if n.startswith("ppo@")) == sorted(own)
+    assert all(arms[n].static.method == "ppo" and tuple((f, arms[n].fixed[f]) for f in ("lr", "ent_coef"))
+               in {ktd_task.policy_values(m) for m in learned} for n in own)
+    # methods at PPO's own values add no such arm (the published keytodoor-a1 comparison's config is unchanged)
+    (same,) = built("compare_methods", ["--tasks", "keytodoor-a1", "--methods", "ppo,coevo-regression,coevo-novelty"])
+    assert not any(a.name.startswith("ppo@") for a in same.arms)
     (ablate,) = built("compare_methods", ["--tasks", "doorkey6-t60", "--methods", "siop", "--no-controls", "--ablations"])
     arms = {a.name: a for a in ablate.arms}
     assert list(arms)[:3] == ["siop", "siop-replay-8", "siop-replay-256"] and len(arms) == 7
@@ -136,9 +148,11 @@ def test_default_studies_keep_each_protocol():
     chain_mod = load("chain_credit")
     assert list(arms)[:len(chain_mod.METHODS) + 1] == list(chain_mod.METHODS) + ["coevo-frozen"]
     # sparse PPO at every other (lr, ent_coef) a credit method was tuned to, and at no other
-    pairs = {chain_mod.policy_values(chain_task, m) for m in chain_mod.METHODS if m in chain_mod.CREDIT_METHODS}
+    credit = [m for m in chain_mod.METHODS if m in chain_mod.CREDIT_METHODS]
+    pairs = {chain_task.policy_values(m) for m in credit}
     extra = list(arms)[len(chain_mod.METHODS) + 1:]
-    assert sorted(extra) == sorted(chain_mod.ppo_label(p) for p in pairs - {chain_mod.policy_values(chain_task, "ppo")})
+    assert sorted(extra) == sorted({chain_task.own_ppo(m) for m in credit} - {"ppo"})
+    assert len(extra) == len(pairs - {chain_task.policy_values("ppo")})
     assert all(arms[e].static.method == "ppo" and arms[e].fixed["lr"] in {dict(p)["lr"] for p in pairs} for e in extra)
     assert arms["coevo-frozen"].fixed["reward_lr_ratio"] == 0
     assert arms["coevo-frozen"].static.method == "coevo-regression"

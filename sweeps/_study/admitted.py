@@ -71,6 +71,25 @@ class AdmittedTask:
         return Arm(self.static(method, **(static_overrides or {})), fixed=fixed, label=label)
 
 
+    def policy_values(self, method: str) -> tuple:
+        """``(("lr", v), ("ent_coef", v))``: the policy values ``method`` runs with here."""
+        hp = self.hparams(method)
+        return tuple((f, hp[f]) for f in ("lr", "ent_coef") if f in hp)
+
+    def own_ppo(self, method: str) -> str:
+        """The label of sparse PPO's arm at ``method``'s policy values: ``"ppo"`` when they are PPO's own."""
+        pair = self.policy_values(method)
+        if pair == self.policy_values("ppo"):
+            return "ppo"
+        return "ppo@" + ",".join(f"{'ent' if f == 'ent_coef' else f}={v:g}" for f, v in pair)
+
+    def own_ppo_arms(self, methods) -> list:
+        """Sparse PPO at every other pair of policy values that one of ``methods`` was tuned to (one
+        arm per pair, labelled by :meth:`own_ppo`): did a method's reward help, or its policy values?"""
+        labels = {self.own_ppo(m): m for m in methods}
+        return [self.arm("ppo", label, dict(self.policy_values(m))) for label, m in labels.items() if label != "ppo"]
+
+
 def load_admitted(path: str) -> dict[str, AdmittedTask]:
     """``{task name: AdmittedTask}`` from the file, in its order. A missing or
     empty file is a :class:`ConfigError` that says how to make one."""
