@@ -36,6 +36,7 @@ from coevo_jax.config import ConfigError, StaticConfig
 from coevo_jax.experiment import Arm, Study
 
 from _study import cli, options
+from _study.admitted import POI_LOW_MIN, PPO_MAX, RANDOM_MAX, admit
 from _study.tuning import TUNE_SEED_OFFSET
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -58,7 +59,6 @@ CANDIDATES = {
     "chain-l16-n05": ("DelayedChain", {"length": 16, "noise_std": 0.5}, 131_072, 16, 64),
 }
 DEFAULT_GRID = "lr=3e-4,1e-3;ent_coef=0.003,0.03"
-RANDOM_MAX, PPO_MAX, POI_LOW_MIN = 0.2, 0.8, 0.6  # the admission rule, fixed in advance
 METHODS = ("ppo", "dense")  # sparse PPO and the oracle
 
 
@@ -116,22 +116,6 @@ def eval_studies(args, earlier) -> list:
     return out
 
 
-def admit(random_success: float, ppo: np.ndarray, dense: np.ndarray, n_boot: int = 2000) -> dict:
-    """The admission rule on one task's numbers: the random policy's final success and the
-    per-seed final successes ``[seeds]`` of ppo and dense (paired). Returns the numbers and
-    ``admitted`` with ``why_not``."""
-    from coevo_jax.analysis import stats
-
-    poi = stats.probability_of_improvement(dense, ppo, n_boot=n_boot)
-    ppo_iqm, dense_iqm = stats.iqm(ppo), stats.iqm(dense)
-    reasons = [why for bad, why in (
-        (not random_success <= RANDOM_MAX, f"random {random_success:.2f} > {RANDOM_MAX}"),
-        (not ppo_iqm <= PPO_MAX, f"ppo {ppo_iqm:.2f} > {PPO_MAX}"),
-        (not poi["ci_low"] > POI_LOW_MIN, f"P(dense > ppo) CI low {poi['ci_low']:.2f} <= {POI_LOW_MIN}")) if bad]
-    return {"random": random_success, "ppo": ppo_iqm, "dense": dense_iqm, "poi": poi, "admitted": not reasons,
-            "why_not": "; ".join(reasons)}
-
-
 def verdict(result) -> dict:
     """:func:`admit` on an evaluated task (its random row measured like every arm)."""
     from coevo_jax.controls import random_row
@@ -144,7 +128,7 @@ def write_admitted(path: str, admitted: list, evaluated: list, num_seeds: int, r
     same tasks; tasks admitted by an earlier run and not ``evaluated`` now are kept.
     Each task records its own ``num_seeds``; the top-level ``num_seeds`` is that of
     tasks without one (an existing file's value is kept). A task admitted again keeps its
-    static_overrides, recorded tuned values, history and tuning records; this run's ppo / dense values join
+    static_overrides, recorded tuned values, history, tuning records and withdrawal; this run's ppo / dense values join
     them by :func:`~_study.admitted.record_tuned` (different values:
     :class:`ConfigError` unless ``replace_tuned``; nothing is written then)."""
     from coevo_jax.files import atomic_write_text
@@ -162,7 +146,8 @@ def write_admitted(path: str, admitted: list, evaluated: list, num_seeds: int, r
     for entry in admitted:
         prior = old.get(entry["task"], {})
         values = entry.pop("tuned")
-        entry.update({k: prior[k] for k in ("tuned", "tuning", "tuned_history", "static_overrides") if k in prior})
+        entry.update({k: prior[k] for k in ("tuned", "tuning", "tuned_history", "static_overrides", "withdrawn")
+                      if k in prior})
         for method, v in values.items():
             record_tuned(entry, method, v, None, replace_tuned)
     order = {name: i for i, name in enumerate(CANDIDATES)}

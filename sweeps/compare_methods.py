@@ -57,7 +57,7 @@ from coevo_jax.analysis.tables import rows_to_csv
 from coevo_jax.files import atomic_write_text
 
 from _study import cli, options
-from _study.admitted import add_admitted_option, load_admitted
+from _study.admitted import add_admitted_option, comparable, load_admitted
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_TASKS = ("doorkey5-t60", "doorkey5-h40")
@@ -85,7 +85,7 @@ THRESHOLD = 0.8  # success rate, fixed in advance
 def build_parser():
     p = cli.study_parser("compare_methods.py", __doc__.split("\n\n")[0], os.path.join("results", "compare_methods"))
     p.add_argument("--tasks", default=",".join(DEFAULT_TASKS),
-                   help=f"comma list of admitted tasks, or 'all' (default: {','.join(DEFAULT_TASKS)})")
+                   help=f"comma list of admitted tasks, or 'all' (every task not withdrawn) (default: {','.join(DEFAULT_TASKS)})")
     p.add_argument("--methods", default=",".join(METHODS), help=f"comma list of methods (default: {','.join(METHODS)})")
     p.add_argument("--no-controls", action="store_true", help="leave out the control arms (default: run them)")
     p.add_argument("--ablations", action="store_true", help="add SIOP's ablation arms (default: leave them out)")
@@ -98,7 +98,7 @@ def studies(args) -> list:
     from coevo_jax.registry import registered_methods
 
     admitted = load_admitted(args.admitted)
-    tasks = options.names(",".join(admitted) if args.tasks == "all" else args.tasks, "--tasks", list(admitted))
+    tasks = comparable(admitted, args.tasks)
     methods = options.names(args.methods, "--methods", registered_methods())
     controls = {} if args.no_controls else CONTROLS
     ablations = ABLATIONS if args.ablations else {}

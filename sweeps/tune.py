@@ -14,6 +14,11 @@ to the earlier sample. Each method's chosen configuration is then evaluated on
 ``--num-seeds`` fresh paired seeds (base seed ``--seed``) beside the uniform-random
 row and the dense oracle (at its tuned values when it is not tuned here).
 
+When PPO is among the methods, the admission rule of ``sweeps/calibrate.py`` is
+checked again at the tuned values (random, tuned PPO, dense); a task that fails it
+now (for example, tuned PPO solves it) is recorded as ``withdrawn`` and the
+comparisons leave it out.
+
 The chosen values go into ``--admitted`` (default ``sweeps/admitted_tasks.json``)
 under the task's ``tuned`` (with how they were chosen under ``tuning``), which
 every study on the task reads (compare_methods, k_sensitivity, ...). A method
@@ -137,7 +142,7 @@ def report(args, stages) -> str:
     from coevo_jax.analysis.tables import rows_to_csv
     from coevo_jax.files import atomic_write_text
 
-    from _study.admitted import write_tuned
+    from _study.admitted import admit, write_tuned
 
     task, methods, steps = _setup(args)
     tuned, ev = stages[0][0], stages[1][0]
@@ -171,6 +176,14 @@ def report(args, stages) -> str:
     atomic_write_text(os.path.join(args.out, "tuning.csv"), rows_to_csv(rows))
     atomic_write_text(os.path.join(args.out, "tuning_scores.csv"), rows_to_csv(score_rows))
     learned = learned_reward_section(args.out, tuned, [m for m in methods if m in picks])
+    # the admission rule again, now that sparse PPO had the same tuning budget as every method
+    withdrawn, rule = None, ""
+    if "ppo" in picks:
+        v = admit(floor["final_success_iqm"], finals["ppo"], finals["dense"])
+        withdrawn = "" if v["admitted"] else f"at tuned values: {v['why_not']} (sweeps/tune.py)"
+        rule = ("\n\nadmission rule of sweeps/calibrate.py at the tuned values: "
+                + ("still holds" if v["admitted"] else f"fails ({v['why_not']}): the task is withdrawn from the"
+                   " comparisons"))
     if steps != task.total_steps:
         note = f"not recorded: run at {steps} env steps, the task's budget is {task.total_steps}"
     elif args.replot and not args.replace_tuned:
@@ -179,7 +192,7 @@ def report(args, stages) -> str:
         records = {m: tuning_record(args, tuned, ev, m, steps, picks[m]) for m in methods}
         try:
             changed = write_tuned(args.admitted, task.task, {m: picks[m][0] for m in methods}, records,
-                                  args.replace_tuned)
+                                  args.replace_tuned, withdrawn)
         except ConfigError as e:  # the tables are written: recording them needs no rerun
             raise ConfigError(f"{e}; this run's tables are in {os.path.join(args.out, 'tuning.md')}, and --replot"
                               " --replace-tuned records its values without running anything") from None
@@ -189,7 +202,7 @@ def report(args, stages) -> str:
             f" per method x {args.tune_seeds} tuning seeds (base seed {tuned.study.base_seed}); rule: {tuning.RULE};"
             f" evaluated on {args.num_seeds} fresh paired seeds (base seed {ev.study.base_seed}); final = episodes"
             " finished in the last 10% of env steps; IQM, 95% stratified-bootstrap CIs and P(> ppo) from rliable\n"
-            f"{table}\n\n{note}{learned}")
+            f"{table}{rule}\n\n{note}{learned}")
 
 
 def learned_reward_section(out: str, tuned, methods) -> str:

@@ -247,3 +247,29 @@ def test_what_r_phi_learned_is_reported_per_configuration_in_order_of_its_lr_rat
     assert first["|R_phi| per step"] == pytest.approx(0.01) and first["tuning AUC"] == pytest.approx(0.2)
     assert rho["held-out corr"] == pytest.approx(-1.0) and np.isnan(rho["tuning AUC"])  # AUC constant
     assert tuning.learned_reward_rows(_synthetic_result(study, success), "coevo-regression") == ([], {})
+
+
+def test_a_task_that_fails_the_rule_at_tuned_values_is_withdrawn_from_the_comparisons(tmp_path):
+    """tune.py records why a task fails the admission rule once PPO is tuned (``withdrawn``);
+    ``--tasks all`` leaves it out, naming it is refused in one line that says why, and a later
+    verdict that holds again clears it. The rule itself: tuned PPO that solves the task fails it."""
+    from _study.admitted import admit, load_admitted, write_tuned
+
+    rng = np.random.default_rng(0)
+    solved = admit(0.05, np.clip(0.99 + 0.01 * rng.standard_normal(20), 0, 1), np.ones(20), n_boot=200)
+    assert not solved["admitted"] and "ppo 0.99 > 0.8" in solved["why_not"]
+    path = str(tmp_path / "admitted.json")
+    shutil.copy(ADMITTED, path)
+    ppo = load_admitted(path)[TASK].tuned["ppo"]
+    why = f"at tuned values: {solved['why_not']} (sweeps/tune.py)"
+    write_tuned(path, TASK, {"ppo": ppo}, {}, withdrawn=why)
+    assert load_admitted(path)[TASK].withdrawn == why
+    compare = load("compare_methods")
+    every = compare.studies(compare.build_parser().parse_args(["--tasks", "all", "--admitted", path]))
+    assert TASK not in [s.name for s in every] and every
+    with pytest.raises(ConfigError, match=f"--tasks: {TASK} is withdrawn \\(at tuned values: ppo 0.99 > 0.8"):
+        compare.studies(compare.build_parser().parse_args(["--tasks", TASK, "--admitted", path]))
+    write_tuned(path, TASK, {"ppo": ppo}, {}, withdrawn=None)  # not judged (ppo not tuned in that run): kept
+    assert load_admitted(path)[TASK].withdrawn == why
+    write_tuned(path, TASK, {"ppo": ppo}, {}, withdrawn="")  # the rule holds again
+    assert load_admitted(path)[TASK].withdrawn == ""

@@ -6,7 +6,10 @@ Per task, ``tuned`` maps a method to the HParams values every study on the
 task runs it with: calibration writes ppo's and dense's (lr, ent_coef from its
 grid), ``sweeps/tune.py`` each method's from the equal-budget search
 (:mod:`_study.tuning`), with how they were chosen under
-``tuning``. A method without values of its own runs at sparse PPO's.
+``tuning``. A method without values of its own runs at sparse PPO's. A task on
+which sparse PPO and the oracle, once tuned by ``sweeps/tune.py``, no longer pass
+the admission rule (:func:`admit`) is kept with its values but marked
+``withdrawn`` (why), and the comparisons leave it out.
 Recorded values are never replaced silently: :func:`record_tuned` refuses a
 different value unless told to replace it, and then keeps the old one under
 ``tuned_history``."""
@@ -21,6 +24,8 @@ from typing import Mapping
 import numpy as np
 
 from coevo_jax.config import ConfigError
+
+RANDOM_MAX, PPO_MAX, POI_LOW_MIN = 0.2, 0.8, 0.6  # the admission rule, fixed in advance
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +45,7 @@ class AdmittedTask:
     tuning: Mapping[str, Mapping] = dataclasses.field(default_factory=dict)  # method -> how tune.py chose it
     # StaticConfig fields every method runs with on this task (e.g. the learned rewards' replay size)
     static_overrides: Mapping[str, object] = dataclasses.field(default_factory=dict)
+    withdrawn: str = ""  # why the task no longer passes the admission rule at tuned values ("": it does)
 
     def hparams(self, method: str, tuned_as: str | None = None) -> dict:
         """The tuned values ``method`` runs with: those recorded for it (or for ``tuned_as``,
@@ -112,6 +118,22 @@ def load_admitted(path: str) -> dict[str, AdmittedTask]:
     return tasks
 
 
+def admit(random_success: float, ppo: np.ndarray, dense: np.ndarray, n_boot: int = 2000) -> dict:
+    """The admission rule on one task's numbers: the random policy's final success and the
+    per-seed final successes ``[seeds]`` of ppo and dense (paired). Returns the numbers and
+    ``admitted`` with ``why_not``."""
+    from coevo_jax.analysis import stats
+
+    poi = stats.probability_of_improvement(dense, ppo, n_boot=n_boot)
+    ppo_iqm, dense_iqm = stats.iqm(ppo), stats.iqm(dense)
+    reasons = [why for bad, why in (
+        (not random_success <= RANDOM_MAX, f"random {random_success:.2f} > {RANDOM_MAX}"),
+        (not ppo_iqm <= PPO_MAX, f"ppo {ppo_iqm:.2f} > {PPO_MAX}"),
+        (not poi["ci_low"] > POI_LOW_MIN, f"P(dense > ppo) CI low {poi['ci_low']:.2f} <= {POI_LOW_MIN}")) if bad]
+    return {"random": random_success, "ppo": ppo_iqm, "dense": dense_iqm, "poi": poi, "admitted": not reasons,
+            "why_not": "; ".join(reasons)}
+
+
 def add_admitted_option(parser, path: str) -> None:
     """The ``--admitted FILE`` option of the scripts that read calibration's verdicts (default ``path``)."""
     parser.add_argument("--admitted", default=path, help="the admitted-task file (default: sweeps/admitted_tasks.json)")
@@ -124,6 +146,21 @@ def chosen_task(args) -> tuple[AdmittedTask, dict[str, AdmittedTask]]:
 
     admitted = load_admitted(args.admitted)
     return admitted[options.names(args.task, "--task", list(admitted))[0]], admitted
+
+
+def comparable(admitted: Mapping[str, AdmittedTask], names: str, option: str = "--tasks") -> list[str]:
+    """The tasks a comparison runs: ``names`` (a comma list, or ``all``: every task not
+    withdrawn). Unknown or withdrawn names are a :class:`ConfigError` saying why."""
+    from _study import options
+
+    live = [t for t, a in admitted.items() if not a.withdrawn]
+    if names == "all":
+        return live
+    for name in (n.strip() for n in names.split(",")):
+        if name in admitted and admitted[name].withdrawn:
+            raise ConfigError(f"{option}: {name} is withdrawn ({admitted[name].withdrawn}); choose from"
+                              f" {', '.join(live)}")
+    return options.names(names, option, live)
 
 
 def same_values(a: Mapping[str, float], b: Mapping[str, float]) -> bool:
@@ -166,10 +203,11 @@ def record_tuned(entry: dict, method: str, values: Mapping[str, float], tuning: 
 
 
 def write_tuned(path: str, task: str, values: Mapping[str, Mapping[str, float]], tuning: Mapping[str, Mapping],
-                replace: bool = False) -> list[str]:
+                replace: bool = False, withdrawn: str | None = None) -> list[str]:
     """:func:`record_tuned` for each method of ``values`` (``{method: {field: value}}``, with
     ``tuning[method]``) into task ``task`` of the file at ``path``, all or nothing (a refused
-    method writes nothing). Returns the methods whose values changed."""
+    method writes nothing). ``withdrawn``: why the task fails the admission rule at these
+    values (``""``: it passes; ``None``: not judged here). Returns the methods whose values changed."""
     from coevo_jax.files import atomic_write_text
 
     if not os.path.exists(path):
@@ -180,5 +218,9 @@ def write_tuned(path: str, task: str, values: Mapping[str, Mapping[str, float]],
     if entry is None:
         raise ConfigError(f"{path} does not admit task {task!r}")
     changed = [m for m in values if record_tuned(entry, m, values[m], tuning.get(m), replace)]
+    if withdrawn:
+        entry["withdrawn"] = withdrawn
+    elif withdrawn == "":
+        entry.pop("withdrawn", None)
     atomic_write_text(path, json.dumps(data, indent=1) + "\n")
     return changed
