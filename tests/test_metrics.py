@@ -56,8 +56,13 @@ def test_rliable_statistics_against_hand_values():
     assert stats.probability_of_improvement([1.0], [0.0, 1.0], n_boot=50)["p"] == pytest.approx(0.75)
     out = stats.probability_of_improvement(np.arange(16.0) + 8, np.arange(16.0), n_boot=300)
     assert out["ci_low"] <= out["p"] <= out["ci_high"] and out["p"] > 0.7
-    # IQM of 8 values drops 2 from each end
+    # IQM of 8 values drops 2 from each end; it is rliable's aggregate_iqm (to float rounding) at every size
     assert stats.iqm([0, 1, 2, 3, 4, 5, 6, 100.0]) == pytest.approx(3.5)
+    from rliable.metrics import aggregate_iqm
+    for n in list(range(1, 26)) + [99]:
+        x = np.round(np.random.default_rng(n).exponential(size=n), n % 3)  # ties too
+        assert stats.iqm(x) == pytest.approx(float(aggregate_iqm(x[:, None])), rel=1e-12, abs=1e-15), n
+    assert np.isnan(stats.iqm([np.nan]))
     s = stats.summarize(np.arange(20.0))
     assert s["ci_low"] <= s["iqm"] <= s["ci_high"] and s["mean"] == pytest.approx(9.5)
     rng = np.random.default_rng(0)

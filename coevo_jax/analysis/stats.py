@@ -39,10 +39,15 @@ def _finite(x) -> np.ndarray:
 
 
 def iqm(x: np.ndarray) -> float:
-    """Interquartile mean (25% trimmed mean, rliable's ``aggregate_iqm``) of
-    scores ``[R]``, NaNs dropped; NaN when nothing is left."""
-    x = _finite(x)
-    return float(metrics.aggregate_iqm(x[:, None])) if len(x) else float("nan")
+    """Interquartile mean of scores ``[R]`` (NaNs dropped; NaN when nothing is left):
+    the mean of the sorted scores without the lowest and highest ``int(R / 4)``, the
+    25% trimmed mean of rliable's ``aggregate_iqm`` (equal to it to float rounding,
+    tested). Plain NumPy: a bootstrap CI calls it once per resample, and
+    ``aggregate_iqm``'s per-call overhead (~0.3 ms) made a 160-configuration
+    summary take minutes."""
+    x = np.sort(_finite(x))
+    cut = int(0.25 * len(x))
+    return float(x[cut:len(x) - cut].mean()) if len(x) else float("nan")
 
 
 def bootstrap_ci(x: np.ndarray, stat=np.mean, n_boot: int = 2000, alpha: float = 0.05, seed: int = 0):
