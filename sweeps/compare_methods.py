@@ -41,7 +41,7 @@ flag on any arm below the random row (definitions:
     python sweeps/compare_methods.py                               # the default tasks, 20 seeds
     python sweeps/compare_methods.py --tasks all --no-controls
     python sweeps/compare_methods.py --tasks doorkey8-t100 --methods ppo,dense,siop
-    python sweeps/compare_methods.py --tasks doorkey6-t60 --methods ppo,dense,siop --ablations
+    python sweeps/compare_methods.py --tasks doorkey5-h40 --methods ppo,dense,siop --ablations
 
 Outputs (``--out``, default ``results/compare_methods``): one study folder per
 task, ``comparison.csv`` / ``.md``, ``sample_efficiency.png`` (IQM success vs
@@ -60,7 +60,7 @@ from _study import cli, options
 from _study.admitted import add_admitted_option, comparable, load_admitted
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_TASKS = ("doorkey5-t60", "doorkey5-h40")
+DEFAULT_TASKS = ("doorkey5-h40", "keytodoor-a1")
 METHODS = ("ppo", "dense", "icm", "coevo-regression", "coevo-ranking", "coevo-novelty", "siop", "meta", "ircr",
            "siop-critic")
 C = 0.02  # |c| of the constant control: a learned decomposition's per-step reward here (return ~1 over tens of steps)
