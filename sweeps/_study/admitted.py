@@ -76,7 +76,6 @@ class AdmittedTask:
         fixed = {**self.hparams(method, tuned_as), **(overrides or {})}
         return Arm(self.static(method, **(static_overrides or {})), fixed=fixed, label=label)
 
-
     def policy_values(self, method: str) -> tuple:
         """``(("lr", v), ("ent_coef", v))``: the policy values ``method`` runs with here."""
         hp = self.hparams(method)
