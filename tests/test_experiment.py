@@ -1,9 +1,10 @@
 """The experiment runner (coevo_jax/experiment/) and the main job's CLI.
 
 One tiny configuration (a 4-step DelayedChain with noise rewards on every
-step, 4 envs x 8 steps, 4 iterations in 2 chunks, a 2-point grid x 2 seeds) is run several ways -- in one process, over
-2 worker processes, sharded over 4 forced host devices, stopped and resumed --
-and every way must give the same curves. One grid point (``vf_coef = 3e38``)
+step, 4 envs x 8 steps, 4 iterations in 2 chunks, a 2-point grid x 2 seeds)
+is run several ways -- in one process, over 2 worker processes, sharded over 4
+forced host devices, stopped and resumed -- and every way must give the same
+curves. One grid point (``vf_coef = 3e38``)
 overflows the loss to non-finite values, so those runs must be flagged as
 diverged while the others equal their solo runs. All runs share JAX's
 persistent compilation cache, so each program is compiled once per machine
