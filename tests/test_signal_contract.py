@@ -134,14 +134,17 @@ def policies(env):
     return out
 
 
+@functools.lru_cache(maxsize=None)
 def program_owner(method: str) -> str:
-    """The first registered method whose compiled programs ``method`` runs on: the same
-    factory, intrinsic stream and hparams structure, the rule of the runner's ``program_key``
-    (``dense`` runs on ``ppo``'s programs, ``coevo-ranking`` on ``coevo-regression``'s)."""
-    def key(m):
-        spec = cj.method_spec(m)
-        return spec.factory, spec.intrinsic_stream, jax.tree.structure(cj.default_hparams(m))
-    return next(m for m in METHODS if key(m) == key(method))
+    """The first registered method whose compiled programs ``method`` runs on: the runner's
+    own rule (:func:`coevo_jax.experiment.worker.program_key`; ``dense`` runs on ``ppo``'s
+    programs, ``coevo-ranking`` on ``coevo-regression``'s)."""
+    from coevo_jax.experiment import Arm, Study, build_plan
+    from coevo_jax.experiment.worker import program_key
+
+    study = Study("KeyDoor-5x5", tuple(Arm(STATIC.replace(method=m)) for m in METHODS), num_seeds=2)
+    keys = [program_key(plan, 2) for plan in build_plan(study, check_trainers=False)]
+    return METHODS[keys.index(keys[METHODS.index(method)])]
 
 
 _CACHE: dict = {}
