@@ -135,16 +135,21 @@ def policies(env):
 
 
 @functools.lru_cache(maxsize=None)
-def program_owner(method: str) -> str:
-    """The first registered method whose compiled programs ``method`` runs on: the runner's
-    own rule (:func:`coevo_jax.experiment.worker.program_key`; ``dense`` runs on ``ppo``'s
-    programs, ``coevo-ranking`` on ``coevo-regression``'s)."""
+def _program_owners() -> dict:
+    """Each method -> the first registered method whose compiled programs it runs on, by the
+    runner's own rule (:func:`coevo_jax.experiment.worker.program_key`; ``dense`` runs on
+    ``ppo``'s programs, ``coevo-ranking`` on ``coevo-regression``'s); one plan for all methods."""
     from coevo_jax.experiment import Arm, Study, build_plan
     from coevo_jax.experiment.worker import program_key
 
     study = Study("KeyDoor-5x5", tuple(Arm(STATIC.replace(method=m)) for m in METHODS), num_seeds=2)
     keys = [program_key(plan, 2) for plan in build_plan(study, check_trainers=False)]
-    return METHODS[keys.index(keys[METHODS.index(method)])]
+    return {m: METHODS[keys.index(k)] for m, k in zip(METHODS, keys)}
+
+
+def program_owner(method: str) -> str:
+    """The registered method whose compiled programs ``method`` runs on (see ``_program_owners``)."""
+    return _program_owners()[method]
 
 
 _CACHE: dict = {}
