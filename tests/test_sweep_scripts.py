@@ -103,7 +103,7 @@ def test_default_studies_keep_each_protocol():
     methods = load("compare_methods").METHODS
     assert tuple(arms)[:len(methods)] == methods and "meta" in arms
     tuned = load("compare_methods").load_admitted(os.path.join(ROOT, "sweeps", "admitted_tasks.json"))["doorkey5-h40"]
-    assert dict(arms["dense"].fixed) == tuned.tuned["dense"] and dict(arms["siop"].fixed) == tuned.tuned["ppo"]
+    assert dict(arms["dense"].fixed) == tuned.tuned["dense"] and dict(arms["siop"].fixed) == tuned.tuned["siop"]
     assert arms["constant+c"].fixed["constant_reward"] == -arms["constant-c"].fixed["constant_reward"] > 0
     assert arms["coevo-frozen"].static.method == "coevo-regression"
     assert arms["coevo-frozen"].fixed["reward_lr_ratio"] == 0
