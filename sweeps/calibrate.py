@@ -40,12 +40,12 @@ from _study.admitted import POI_LOW_MIN, PPO_MAX, RANDOM_MAX, admit
 from _study.tuning import TUNE_SEED_OFFSET
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# name -> (env, env_kwargs, env steps per run, num_envs, rollout_len[, (num_minibatches, update_epochs)])
-# (PPO passes 4 x 4 where not given)
+# name -> (env, env_kwargs, env steps per run, num_envs, rollout_len[, StaticConfig fields])
+# (PPO passes 4 x 4 where not given; fields other than the passes are the task's static_overrides)
 CANDIDATES = {
     "doorkey5-t60": ("KeyDoor-5x5", {"max_steps": 60}, 32_768, 16, 64),
     # the main job's shape (sweeps/k_sensitivity.py): 128 iterations of 8 envs x 16 steps, 2 x 2 PPO passes
-    "doorkey5-t60-16k": ("KeyDoor-5x5", {"max_steps": 60}, 16_384, 8, 16, (2, 2)),
+    "doorkey5-t60-16k": ("KeyDoor-5x5", {"max_steps": 60}, 16_384, 8, 16, {"num_minibatches": 2, "update_epochs": 2}),
     "doorkey5-h40": ("KeyDoor-5x5", {"fixed_horizon": 40}, 32_768, 16, 64),  # reward paid at step 40 only
     "doorkey6-t60": ("KeyDoor-6x6", {"max_steps": 60}, 65_536, 16, 64),
     "doorkey8-t100": ("KeyDoor-8x8", {"max_steps": 100}, 131_072, 16, 64),
@@ -57,7 +57,12 @@ CANDIDATES = {
     "keytodoor-a1": ("KeyToDoor-Distractor", {"apple_reward": 1.0}, 131_072, 16, 64),
     "chain-l32-n1": ("DelayedChain", {"length": 32, "noise_std": 1.0}, 65_536, 16, 64),
     "chain-l16-n05": ("DelayedChain", {"length": 16, "noise_std": 0.5}, 131_072, 16, 64),
+    # the seeds' running example: a dialogue paid only at its end, one utterance per action
+    # (sweeps/turn_learning.py's policy and budget)
+    "booking-turns": ("Booking-Turns", {}, 32_768, 16, 32,
+                      {"network": "bag", "action_head": "utterance", "d_model": 64, "hidden_sizes": (64, 64)}),
 }
+PASSES = ("num_minibatches", "update_epochs")
 DEFAULT_GRID = "lr=3e-4,1e-3;ent_coef=0.003,0.03"
 METHODS = ("ppo", "dense")  # sparse PPO and the oracle
 
@@ -82,11 +87,17 @@ def build_parser():
 
 
 def candidate_static(method: str, task: str, scale: float) -> StaticConfig:
-    _, _, steps, num_envs, rollout_len, *ppo = CANDIDATES[task]
-    minibatches, epochs = ppo[0] if ppo else (4, 4)
+    _, _, steps, num_envs, rollout_len, *fields = CANDIDATES[task]
     per_it = num_envs * rollout_len
-    return StaticConfig(method=method, num_envs=num_envs, rollout_len=rollout_len, num_minibatches=minibatches,
-                        update_epochs=epochs, total_steps=max(1, round(steps * scale / per_it)) * per_it)
+    return StaticConfig(method=method, num_envs=num_envs, rollout_len=rollout_len, num_minibatches=4,
+                        update_epochs=4, total_steps=max(1, round(steps * scale / per_it)) * per_it
+                        ).replace(**(fields[0] if fields else {}))
+
+
+def static_overrides(task: str) -> dict:
+    """The StaticConfig fields candidate ``task`` sets beyond its budget, shape and PPO passes (JSON-ready)."""
+    fields = CANDIDATES[task][5] if len(CANDIDATES[task]) > 5 else {}
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in fields.items() if k not in PASSES}
 
 
 def tune_studies(args, earlier) -> list:
@@ -181,7 +192,8 @@ def report(args, stages) -> str:
                              "num_minibatches": st.num_minibatches, "update_epochs": st.update_epochs,
                              "tuned": hp, "num_seeds": args.num_seeds, "random_success": v["random"],
                              "ppo_success_iqm": v["ppo"],
-                             "dense_success_iqm": v["dense"], "p_dense_over_ppo": v["poi"]})
+                             "dense_success_iqm": v["dense"], "p_dense_over_ppo": v["poi"],
+                             **({"static_overrides": static_overrides(t)} if static_overrides(t) else {})})
     table = format_table(rows, markdown=True)
     atomic_write_text(os.path.join(args.out, "calibration.md"), table + "\n")
     if not args.replot or args.replace_tuned:

@@ -4,12 +4,15 @@
 One action is one whole utterance of the env's grammar (:mod:`envs_jax.text.turns`);
 the policy is the bag-of-exchanges MLP with the utterance head (``StaticConfig(
 network="bag", action_head="utterance")``, d_model 64, hidden (64, 64)), 4
-epochs, rollouts of 32 turns x 16 envs. Every arm runs with the same base ``lr`` /
-``ent_coef`` and minibatches per env, tuned for sparse PPO and dense on 4 separate
-seeds: Booking-Turns lr 1e-3, ent 0.01, 4 minibatches; TwentyQuestions-Turns lr
+epochs, rollouts of 32 turns x 16 envs. On an env with an admitted task
+(``--admitted``, not withdrawn: Booking-Turns, ``booking-turns``) every arm runs at
+the values ``sweeps/tune.py`` chose for its method there (equal budget; a method
+without its own runs at sparse PPO's) and the task's rollout shape. Elsewhere every
+arm runs with the same base ``lr`` / ``ent_coef`` and minibatches per env, tuned
+for sparse PPO and dense on 4 separate seeds: Booking-Turns lr 1e-3, ent 0.01, 4 minibatches; TwentyQuestions-Turns lr
 5e-3, ent 0.05, 8 minibatches (dense's final success at 65,536 turns: 0.81 with 4
 minibatches, 0.89 with 8; ent 0.01 / 0.03 / 0.1 / 0.2: 0.43 / 0.65 / 0.75 / 0.16).
-The learned-reward methods (siop, coevo-*, meta) run at their library defaults
+The learned-reward methods (siop, coevo-*, meta) then run at their library defaults
 (``default_hparams(method)``) on top. Budgets (turns per run): Booking-Turns
 32,768 (where dense reaches ~0.97); TwentyQuestions-Turns 65,536 (where dense
 reached 0.85 mean over 16 tuning seeds); raise them with ``--total-steps``.
@@ -43,6 +46,9 @@ from coevo_jax.config import ConfigError, StaticConfig
 from coevo_jax.experiment import Arm, Study
 
 from _study import cli, options
+from _study.admitted import add_admitted_option, load_admitted
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 #: per env: rollout width, base HParams of every arm, default budget (turns per run), StaticConfig overrides
 ENVS = {"Booking-Turns": (16, {"lr": 1e-3, "ent_coef": 0.01}, 32_768, {}),
@@ -68,6 +74,7 @@ def build_parser():
     p.add_argument("--credit", action=argparse.BooleanOptionalAction, default=True,
                    help="write the per-turn credit pictures (turn_credit.*) where siop / coevo-regression ran"
                         " (default: on)")
+    add_admitted_option(p, os.path.join(HERE, "admitted_tasks.json"))
     options.add_study_options(p, num_seeds=16, threshold=THRESHOLD)
     return p
 
@@ -80,6 +87,7 @@ def studies(args) -> list:
     steps = options.per_key_ints(args.total_steps, envs, "--total-steps")
     if args.expert_episodes < 1:
         raise ConfigError(f"--expert-episodes={args.expert_episodes} must be >= 1")
+    tasks = admitted_tasks(args.admitted)
     out = []
     for env in envs:
         num_envs, hp, _, overrides = ENVS[env]
@@ -87,11 +95,22 @@ def studies(args) -> list:
             raise ConfigError(f"--total-steps: {env}={steps[env]} must be >= {num_envs * STATIC['rollout_len']}"
                               " (one iteration)")
         static = {**STATIC, **overrides}
-        arms = tuple(Arm(StaticConfig(method=m, num_envs=num_envs, total_steps=steps[env], **static), fixed=hp)
-                     for m in methods)
+        if env in tasks:
+            arms = tuple(tasks[env].arm(m, static_overrides={"total_steps": steps[env]}) for m in methods)
+        else:
+            arms = tuple(Arm(StaticConfig(method=m, num_envs=num_envs, total_steps=steps[env], **static), fixed=hp)
+                         for m in methods)
         out.append(Study(env, arms, args.num_seeds, base_seed=args.seed, num_chunks=args.num_chunks,
                          threshold=args.threshold, name=env, save_final=True))
     return out
+
+
+def admitted_tasks(path: str) -> dict:
+    """``{env: AdmittedTask}`` for the turn-level envs with a task in the file at ``path`` that is
+    not withdrawn (none when there is no file)."""
+    if not os.path.exists(path):
+        return {}
+    return {t.env: t for t in load_admitted(path).values() if t.env in ENVS and not t.withdrawn}
 
 
 def dialogues_to_threshold(res, label: str) -> np.ndarray:
@@ -139,8 +158,11 @@ def report(args, results) -> str:
                 row["credit-A* Spearman, median [IQR]"] = median_iqr(spear) if r["arm"] == "siop" else "-"
             return row
 
-        text = study_report(res, f"## {res.study.env}: turn-level actions, bag-of-exchanges policy", extra=extra,
-                            references=[expert])
+        values = "; ".join(f"{a.name} " + ", ".join(f"{f}={v:.3g}" for f, v in sorted(a.fixed.items()))
+                           for a in res.study.arms)
+        text = study_report(res, f"## {res.study.env}: turn-level actions, bag-of-exchanges policy\n"
+                                 f"Each arm's values (on top of its method's library defaults): {values}",
+                            extra=extra, references=[expert])
         if args.credit:
             credit = turn_credit_report(res, run=0, seed=res.study.base_seed)
             text += f"\n\n{credit}" if credit else ""

@@ -258,6 +258,14 @@ def test_calibration_tunes_on_separate_seeds_and_evaluates_the_best_point():
     assert ev.base_seed == args.seed and ev.num_seeds == 20 and not any(a.grid for a in ev.arms)
     assert dict(ev.arms[0].fixed) == {"lr": 2.5e-4, "ent_coef": 0.01}
     assert dict(ev.arms[1].fixed) == {"lr": 1e-3, "ent_coef": 0.01}
+    # a candidate's StaticConfig fields: PPO's passes go to their own entries, the rest to static_overrides
+    (turns,) = mod.tune_studies(mod.build_parser().parse_args(["--tasks", "booking-turns"]), [])
+    assert all((a.static.network, a.static.action_head, a.static.hidden_sizes, a.static.rollout_len)
+               == ("bag", "utterance", (64, 64), 32) for a in turns.arms)
+    assert mod.static_overrides("booking-turns") == {"network": "bag", "action_head": "utterance", "d_model": 64,
+                                                     "hidden_sizes": [64, 64]}
+    small = mod.candidate_static("ppo", "doorkey5-t60-16k", 1.0)
+    assert (small.num_minibatches, small.update_epochs) == (2, 2) and mod.static_overrides("doorkey5-t60-16k") == {}
 
 
 def test_staged_script_resumes_after_its_first_stage_finished(tmp_path, monkeypatch, capsys, compile_cache):

@@ -55,7 +55,8 @@ def test_default_studies_and_help():
     parser = mod.build_parser()
     shared = {a.dest for a in cli.study_parser("x", "", "out")._actions}
     assert all("default" in (a.help or "") for a in parser._actions if a.dest not in shared)
-    booking, twenty = mod.studies(parser.parse_args([]))
+    # without an admitted task: every arm at the env's base values
+    booking, twenty = mod.studies(parser.parse_args(["--admitted", os.path.join(ROOT, "no-such-file.json")]))
     assert [booking.env, twenty.env] == ["Booking-Turns", "TwentyQuestions-Turns"]
     for s, mb, hp in ((booking, 4, {"lr": 1e-3, "ent_coef": 0.01}), (twenty, 8, {"lr": 5e-3, "ent_coef": 0.05})):
         assert s.num_seeds >= 16 and s.threshold == 0.8 and s.save_final
@@ -65,6 +66,14 @@ def test_default_studies_and_help():
             assert dict(a.fixed) == hp and a.static.network == "bag" and a.static.action_head == "utterance"
             assert a.static.num_envs == 16 and a.static.num_minibatches == mb and not a.grid
     assert float(default_hparams("siop").signal.normalize_int) == 0.0  # (siop's own default is kept, not overridden)
+    # with the admitted booking-turns task: each method at its own tuned values (or PPO's) and the task's shape
+    task = mod.load_admitted(parser.parse_args([]).admitted)["booking-turns"]
+    tuned, same = mod.studies(parser.parse_args([]))
+    assert [a.name for a in tuned.arms] == [a.name for a in booking.arms] and same.arms == twenty.arms
+    for a in tuned.arms:
+        assert dict(a.fixed) == task.hparams(a.name) and a.static == task.static(a.name), a.name
+        assert a.static == booking.arms[[b.name for b in booking.arms].index(a.name)].static
+    assert any(dict(a.fixed) != dict(b.fixed) for a, b in zip(tuned.arms, booking.arms))
     maze, = mod.studies(parser.parse_args(["--envs", "TextMaze-Turns", "--methods", "siop", "--total-steps", "1024"]))
     assert maze.arms[0].static.total_steps == 1024
 
