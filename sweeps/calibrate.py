@@ -61,6 +61,9 @@ CANDIDATES = {
     # (sweeps/turn_learning.py's policy and budget)
     "booking-turns": ("Booking-Turns", {}, 32_768, 16, 32,
                       {"network": "bag", "action_head": "utterance", "d_model": 64, "hidden_sizes": (64, 64)}),
+    # the same dialogue one token per action, legal tokens only (sweeps/text_learning.py's policy and budget)
+    "booking-tokens": ("Booking", {"use_legal_mask": True}, 262_144, 16, 32,
+                       {"d_model": 64, "num_layers": 1, "num_heads": 4}),
 }
 PASSES = ("num_minibatches", "update_epochs")
 DEFAULT_GRID = "lr=3e-4,1e-3;ent_coef=0.003,0.03"
