@@ -7,13 +7,14 @@ network="bag", action_head="utterance")``, d_model 64, hidden (64, 64)), 4
 epochs, rollouts of 32 turns x 16 envs. On an env with an admitted task
 (``--admitted``, not withdrawn: Booking-Turns, ``booking-turns``) every arm runs at
 the values ``sweeps/tune.py`` chose for its method there (equal budget; a method
-without its own runs at sparse PPO's) and the task's rollout shape. Elsewhere every
-arm runs with the same base ``lr`` / ``ent_coef`` and minibatches per env, tuned
-for sparse PPO and dense on 4 separate seeds: Booking-Turns lr 1e-3, ent 0.01, 4 minibatches; TwentyQuestions-Turns lr
-5e-3, ent 0.05, 8 minibatches (dense's final success at 65,536 turns: 0.81 with 4
-minibatches, 0.89 with 8; ent 0.01 / 0.03 / 0.1 / 0.2: 0.43 / 0.65 / 0.75 / 0.16).
-The learned-reward methods (siop, coevo-*, meta) then run at their library defaults
-(``default_hparams(method)``) on top. Budgets (turns per run): Booking-Turns
+without its own runs at sparse PPO's) and the task's rollout shape. Elsewhere
+every arm runs with the same base ``lr`` / ``ent_coef`` and minibatches per env,
+tuned for sparse PPO and dense on 4 separate seeds: Booking-Turns lr 1e-3, ent
+0.01, 4 minibatches; TwentyQuestions-Turns lr 5e-3, ent 0.05, 8 minibatches
+(dense's final success at 65,536 turns: 0.81 with 4 minibatches, 0.89 with 8;
+ent 0.01 / 0.03 / 0.1 / 0.2: 0.43 / 0.65 / 0.75 / 0.16), and the learned-reward
+methods (siop, coevo-*, meta) at their library defaults (``default_hparams(method)``)
+on top. Budgets (turns per run): Booking-Turns
 32,768 (where dense reaches ~0.97); TwentyQuestions-Turns 65,536 (where dense
 reached 0.85 mean over 16 tuning seeds); raise them with ``--total-steps``.
 One study per env (``--out/<env>``), paired seeds, one runner
