@@ -196,7 +196,7 @@ def report(args, stages) -> str:
                              "tuned": hp, "num_seeds": args.num_seeds, "random_success": v["random"],
                              "ppo_success_iqm": v["ppo"],
                              "dense_success_iqm": v["dense"], "p_dense_over_ppo": v["poi"],
-                             **({"static_overrides": static_overrides(t)} if static_overrides(t) else {})})
+                             **({"static_overrides": fields} if (fields := static_overrides(t)) else {})})
     table = format_table(rows, markdown=True)
     atomic_write_text(os.path.join(args.out, "calibration.md"), table + "\n")
     if not args.replot or args.replace_tuned:
