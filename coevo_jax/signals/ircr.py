@@ -214,7 +214,7 @@ class IRCRParams(RewardNetParams):
 register_method(MethodSpec(
     "ircr", make_ircr, IRCRParams,
     static_checks={**REWARD_NET_STATIC_CHECKS, "reward_steps": (1, 10_000)},
-    check_static=check_learned_static, off={"beta_ext": 1.0, "beta_int": 0.0}, tune={"ircr_lr_ratio": (0.2, 20.0)},
+    check_static=check_learned_static, off={"beta_ext": 1.0, "beta_int": 0.0}, tune={"ircr_lr_ratio": (0.2, 200.0)},
     doc="IRCR (Gangwani et al. 2020): a learned per-step guidance reward regressed on the min-max normalised"
         " return of each step's episode, replacing the external reward",
 ))

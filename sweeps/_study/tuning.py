@@ -1,25 +1,28 @@
-"""Equal-budget tuning: every method of a comparison gets the same number of
-configurations over its own key hyperparameters, chosen by one rule fixed in advance.
+"""The tuning protocol: every method of a comparison gets the same budget over its own
+key hyperparameters, in two stages, with rules fixed in advance.
 
-* **What is searched** (:func:`search_space`): the policy's ``lr`` and
-  ``ent_coef`` (:data:`POLICY_SEARCH`) for every method, then the fields the
-  method declares in its :class:`~coevo_jax.registry.MethodSpec` ``tune``,
-  each a range ``(low, high)`` searched log-uniformly.
-* **The sample** (:func:`sample_configs`): ``n`` points of a Halton sequence
-  (bases 2, 3, 5, ... in the order of the fields) shifted by a fixed-seed
-  uniform offset modulo 1 (a Cranley-Patterson rotation), mapped log-uniformly
-  into the ranges, each value rounded to 3 significant digits. The policy's
-  fields come first, so with the same seed every method gets the same lr /
-  ent_coef coordinates.
-* **One compile per method**: the sample is one :class:`~coevo_jax.experiment.spec.Arm`
-  with a zipped grid (:func:`tuning_arm`), its ``n x seeds`` runs vmapped over
-  the HParams leaves.
-* **The rule** (:data:`RULE`, :func:`select_config`): the configuration with the
-  highest mean, over the tuning seeds, of the AUC of success (the mean success
-  rate over training, :func:`coevo_jax.analysis.metrics.auc`); ties go to the
-  earlier sample.
-* **Seeds**: tuning runs on base seed ``seed + TUNE_SEED_OFFSET``, evaluation on
-  ``seed``: the keys ``fold_in(PRNGKey(base), s)`` of the two never meet.
+* **What is searched** (:func:`search_space`): the policy's ``lr``, ``ent_coef``
+  and ``gae_lambda`` (:data:`POLICY_SEARCH`) for every method, then the fields the
+  method declares in its :class:`~coevo_jax.registry.MethodSpec` ``tune``. A range
+  ``(low, high)`` is searched log-uniformly, ``(low, high, "linear")`` uniformly
+  (GAE lambda in [0.8, 1], where lambda = 1 is Monte Carlo advantages).
+* **Stage 1, the screen** (:func:`sample_configs`): ``n >= 32`` points of a Halton
+  sequence (bases 2, 3, 5, ... in the order of the fields) shifted by a fixed-seed
+  uniform offset modulo 1 (a Cranley-Patterson rotation), mapped into the ranges,
+  each value rounded to 3 significant digits, on 2-3 seeds. The policy's fields
+  come first, so with the same seed every method gets the same lr / ent_coef /
+  gae_lambda coordinates. One compile per method: the sample is one zipped
+  :class:`~coevo_jax.experiment.spec.Arm` (:func:`tuning_arm`).
+* **Stage 2, the finalists** (:func:`finalists`): the best ``>= 4`` configurations by
+  :data:`RULE` re-run on ``>= 12`` fresh seeds; the pick (:data:`FINAL_RULE`,
+  :func:`select_finalist`) is made on this stage alone, and the report gives each
+  finalist's IQM with its CI and P(pick > each other finalist) (:func:`finalist_rows`),
+  so a reader sees whether the pick beats the runner-up with confidence.
+* **Edges** (:func:`edge_fields`): a pick whose value lies in the outer
+  :data:`EDGE` of a range (in the sampling scale) is flagged: the optimum may lie outside.
+* **Seeds**: stage 1 runs on base seed ``tune_base``, stage 2 on ``tune_base +
+  FINALIST_SEED_OFFSET``, the evaluation on ``seed``; run keys are
+  ``fold_in(PRNGKey(base), s)``, so the three sets never meet (:func:`stage_bases`).
 """
 from __future__ import annotations
 
@@ -30,17 +33,24 @@ import numpy as np
 
 from coevo_jax.config import ConfigError
 
-#: searched for every method: the policy's Adam step and entropy bonus, log-uniformly
-POLICY_SEARCH = {"lr": (1e-4, 1e-2), "ent_coef": (1e-3, 1e-1)}
-MIN_CONFIGS = 16  # configurations per method, at least
-TUNE_SEED_OFFSET = 1000  # tuning seeds' base seed: the evaluation's + this
+#: searched for every method: the policy's Adam step and entropy bonus (log-uniformly), GAE lambda (uniformly)
+POLICY_SEARCH = {"lr": (3e-5, 3e-2), "ent_coef": (1e-4, 1e-1), "gae_lambda": (0.8, 1.0, "linear")}
+MIN_CONFIGS = 32  # stage 1: configurations per method, at least
+MIN_FINALISTS = 4  # stage 2: configurations re-run, at least
+MIN_FINALIST_SEEDS = 12  # stage 2: fresh seeds per finalist, at least
+TUNE_SEED_OFFSET = 1000  # stage 1's default base seed: the evaluation's + this
+FINALIST_SEED_OFFSET = 1000  # stage 2's base seed: stage 1's + this
+EDGE = 0.05  # a pick within this fraction of either end of a range (sampling scale) is flagged
 RULE = ("mean over the tuning seeds of the AUC of success (mean success rate over training);"
         " ties: the earlier sample")
+FINAL_RULE = ("the finalist with the highest IQM over the stage-2 seeds of the AUC of success;"
+              " ties: the better stage-1 rank")
 _PRIMES = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53)
 
 
-def search_space(method: str) -> dict[str, tuple[float, float]]:
-    """``{field: (low, high)}`` searched for ``method``: :data:`POLICY_SEARCH`, then its ``MethodSpec.tune``."""
+def search_space(method: str) -> dict[str, tuple]:
+    """``{field: (low, high[, "linear"])}`` searched for ``method``: :data:`POLICY_SEARCH`, then its
+    ``MethodSpec.tune`` (log-uniform)."""
     from coevo_jax.registry import method_spec
 
     own = dict(method_spec(method).tune)
@@ -72,21 +82,58 @@ def round_sig(x: float, digits: int = 3) -> float:
     return float(f"{x:.{digits - 1}e}")
 
 
+def is_linear(rng: tuple) -> bool:
+    """Whether a search range ``(low, high[, scale])`` is searched uniformly (else log-uniformly)."""
+    return len(rng) == 3 and rng[2] == "linear"
+
+
+def from_unit(u: float, rng: tuple) -> float:
+    """The point at ``u`` in ``[0, 1]`` of the range ``rng`` in its sampling scale."""
+    lo, hi = rng[0], rng[1]
+    if is_linear(rng):
+        return lo + u * (hi - lo)
+    return math.exp(math.log(lo) + u * (math.log(hi) - math.log(lo)))
+
+
+def to_unit(x: float, rng: tuple) -> float:
+    """The inverse of :func:`from_unit`: where ``x`` lies in ``rng``, in ``[0, 1]`` of its sampling scale."""
+    lo, hi = rng[0], rng[1]
+    if is_linear(rng):
+        return (x - lo) / (hi - lo)
+    return (math.log(x) - math.log(lo)) / (math.log(hi) - math.log(lo))
+
+
 def sample_configs(space: Mapping[str, tuple], n: int, seed: int = 0) -> list[dict]:
-    """``n`` configurations ``{field: value}`` inside ``space`` (module docstring: log-uniform
-    Halton points, 3 significant digits, clipped back into the range after rounding)."""
+    """``n`` configurations ``{field: value}`` inside ``space`` (module docstring: Halton points,
+    log-uniform or uniform per range, 3 significant digits, clipped back into the range after rounding)."""
     if n < 1:
         raise ConfigError(f"number of configurations {n} must be >= 1")
     fields = list(space)
     u = unit_sample(n, len(fields), seed)
+    return [{f: min(max(round_sig(from_unit(ui, space[f])), space[f][0]), space[f][1]) for f, ui in zip(fields, row)}
+            for row in u]
+
+
+def edge_fields(config: Mapping[str, float], space: Mapping[str, tuple], edge: float = EDGE) -> list[str]:
+    """``["lr (high)", ...]``: the fields of ``config`` whose value lies within ``edge`` of either end of
+    its range in ``space`` (in the sampling scale); ``[]`` when the pick is inside every range."""
     out = []
-    for row in u:
-        cfg = {}
-        for f, ui in zip(fields, row):
-            lo, hi = space[f]
-            cfg[f] = min(max(round_sig(math.exp(math.log(lo) + ui * (math.log(hi) - math.log(lo)))), lo), hi)
-        out.append(cfg)
+    for f, rng in space.items():
+        u = to_unit(config[f], rng)
+        if u <= edge or u >= 1.0 - edge:
+            out.append(f"{f} ({'low' if u <= edge else 'high'})")
     return out
+
+
+def stage_bases(seed: int, tune_base: int | None = None) -> tuple[int, int, int]:
+    """``(stage 1, stage 2, evaluation)`` base seeds: ``tune_base`` (default ``seed + TUNE_SEED_OFFSET``),
+    ``tune_base + FINALIST_SEED_OFFSET`` and ``seed``; :class:`ConfigError` unless all three differ."""
+    b1 = seed + TUNE_SEED_OFFSET if tune_base is None else tune_base
+    bases = (b1, b1 + FINALIST_SEED_OFFSET, seed)
+    if len(set(bases)) < 3 or min(bases) < 0:
+        raise ConfigError(f"--tune-base={b1} gives stage base seeds {bases[:2]} that meet the evaluation's"
+                          f" {seed} (or are negative); choose another")
+    return bases
 
 
 def tuning_arm(static, configs: list[dict], fixed: Mapping[str, float] | None = None, label: str = ""):
@@ -98,14 +145,18 @@ def tuning_arm(static, configs: list[dict], fixed: Mapping[str, float] | None = 
 
 
 def config_scores(success: np.ndarray, env_steps: np.ndarray, setting: np.ndarray, seed: np.ndarray,
-                  num_configs: int, num_seeds: int) -> np.ndarray:
-    """The AUC of success of each run, laid out ``[configs, seeds]``: ``success [R, I]`` (per-iteration
-    success rate, NaN before any episode finished: counts 0), ``env_steps [I]``, each run's
-    ``setting`` and ``seed`` ``[R]``. A missing (config, seed) stays NaN."""
-    from coevo_jax.analysis.metrics import auc
+                  num_configs: int, num_seeds: int, episodes: np.ndarray | None = None,
+                  score: str = "auc") -> np.ndarray:
+    """Each run's score laid out ``[configs, seeds]``: ``success [R, I]`` (per-iteration success rate,
+    NaN before any episode finished: counts 0 in the AUC), ``env_steps [I]``, each run's ``setting`` and
+    ``seed`` ``[R]``. ``score``: ``"auc"`` (the AUC of success) or ``"final"`` (final success,
+    :func:`coevo_jax.analysis.metrics.final_score`, weighted by ``episodes [R, I]``). A missing
+    (config, seed) stays NaN."""
+    from coevo_jax.analysis.metrics import auc, final_score
 
     out = np.full((num_configs, num_seeds), np.nan)
-    out[np.asarray(setting, int), np.asarray(seed, int)] = auc(success, env_steps)
+    value = auc(success, env_steps) if score == "auc" else final_score(success, episodes, env_steps)
+    out[np.asarray(setting, int), np.asarray(seed, int)] = value
     return out
 
 
@@ -116,17 +167,68 @@ def select_config(scores: np.ndarray) -> int:
     return int(np.argmax(np.where(np.isfinite(scores), scores, 0.0).mean(-1)))
 
 
-def arm_scores(result, label: str) -> np.ndarray:
-    """:func:`config_scores` of the zipped arm ``label`` of a finished tuning study
-    (:class:`~coevo_jax.experiment.results.StudyResult`)."""
+def finalists(scores: np.ndarray, n: int) -> list[int]:
+    """The ``n`` best configurations of stage 1 by :data:`RULE` on ``scores [configs, seeds]``, best
+    first (a NaN counts 0; ties: the earlier sample)."""
+    mean = np.where(np.isfinite(scores), scores, 0.0).mean(-1)
+    return [int(i) for i in np.argsort(-mean, kind="stable")[:n]]
+
+
+def select_finalist(scores: np.ndarray) -> int:
+    """:data:`FINAL_RULE` on stage 2's ``scores [finalists, seeds]`` (rows in stage-1 rank order): the
+    row index of the highest IQM over seeds (a NaN counts 0), the better stage-1 rank on ties."""
+    from coevo_jax.analysis.stats import iqm
+
+    return int(np.argmax([iqm(np.where(np.isfinite(row), row, 0.0)) for row in np.asarray(scores, np.float64)]))
+
+
+def finalist_rows(configs: list[dict], stage1: np.ndarray, stage2: np.ndarray, final: np.ndarray,
+                  pick: int) -> list[dict]:
+    """Stage 2 as table rows, one per finalist (stage-1 rank order): its values, stage-1 mean AUC,
+    stage-2 AUC IQM [95% CI] and final-success IQM [95% CI] (``stage1 [F, S1]``, ``stage2 [F, S2]``
+    AUCs, ``final [F, S2]`` final success), and P(pick > it) [95% CI] on the AUC (rliable)."""
+    from coevo_jax.analysis import stats
+
+    rows = []
+    for i, config in enumerate(configs):
+        s2 = np.where(np.isfinite(stage2[i]), stage2[i], 0.0)
+        row = {"finalist": i + 1, "pick": "PICK" if i == pick else "",
+               "values": ", ".join(f"{f}={v:g}" for f, v in config.items()),
+               "stage-1 AUC": float(np.nan_to_num(stage1[i]).mean()), "stage-2 AUC IQM [95% CI]": stats.iqm_text(s2, digits=3),
+               "final success IQM [95% CI]": stats.iqm_text(final[i], digits=3)}
+        s_pick = np.where(np.isfinite(stage2[pick]), stage2[pick], 0.0)
+        row["P(pick > it) [95% CI]"] = "-" if i == pick else stats.improvement_cell(s_pick, s2)
+        rows.append(row)
+    return rows
+
+
+def pick_verdict(stage2: np.ndarray, pick: int) -> dict:
+    """P(pick > runner-up) on stage 2's AUCs ``[F, S2]`` (runner-up: the next-highest IQM) and whether any
+    other finalist beats the pick with confidence: ``{"runner_up", "p", "ci_low", "ci_high", "confident",
+    "beaten_by"}`` (``confident``: the CI's lower end above 0.5; ``beaten_by``: finalists with P(it > pick)'s
+    lower end above 0.5)."""
+    from coevo_jax.analysis import stats
+
+    s = np.where(np.isfinite(stage2), stage2, 0.0)
+    order = np.argsort([-stats.iqm(r) for r in s], kind="stable")
+    runner = int(next(i for i in order if i != pick))
+    poi = stats.probability_of_improvement(s[pick], s[runner])
+    beaten = [i for i in range(len(s)) if i != pick and stats.probability_of_improvement(s[i], s[pick])["ci_low"] > 0.5]
+    return {"runner_up": runner, **poi, "confident": poi["ci_low"] > 0.5, "beaten_by": beaten}
+
+
+def arm_scores(result, label: str, score: str = "auc") -> np.ndarray:
+    """:func:`config_scores` (``score``: ``"auc"`` or ``"final"``) of the zipped arm ``label`` of a finished
+    tuning study (:class:`~coevo_jax.experiment.results.StudyResult`)."""
     if "success_rate" not in result.curves:
         raise ConfigError(f"{result.study.env} reports no success rate: the tuning rule is the AUC of success")
     idx = result.select(label)
     _, arm = result.arm(label)
     n_it = arm.static.num_iterations
+    eps = result.curves["episodes"][idx, :n_it] if "episodes" in result.curves else None
     return config_scores(result.curves["success_rate"][idx, :n_it], result.curves["env_steps"][idx[0], :n_it],
                          result.runs["setting"][idx], result.runs["seed"][idx], len(arm.settings()),
-                         result.study.num_seeds)
+                         result.study.num_seeds, eps, score)
 
 
 #: R_phi's diagnostics in a tuning study's curves (coevo_jax.signals.learned): its held-out
