@@ -179,6 +179,18 @@ def choice_credit(obs: np.ndarray, action: np.ndarray, num_choices: int, outcome
     return np.where(first & right, float(outcome_reward), 0.0)
 
 
+def cue_matches(obs: jax.Array, action: jax.Array, after_choice_only) -> jax.Array:
+    """Float32 ``[...]``: 1 where the action taken equals the cue shown in ``obs [..., 2 * k + 1]``
+    (``action [...]``), on every step, or with ``after_choice_only`` (a traced 0/1) only on the steps
+    after the choice (elapsed fraction > 0), where actions have no effect; 0 elsewhere. The
+    hand-written "action = cue" bonus of the chain's controls (:mod:`coevo_jax.signals.placebo`)."""
+    k = (obs.shape[-1] - 1) // 2
+    match = jnp.argmax(obs[..., :k], -1) == action
+    after = obs[..., -1] > 0.0
+    where = jnp.logical_or(jnp.asarray(after_choice_only) == 0, after)
+    return jnp.logical_and(match, where).astype(jnp.float32)
+
+
 from envs_jax.registry import register  # noqa: E402  (after the class: the registry imports env packages lazily)
 
 register("DelayedChain", lambda **kwargs: DelayedChain(**kwargs))

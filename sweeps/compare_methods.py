@@ -11,12 +11,13 @@ one study per task through the one runner:
 
 * the methods: ppo, dense (oracle), icm, coevo-regression, coevo-ranking,
   coevo-novelty, siop, meta;
-* the controls (:mod:`coevo_jax.signals.placebo`): a constant reward of
-  ``+c`` and of ``-c`` per step mixed like R_phi (a living bonus, a step
-  penalty), ``coevo-frozen`` (coevo-regression with ``reward_lr_ratio = 0``: R_phi
-  never refit) and ``siop-shuffled`` (SIOP's credit moved to random steps of the
-  same episode: the placebo); each control at its method's tuned values
-  (``siop-shuffled`` at siop's, the constants at ppo's);
+* the controls of :mod:`_study.controls`, each named for what it rules out and
+  each at the values ``sweeps/tune.py`` picked for it with the methods' protocol
+  (``step-bonus``, ``frozen-rphi``, ``rphi-shuffled``, and on the DelayedChain
+  ``cue-bonus-every-step``, ``cue-bonus-after-choice``; a control not tuned on the
+  task runs at PPO's values and its defaults, and the report says so), and
+  ``siop-shuffled`` (SIOP's credit moved to random steps of the same episode, at
+  siop's values);
 * ``ppo@lr=..,ent=..``: sparse PPO at each other policy lr and entropy
   coefficient that a learned reward was tuned to (one arm per pair): did the
   reward help, or the policy's values?
@@ -26,6 +27,9 @@ one study per task through the one runner:
   ensemble of 4 potentials combined by mean or by min (default 1), and the
   external reward's weight ``beta_ext`` at 0 (the credit alone) and 0.25 (the
   credit 4x heavier; default 1).
+
+The verdict rule (:mod:`_study.verdict`, fixed in advance) is printed with a table per
+task: P(> tuned ppo) and P(> each tuned control) per method, Holm-corrected.
 
 Reported per task and arm: final success IQM with its 95% stratified-bootstrap
 CI, AUC, P(> ppo) with its CI (rliable, paired seeds), P(> ppo at the arm's own
@@ -58,19 +62,13 @@ from coevo_jax.files import atomic_write_text
 
 from _study import cli, options
 from _study.admitted import add_admitted_option, comparable, load_admitted
+from _study.controls import CONTROLS as TUNED_CONTROLS, controls_for
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_TASKS = ("doorkey5-h40", "keytodoor-a1")
 METHODS = ("ppo", "dense", "icm", "coevo-regression", "coevo-ranking", "coevo-novelty", "siop", "meta", "ircr",
            "siop-critic")
-C = 0.02  # |c| of the constant control: a learned decomposition's per-step reward here (return ~1 over tens of steps)
-CONTROLS = {  # label -> (method, HParams overrides)
-    "constant+c": ("constant", {"constant_reward": C}),
-    "constant-c": ("constant", {"constant_reward": -C}),
-    "coevo-frozen": ("coevo-regression", {"reward_lr_ratio": 0.0}),
-    "siop-shuffled": ("siop-shuffled", {}),
-}
-CONTROL_TUNED_AS = {"siop-shuffled": "siop"}  # a placebo runs at the values of the method it mimics
+PLACEBOS = {"siop-shuffled": ("siop-shuffled", "siop")}  # label -> (method, the method whose values it runs at)
 ABLATIONS = {  # label -> (method, HParams overrides, StaticConfig overrides)
     "siop-replay-8": ("siop", {}, {"potential_buffer_episodes": 8}),
     "siop-replay-256": ("siop", {}, {"potential_buffer_episodes": 256}),
@@ -100,19 +98,25 @@ def studies(args) -> list:
     admitted = load_admitted(args.admitted)
     tasks = comparable(admitted, args.tasks)
     methods = options.names(args.methods, "--methods", registered_methods())
-    controls = {} if args.no_controls else CONTROLS
+    controls = not args.no_controls
     ablations = ABLATIONS if args.ablations else {}
     out = []
     for name in tasks:
         task = admitted[name]
         arms = [task.arm(m) for m in methods]
-        arms += [task.arm(m, label, hp, tuned_as=CONTROL_TUNED_AS.get(label)) for label, (m, hp) in controls.items()]
+        if controls:
+            arms += [task.arm(TUNED_CONTROLS[c].method, c, dict(TUNED_CONTROLS[c].fixed), tuned_as=c)
+                     for c in controls_for(task.env)]
+            arms += [task.arm(m, label, tuned_as=like) for label, (m, like) in PLACEBOS.items()]
         if controls:
             arms += task.own_ppo_arms([m for m in methods if m not in ("ppo", "dense")])
         arms += [task.arm(m, label, hp, static) for label, (m, hp, static) in ablations.items()]
         out.append(Study(task.env, tuple(arms), args.num_seeds, env_kwargs=dict(task.env_kwargs), base_seed=args.seed,
                          num_chunks=args.num_chunks, threshold=args.threshold, name=name))
     return out
+
+
+CONTROLS = (*TUNED_CONTROLS, *PLACEBOS)  # every control label
 
 
 def best_control(summary: list) -> str | None:
@@ -123,16 +127,20 @@ def best_control(summary: list) -> str | None:
 
 def report(args, results) -> str:
     from coevo_jax.analysis import plots, stats
-    from coevo_jax.analysis.tables import arm_finals, ci, write_table
+    from coevo_jax.analysis.tables import arm_finals, ci, format_table, write_table
+
+    from _study.verdict import RULE, verdict_rows
     from coevo_jax.controls import random_row
 
     admitted = load_admitted(args.admitted)
-    rows, finals, notes = [], {}, []
+    rows, finals, notes, verdicts = [], {}, [], []
     for res in results:
         task = res.study.name
         methods = [a.static.method for a in res.study.arms
                    if a.name not in CONTROLS and a.name not in ABLATIONS and not a.name.startswith("ppo@")]
-        untuned = admitted[task].untuned(methods) if task in admitted else methods
+        labels = [a.name for a in res.study.arms]
+        ctrl = [c for c in labels if c in TUNED_CONTROLS]
+        untuned = admitted[task].untuned(methods + ctrl) if task in admitted else methods + ctrl
         if untuned:
             notes.append(f"{task}: not tuned by sweeps/tune.py (at ppo's or calibration's lr / ent_coef and library"
                          f" defaults): {', '.join(untuned)}")
@@ -164,6 +172,13 @@ def report(args, results) -> str:
                 row["P(> best control) [95% CI]"] = f"{poi} ({best})"
             row["below random"] = "BELOW" if r["final_success_iqm"] < floor["final_success_iqm"] else ""
             rows.append(row)
+        compared = [m for m in labels if m not in CONTROLS and m not in ABLATIONS and not m.startswith("ppo@")
+                    and m not in ("ppo", "dense")]
+        against = ["ppo"] + [c for c in ctrl if c in finals[task]] if "ppo" in finals[task] else []
+        if compared and against:
+            verdicts.append(f"\n**{task}**: each method against tuned ppo and the tuned controls"
+                            f" ({', '.join(f'{c}: {TUNED_CONTROLS[c].rules_out}' for c in ctrl)})\n\n"
+                            + format_table(verdict_rows(finals[task], compared, against), markdown=True))
     table = write_table(os.path.join(args.out, "comparison.md"), rows)
     atomic_write_text(os.path.join(args.out, "comparison.csv"), rows_to_csv(rows))
     plots.plot_learning_curves(plots.arm_panels(results, "success_rate", panel=lambda r: r.study.name),
@@ -173,7 +188,9 @@ def report(args, results) -> str:
                                   title="final success (episodes of the last 10% of env steps)")
     return ("final = episodes finished in the last 10% of env steps; IQM, 95% stratified-bootstrap CIs and"
             " P(> ppo) from rliable over paired seeds; steps to threshold: median over the seeds that reach it\n"
-            + table + "".join(f"\n{n}" for n in notes))
+            + table + "".join(f"\n{n}" for n in notes)
+            + (f"\n\n## Verdicts\n\nThe rule, fixed in advance: {RULE}. Part 1 below; part 2 on the DelayedChain"
+               " in chain_credit.md.\n" + "\n".join(verdicts) if verdicts else ""))
 
 
 def main(argv=None) -> int:

@@ -55,10 +55,11 @@ import time
 import numpy as np
 
 from coevo_jax.config import ConfigError
-from coevo_jax.experiment import Arm, Study
+from coevo_jax.experiment import Study
 
 from _study import cli, options, tuning
 from _study.admitted import add_admitted_option, chosen_task
+from _study.controls import controls_for
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_TASK = "doorkey5-t60-16k"  # the main job's task (sweeps/k_sensitivity.py)
@@ -70,7 +71,8 @@ THRESHOLD = 0.8  # success rate that steps-to-threshold waits for, fixed in adva
 def build_parser():
     p = cli.study_parser("tune.py", __doc__.split("\n\n")[0], os.path.join("results", "tune"))
     p.add_argument("--task", default=DEFAULT_TASK, help=f"an admitted task of --admitted (default: {DEFAULT_TASK})")
-    p.add_argument("--methods", default=",".join(METHODS), help=f"comma list of methods (default: {','.join(METHODS)})")
+    p.add_argument("--methods", default=",".join(METHODS),
+                   help=f"comma list of methods and controls (_study/controls.py) (default: {','.join(METHODS)})")
     p.add_argument("--num-configs", type=int, default=tuning.MIN_CONFIGS, metavar="N",
                    help=f"stage 1: configurations per method, >= {tuning.MIN_CONFIGS} (default: {tuning.MIN_CONFIGS})")
     p.add_argument("--tune-seeds", type=int, default=2, metavar="S",
@@ -100,7 +102,7 @@ def _setup(args):
     from coevo_jax.registry import registered_methods
 
     task, _ = chosen_task(args)
-    methods = options.names(args.methods, "--methods", registered_methods())
+    methods = options.names(args.methods, "--methods", registered_methods() + tuple(controls_for(task.env)))
     for name, value, low in (("--num-configs", args.num_configs, tuning.MIN_CONFIGS),
                              ("--finalists", args.finalists, tuning.MIN_FINALISTS),
                              ("--finalist-seeds", args.finalist_seeds, tuning.MIN_FINALIST_SEEDS)):
@@ -122,8 +124,8 @@ def _study(task, arms, num_seeds: int, base_seed: int, args):
 def tune_studies(args, earlier) -> list:
     """Stage 1: per method a zipped arm of ``--num-configs`` sampled configurations, on the tuning seeds."""
     task, methods, steps, bases = _setup(args)
-    arms = [tuning.tuning_arm(task.static(m, total_steps=steps),
-                              tuning.sample_configs(tuning.search_space(m), args.num_configs, args.sample_seed))
+    arms = [tuning.arm_of(m, task.static(tuning.method_of(m), total_steps=steps),
+                          tuning.sample_configs(tuning.search_space(m), args.num_configs, args.sample_seed))
             for m in methods]
     return [_study(task, arms, args.tune_seeds, bases[0], args)]
 
@@ -142,7 +144,7 @@ def finalist_studies(args, earlier) -> list:
     """Stage 2: per method a zipped arm of its ``--finalists`` best configurations, on fresh seeds."""
     task, methods, steps, bases = _setup(args)
     best = screened(earlier[0][0], args.finalists)
-    arms = [tuning.tuning_arm(task.static(m, total_steps=steps), best[m][0]) for m in methods]
+    arms = [tuning.arm_of(m, task.static(tuning.method_of(m), total_steps=steps), best[m][0]) for m in methods]
     return [_study(task, arms, args.finalist_seeds, bases[1], args)]
 
 
@@ -163,7 +165,8 @@ def eval_studies(args, earlier) -> list:
     values when it is not tuned here."""
     task, methods, steps, bases = _setup(args)
     picks = chosen(earlier[0][0], earlier[1][0], args.finalists)
-    arms = [Arm(task.static(m, total_steps=steps), fixed=picks[m]["config"]) for m in methods]
+    arms = [tuning.arm_of(m, task.static(tuning.method_of(m), total_steps=steps), pick=picks[m]["config"])
+            for m in methods]
     if "dense" not in methods:
         arms.append(task.arm("dense", static_overrides={"total_steps": steps}))
     return [_study(task, arms, args.num_seeds, bases[2], args)]

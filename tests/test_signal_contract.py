@@ -37,7 +37,9 @@ from coevo_jax.rollout import Trajectory
 from coevo_jax.signals import PolicyView, base
 from xla_options import OPT0
 
-METHODS = cj.registered_methods()  # the built-ins (a test's own methods register later, in fixtures)
+# the built-ins (a test's own methods register later, in fixtures); cue-bonus reads DelayedChain's cue and
+# refuses other envs (tests/test_placebo.py checks it on the chain)
+METHODS = tuple(m for m in cj.registered_methods() if m != "cue-bonus")
 T, N = 8, 4
 STATIC = cj.StaticConfig(num_envs=N, rollout_len=T, total_steps=N * T * 3, num_minibatches=2, update_epochs=1,
                          hidden_sizes=(8,), reward_hidden=(8,), action_embed_dim=4, reward_steps=2, buffer_episodes=4,

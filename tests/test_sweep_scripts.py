@@ -104,9 +104,13 @@ def test_default_studies_keep_each_protocol():
     assert tuple(arms)[:len(methods)] == methods and "meta" in arms
     tuned = load("compare_methods").load_admitted(os.path.join(ROOT, "sweeps", "admitted_tasks.json"))["doorkey5-h40"]
     assert dict(arms["dense"].fixed) == tuned.tuned["dense"] and dict(arms["siop"].fixed) == tuned.tuned["siop"]
-    assert arms["constant+c"].fixed["constant_reward"] == -arms["constant-c"].fixed["constant_reward"] > 0
-    assert arms["coevo-frozen"].static.method == "coevo-regression"
-    assert arms["coevo-frozen"].fixed["reward_lr_ratio"] == 0
+    # the controls of _study/controls.py, each with its held values (not tuned on doorkey5-h40: PPO's values)
+    assert [n for n in arms if n in compare_mod_controls()] == ["step-bonus", "frozen-rphi", "rphi-shuffled",
+                                                                "siop-shuffled"]  # no cue bonus off the chain
+    assert arms["step-bonus"].static.method == "constant" and arms["step-bonus"].fixed["beta_int"] == 1.0
+    assert arms["frozen-rphi"].static.method == "coevo-regression" and arms["frozen-rphi"].fixed["reward_lr_ratio"] == 0
+    assert arms["rphi-shuffled"].static.method == "coevo-shuffled"
+    assert {f: arms["frozen-rphi"].fixed[f] for f in ("lr", "ent_coef")} == tuned.tuned["ppo"]
     assert arms["siop-shuffled"].static.method == "siop-shuffled" and compare[0].env_kwargs == {"fixed_horizon": 40}
     assert arms["ppo"].static.total_steps == tuned.total_steps and compare[0].threshold == 0.8
     assert not any(n.startswith("siop-replay") for n in arms)
@@ -362,9 +366,13 @@ def test_ircr_horizon_final_means_weight_each_iteration_by_its_episodes():
     assert mod.final_means(curves, np.array([0]), 20)["episode_length"] == pytest.approx(25.0)
 
 
+def compare_mod_controls():
+    return load("compare_methods").CONTROLS
+
+
 def test_compare_methods_best_control_is_the_control_with_the_highest_final_success():
     mod = load("compare_methods")
-    rows = [{"arm": "ppo", "final_success_iqm": 0.9}, {"arm": "constant-c", "final_success_iqm": 0.4},
-            {"arm": "coevo-frozen", "final_success_iqm": 0.5}, {"arm": "siop-shuffled", "final_success_iqm": 0.1}]
-    assert mod.best_control(rows) == "coevo-frozen"  # ppo is higher, but it is not a control
+    rows = [{"arm": "ppo", "final_success_iqm": 0.9}, {"arm": "step-bonus", "final_success_iqm": 0.4},
+            {"arm": "frozen-rphi", "final_success_iqm": 0.5}, {"arm": "siop-shuffled", "final_success_iqm": 0.1}]
+    assert mod.best_control(rows) == "frozen-rphi"  # ppo is higher, but it is not a control
     assert mod.best_control(rows[:1]) is None

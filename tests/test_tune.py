@@ -29,28 +29,45 @@ def test_every_method_gets_the_same_number_of_configurations_inside_its_ranges()
     samples = {}
     for m in registered_methods():
         space = tuning.search_space(m)
-        assert list(space)[:2] == ["lr", "ent_coef"] and set(method_spec(m).tune) <= set(space)
-        samples[m] = tuning.sample_configs(space, 16, seed=0)
-        assert len(samples[m]) == 16 and len({tuple(c.values()) for c in samples[m]}) == 16
+        assert list(space)[:3] == ["lr", "ent_coef", "gae_lambda"] and set(method_spec(m).tune) <= set(space)
+        samples[m] = tuning.sample_configs(space, 32, seed=0)
+        assert len(samples[m]) == 32 and len({tuple(c.values()) for c in samples[m]}) == 32
         for c in samples[m]:
             assert list(c) == list(space) and all(space[f][0] <= v <= space[f][1] for f, v in c.items())
-    # the learned rewards search their own step sizes, and every method sees the same lr / ent_coef points
+    # the learned rewards search their own step sizes, and every method sees the same policy points
     assert all(any("lr" in f for f in method_spec(m).tune) for m in ("coevo-regression", "siop", "icm", "meta"))
-    policy = [[(c["lr"], c["ent_coef"]) for c in s] for s in samples.values()]
+    policy = [[(c["lr"], c["ent_coef"], c["gae_lambda"]) for c in s] for s in samples.values()]
     assert all(p == policy[0] for p in policy)
-    # quasi-random: the 16 lr coordinates leave no gap wider than 2/16 of the unit interval (circularly)
-    u = np.sort(tuning.unit_sample(16, 2, seed=0)[:, 0])
-    assert np.max(np.diff(np.concatenate([u, [u[0] + 1.0]]))) <= 2 / 16 + 1e-9
+    # lr reaches 3e-2; lambda is searched uniformly in [0.8, 1] (lambda = 1: Monte Carlo advantages)
+    assert tuning.POLICY_SEARCH["lr"][1] >= 3e-2 and tuning.POLICY_SEARCH["gae_lambda"] == (0.8, 1.0, "linear")
+    lam = np.array([c["gae_lambda"] for c in samples["ppo"]])
+    assert np.histogram(lam, bins=4, range=(0.8, 1.0))[0].min() >= 6  # uniform, not log: every quarter is hit
+    # quasi-random: the 32 lr coordinates leave no gap wider than 2/32 of the unit interval (circularly)
+    u = np.sort(tuning.unit_sample(32, 3, seed=0)[:, 0])
+    assert np.max(np.diff(np.concatenate([u, [u[0] + 1.0]]))) <= 2 / 32 + 1e-9
     # one arm per method, every configuration vmapped in it: the same run count for each method
     mod = load("tune")
     (study,) = mod.tune_studies(mod.build_parser().parse_args(["--methods", "ppo,siop,coevo-ranking"]), [])
-    assert [len(a.settings()) * study.num_seeds for a in study.arms] == [48, 48, 48]
+    assert [len(a.settings()) * study.num_seeds for a in study.arms] == [64, 64, 64]
     assert all(a.zipped and a.settings() == samples[a.name] for a in study.arms)
-    assert mod.main(["--num-configs", "8", "--out", "/nonexistent/x"]) == 2
+    for bad in (["--num-configs", "16"], ["--finalists", "3"], ["--finalist-seeds", "8"], ["--tune-seeds", "1"],
+                ["--tune-base", "0"]):
+        assert mod.main([*bad, "--out", "/nonexistent/x"]) == 2, bad
     from _study import cli
 
     shared = {a.dest for a in cli.study_parser("x", "", "out")._actions}
     assert all("default" in a.help for a in mod.build_parser()._actions if a.dest not in shared)
+
+
+def test_a_pick_at_the_edge_of_its_range_is_flagged():
+    space = {"lr": (1e-4, 1e-2), "gae_lambda": (0.8, 1.0, "linear")}
+    assert tuning.edge_fields({"lr": 1e-3, "gae_lambda": 0.9}, space) == []
+    # log scale: 1.1e-4 is 2% of the way up in log, 1.2e-3 is not near either end although it is 11% in linear
+    assert tuning.edge_fields({"lr": 1.1e-4, "gae_lambda": 0.9}, space) == ["lr (low)"]
+    assert tuning.edge_fields({"lr": 1.2e-3, "gae_lambda": 0.995}, space) == ["gae_lambda (high)"]
+    assert tuning.edge_fields({"lr": 9.5e-3, "gae_lambda": 0.805}, space) == ["lr (high)", "gae_lambda (low)"]
+    for rng in space.values():
+        assert tuning.to_unit(tuning.from_unit(0.3, rng), rng) == pytest.approx(0.3)
 
 
 def test_a_method_cannot_declare_a_search_range_outside_its_field():
@@ -81,37 +98,67 @@ def _synthetic_result(study, success):
     return StudyResult("", study, curves, runs, [], {})
 
 
-def test_the_rule_picks_the_highest_mean_auc_of_success():
+def test_the_protocol_screens_then_picks_on_fresh_seeds_and_says_when_it_cannot_pick():
+    """Stage 1 keeps the best 4 by mean AUC; stage 2 re-runs exactly those on 12 fresh seeds and picks
+    by IQM there (not by stage 1's order); the evaluation runs the pick on seeds that meet neither stage."""
     mod = load("tune")
-    args = mod.build_parser().parse_args(["--methods", "ppo", "--tune-seeds", "2"])
+    args = mod.build_parser().parse_args(["--methods", "ppo"])
     (study,) = mod.tune_studies(args, [])
     iters = 10
-    success = np.full((16, 2, iters), 0.1)
+    success = np.full((32, 2, iters), 0.1)
     success[0, :, 8:] = 1.0  # the best final success, but a late start: AUC 0.28
     success[3] = 0.5  # steady: AUC 0.5 on both seeds (the best)
     success[5, 0], success[5, 1] = 0.9, np.nan  # one lucky seed, no episode on the other: mean AUC 0.45
     success[9] = 0.5  # a tie with config 3, sampled later
-    result = _synthetic_result(study, success)
-    scores = tuning.arm_scores(result, "ppo")
-    assert scores.shape == (16, 2) and np.allclose(scores[3], 0.5) and np.allclose(scores[5], [0.9, 0.0])
+    stage1 = _synthetic_result(study, success)
+    scores = tuning.arm_scores(stage1, "ppo")
+    assert scores.shape == (32, 2) and np.allclose(scores[3], 0.5) and np.allclose(scores[5], [0.9, 0.0])
     assert np.allclose(scores[0], 0.1 * 0.8 + 0.2)
-    assert tuning.select_config(scores) == 3
-    config, _, best = mod.chosen(result)["ppo"]
-    assert best == 3 and config == study.arms[0].settings()[3]
-    # evaluation: the chosen configuration, exactly, on fresh seeds; dense joins at its recorded values
-    (ev,) = mod.eval_studies(args, [[result]])
+    assert tuning.select_config(scores) == 3 and tuning.finalists(scores, 4) == [3, 9, 5, 0]
+    (fin,) = mod.finalist_studies(args, [[stage1]])
+    settings = study.arms[0].settings()
+    assert fin.arms[0].settings() == [settings[i] for i in (3, 9, 5, 0)] and fin.num_seeds == 12
+    # stage 2: stage 1's third (config 5) is the best on fresh seeds, the runner-up (config 3) close behind
+    rng = np.random.default_rng(1)
+    s2 = np.full((4, 12, iters), 0.0)
+    spread = np.linspace(0.3, 0.6, 12)[:, None]
+    s2[0] = spread
+    s2[1] = 0.10
+    s2[2] = rng.permutation(spread) + 0.01
+    s2[3] = 0.20
+    stage2 = _synthetic_result(fin, s2)
+    pick = mod.chosen(stage1, stage2, 4)["ppo"]
+    assert pick["index"] == 2 and pick["config"] == settings[5]
+    v = pick["verdict"]
+    assert v["runner_up"] == 0 and v["ci_low"] <= 0.5 and not v["confident"] and v["beaten_by"] == []
+    assert "cannot pick with confidence" in mod._verdict_text(pick, tuning.search_space("ppo"))
+    # a clear winner is confident, and a pick that another finalist beats with confidence says so
+    s = np.array([[0.5] * 12, [0.1] * 12, [0.2] * 12, [0.3] * 12]) + 0.01 * rng.random((4, 12))
+    assert tuning.select_finalist(s) == 0 and tuning.pick_verdict(s, 0)["confident"]
+    assert tuning.pick_verdict(s, 1)["beaten_by"] == [0, 2, 3]
+    rows = tuning.finalist_rows(pick["finalists"], pick["stage1"], s, s, 0)
+    assert [r["pick"] for r in rows] == ["PICK", "", "", ""] and rows[1]["P(pick > it) [95% CI]"].startswith("1.00")
+    # evaluation: the pick, exactly, on fresh seeds; dense joins at its recorded values
+    (ev,) = mod.eval_studies(args, [[stage1], [stage2]])
     arms = {a.name: a for a in ev.arms}
-    assert dict(arms["ppo"].fixed) == config and not arms["ppo"].grid and list(arms) == ["ppo", "dense"]
+    assert dict(arms["ppo"].fixed) == settings[5] and not arms["ppo"].grid and list(arms) == ["ppo", "dense"]
     from _study.admitted import load_admitted
 
     assert dict(arms["dense"].fixed) == load_admitted(ADMITTED)[TASK].tuned["dense"]
-    # tuning and evaluation seeds never meet
+    # the seeds of the two stages and of the evaluation never meet, nor do a reproduction's
     from coevo_jax.experiment.plan import run_keys
 
-    assert study.base_seed == ev.base_seed + tuning.TUNE_SEED_OFFSET and ev.num_seeds == 20
-    tune_keys = {tuple(k) for k in np.asarray(run_keys(study.base_seed, np.arange(16)))}
-    eval_keys = {tuple(k) for k in np.asarray(run_keys(ev.base_seed, np.arange(ev.num_seeds)))}
-    assert len(tune_keys) == 16 and len(eval_keys) == 20 and not tune_keys & eval_keys
+    def keys(s):
+        return {tuple(k) for k in np.asarray(run_keys(s.base_seed, np.arange(s.num_seeds)))}
+
+    assert (study.base_seed, fin.base_seed, ev.base_seed) == tuning.stage_bases(0) == (1000, 2000, 0)
+    assert len(keys(study) | keys(fin) | keys(ev)) == 2 + 12 + 20
+    repro = mod.build_parser().parse_args(["--methods", "ppo", "--tune-base", "5000"])
+    (r1,) = mod.tune_studies(repro, [])
+    (r2,) = mod.finalist_studies(repro, [[stage1]])
+    assert len(keys(study) | keys(fin) | keys(ev) | keys(r1) | keys(r2)) == 2 * (2 + 12) + 20
+    with pytest.raises(ConfigError, match="meet the evaluation's"):
+        tuning.stage_bases(1000, tune_base=0)
 
 
 def task_values(method, path):
@@ -145,8 +192,7 @@ def test_tuned_values_reach_every_study_and_are_never_replaced_silently(tmp_path
     (study,) = compare.studies(compare.build_parser().parse_args(["--tasks", TASK, "--admitted", path]))
     arms = {a.name: a for a in study.arms}
     assert dict(arms["siop"].fixed) == siop and dict(arms["siop-shuffled"].fixed) == siop
-    frozen = compare.CONTROLS["coevo-frozen"][1]  # R_phi's step at 0
-    assert dict(arms["coevo-regression"].fixed) == reg and dict(arms["coevo-frozen"].fixed) == {**reg, **frozen}
+    assert dict(arms["coevo-regression"].fixed) == reg
     assert dict(arms["ppo"].fixed) == task.tuned["ppo"] and dict(arms["icm"].fixed) == task.tuned["ppo"]
     hp = arm_hparams(arms["siop"])
     assert all(np.isclose(float(hp.as_dict()[f][0]), v, rtol=1e-6) for f, v in siop.items())
@@ -231,7 +277,7 @@ def test_what_r_phi_learned_is_reported_per_configuration_in_order_of_its_lr_rat
     arm = study.arms[0]
     iters = arm.static.num_iterations
     ratios = np.array([c["reward_lr_ratio"] for c in arm.settings()])
-    success = np.full((16, 2, iters), 0.2)
+    success = np.full((32, 2, iters), 0.2)
     result = _synthetic_result(study, success)
     setting = result.runs["setting"]
     corr = np.zeros((len(setting), iters), np.float32)
@@ -239,7 +285,7 @@ def test_what_r_phi_learned_is_reported_per_configuration_in_order_of_its_lr_rat
     corr[:, : iters // 2] = 5.0  # the first half is not read
     result.curves.update({"signal/val_corr": corr, "signal/r_phi_abs_mean": np.full_like(corr, 0.01)})
     rows, rho = tuning.learned_reward_rows(result, "coevo-regression")
-    assert [r["reward_lr_ratio"] for r in rows] == sorted(ratios.tolist()) and len(rows) == 16
+    assert [r["reward_lr_ratio"] for r in rows] == sorted(ratios.tolist()) and len(rows) == 32
     first = rows[0]
     config = arm.settings()[first["config"]]
     assert first["R_phi lr"] == pytest.approx(config["lr"] * config["reward_lr_ratio"], rel=1e-2)
@@ -273,3 +319,64 @@ def test_a_task_that_fails_the_rule_at_tuned_values_is_withdrawn_from_the_compar
     assert load_admitted(path)[TASK].withdrawn == why
     write_tuned(path, TASK, {"ppo": ppo}, {}, withdrawn="")  # the rule holds again
     assert load_admitted(path)[TASK].withdrawn == ""
+
+
+def test_controls_are_tuned_like_methods_and_recorded_under_their_own_names(tmp_path):
+    """A control is tuned with the same protocol (the policy's space plus its own, its held values fixed),
+    its pick is recorded under its label, and the comparison runs it there."""
+    from _study.admitted import load_admitted, write_tuned
+    from _study.controls import CONTROLS
+
+    mod = load("tune")
+    labels = ["step-bonus", "frozen-rphi", "rphi-shuffled", "cue-bonus-after-choice"]
+    args = mod.build_parser().parse_args(["--task", "chain-l16-n05", "--methods", ",".join(labels)])
+    (study,) = mod.tune_studies(args, [])
+    arms = {a.name: a for a in study.arms}
+    assert list(arms) == labels and all(len(a.settings()) == 32 for a in arms.values())
+    assert tuning.search_space("step-bonus")["constant_reward"] == (-0.05, 0.05, "linear")
+    c = np.array([s["constant_reward"] for s in arms["step-bonus"].settings()])
+    assert (c > 0).sum() >= 12 and (c < 0).sum() >= 12  # both signs searched
+    assert arms["frozen-rphi"].fixed == {"reward_lr_ratio": 0.0} and "reward_lr_ratio" not in arms["frozen-rphi"].grid
+    assert set(tuning.search_space("rphi-shuffled")) == set(tuning.search_space("coevo-regression"))
+    assert arms["cue-bonus-after-choice"].static.method == "cue-bonus"
+    assert arms["cue-bonus-after-choice"].fixed == {"cue_after_choice": 1.0}
+    # the cue bonus exists only where there is a cue
+    assert mod.main(["--methods", "cue-bonus-every-step", "--out", str(tmp_path / "x")]) == 2
+    # recorded under its label; the comparison runs it at those values with its held ones on top
+    path = str(tmp_path / "admitted.json")
+    shutil.copy(ADMITTED, path)
+    pick = arms["step-bonus"].settings()[3]
+    write_tuned(path, "chain-l16-n05", {"step-bonus": pick}, {"step-bonus": {"rule": tuning.RULE}}, replace=True)
+    compare = load("compare_methods")
+    (cstudy,) = compare.studies(compare.build_parser().parse_args(["--tasks", "chain-l16-n05", "--admitted", path]))
+    carms = {a.name: a for a in cstudy.arms}
+    assert dict(carms["step-bonus"].fixed) == {**pick, **CONTROLS["step-bonus"].fixed}
+    assert {"cue-bonus-every-step", "cue-bonus-after-choice", "frozen-rphi", "rphi-shuffled"} <= set(carms)
+    assert "step-bonus" not in load_admitted(path)["chain-l16-n05"].untuned(["step-bonus"])
+
+
+def test_the_verdict_rule_needs_every_comparison_and_corrects_for_the_methods():
+    from _study.verdict import verdict_rows
+
+    from coevo_jax.analysis import stats
+
+    rng = np.random.default_rng(0)
+    base = rng.random(20)
+    finals = {"ppo": base, "step-bonus": base + 0.3,
+              "clear": base + 0.6,  # beats ppo and the control
+              "ppo-only": base + 0.15,  # beats ppo, not the control
+              "marginal": base + 0.7}
+    finals["marginal"] = np.where(np.arange(20) < 12, base + 0.9, base - 0.2)
+    rows = {r["method"]: r for r in verdict_rows(finals, ["clear", "ppo-only", "marginal"], ["ppo", "step-bonus"])}
+    assert rows["clear"]["verdict"] == "wins (1)" and rows["ppo-only"]["verdict"] == "no"
+    assert set(rows["clear"]) >= {"P(> ppo)", "P(> step-bonus)", "p (largest)", "Holm threshold"}
+    # Holm: three p-values just under 0.05 each pass alone, not as a family of three
+    assert stats.holm({"a": 0.04, "b": 0.045, "c": 0.049}) == {"a": False, "b": False, "c": False}
+    assert stats.holm({"a": 0.01, "b": 0.02, "c": 0.049}) == {"a": True, "b": True, "c": True}
+    assert stats.holm({"a": 0.03, "b": 0.06, "c": 0.001}) == {"c": True, "a": False, "b": False}  # 0.03 > 0.05 / 2
+    # the p-value agrees with rliable's percentile CI: below alpha exactly when the 1 - 2 alpha CI's low end > 0.5
+    x, y = rng.random(20) + 0.2, rng.random(20)
+    p = stats.improvement_pvalue(x, y)
+    for alpha in (0.025, 0.05, 0.1):
+        low = stats.probability_of_improvement(x, y, alpha=2 * alpha)["ci_low"]
+        assert (p < alpha) == (low > 0.5) or abs(low - 0.5) < 0.01

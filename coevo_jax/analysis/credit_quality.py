@@ -161,7 +161,7 @@ def _model_signals(trainer, states, models, gamma: float, features) -> dict:
     signals, (obs, nxt, goal), got = arm_signals(trainer.static.method), _goal_next(models), {}
     if "siop" in signals:
         sig = states.signal_state
-        potential = sig.potential if trainer.static.method == "siop-shuffled" else sig  # the placebo wraps siop's
+        potential = sig.inner if trainer.static.method == "siop-shuffled" else sig  # the placebo wraps siop's
         got["siop"] = potential_credit(trainer.static, potential, obs, nxt, goal, gamma)
     if "siop-shuffled+r" in signals:
         flat = got["siop"].reshape(got["siop"].shape[0], -1)

@@ -73,6 +73,39 @@ def probability_of_improvement(x: np.ndarray, y: np.ndarray, n_boot: int = 2000,
     return {"p": float(np.ravel(point["xy"])[0]), "ci_low": float(low), "ci_high": float(high)}
 
 
+def improvement_pvalue(x: np.ndarray, y: np.ndarray, n_boot: int = 2000, seed: int = 0) -> float:
+    """One-sided percentile-bootstrap p-value of "P(X > Y) > 0.5" for per-run scores ``x [R]``, ``y [R']``:
+    the fraction of bootstrap resamples (``x`` and ``y`` resampled apart, as rliable's stratified bootstrap
+    does for two score sets) whose P(X > Y) (ties half: rliable's ``probability_of_improvement``, here
+    vectorised over the resamples, equal to it, tested) is <= 0.5. It is below ``alpha`` exactly when the
+    lower end of the ``1 - 2 alpha`` percentile CI is above 0.5."""
+    x, y = _finite(x), _finite(y)
+    if len(x) == 0 or len(y) == 0:
+        return float("nan")
+    rng = np.random.default_rng(seed)
+    xb = x[rng.integers(0, len(x), (n_boot, len(x)))]
+    yb = y[rng.integers(0, len(y), (n_boot, len(y)))]
+    return float(np.mean(pairwise_improvement(xb, yb) <= 0.5))
+
+
+def pairwise_improvement(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """P(X > Y) with ties counting half, for score sets ``x [..., R]`` and ``y [..., R']``: ``[...]``."""
+    d = x[..., :, None] - y[..., None, :]
+    return (d > 0).mean((-2, -1)) + 0.5 * (d == 0).mean((-2, -1))
+
+
+def holm(pvalues: dict, alpha: float = 0.05) -> dict:
+    """Holm's step-down procedure over ``{name: p}``: ``{name: True}`` for each hypothesis rejected at
+    family-wise level ``alpha`` (sorted ascending, the i-th of m is rejected while ``p <= alpha / (m - i)``,
+    i from 0; the first that fails stops it; a NaN is never rejected)."""
+    order = sorted(pvalues, key=lambda k: (np.isnan(pvalues[k]), pvalues[k]))
+    out, going = {}, True
+    for i, k in enumerate(order):
+        going = going and bool(pvalues[k] <= alpha / (len(order) - i))
+        out[k] = going
+    return out
+
+
 def improvement_text(poi: dict) -> str:
     """``"p [ci_low, ci_high]"`` of a :func:`probability_of_improvement` result."""
     return f"{poi['p']:.2f} [{poi['ci_low']:.2f}, {poi['ci_high']:.2f}]"

@@ -12,12 +12,19 @@ reward. Two controls separate those explanations from credit assignment:
   ``|c| = 0.02`` is the size of a learned decomposition's per-step reward on
   the grid tasks (a return of ~1 spread over tens of steps). An arm that beats
   PPO by as much as ``+c`` or ``-c`` does has not shown that it learned credit.
-* ``siop-shuffled`` (placebo) is ``siop`` with each step's credit moved to a
+* ``siop-shuffled`` and ``coevo-shuffled`` (placebos) are ``siop`` and
+  ``coevo-regression`` with each step's credit moved to a
   uniformly random step of the *same episode segment* of the rollout: every
   segment's credit sums to the same total, and the credit keeps its values,
   scale and sign balance, but carries no information about *which* step
   earned it. It is not potential-based any more (that is the point): if it
-  learns as fast as ``siop``, SIOP's gain is not the timing of its credit.
+  learns as fast as the method, the method's gain is not the timing of its credit.
+
+* ``cue-bonus`` (DelayedChain only) pays ``beta_int`` for the action that equals
+  the cue, on every step or only on the steps after the choice, where actions
+  have no effect: a reward that can help a shared feed-forward policy pick the
+  cue at the choice without crediting the choice at all. A learned reward that
+  does no better than it has not shown temporal credit.
 
 The frozen co-evolved reward, the third control, needs no module: it is
 ``coevo-regression`` with ``reward_lr_ratio = 0`` (``R_phi`` stays the small random
@@ -31,7 +38,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from coevo_jax.params import INF, default_of, hyperparams, param
+from coevo_jax.params import INF, ConfigError, default_of, hyperparams, param, unit
 from coevo_jax.registry import MethodSpec, method_spec, register_method
 from coevo_jax.signals.base import RewardStreams, Signal, SignalParams, no_observe, no_update
 from coevo_jax.signals.potential import make_potential
@@ -67,6 +74,43 @@ register_method(MethodSpec(
 ))
 
 
+# ----------------------------------------------------------------------------- cue bonus (DelayedChain)
+def make_cue_bonus(static, network, env, env_params) -> Signal:
+    """``episodic = beta_ext * r_ext + beta_int * [action = cue]`` on every step, or with
+    ``cue_after_choice = 1`` only on the steps after the choice (method ``cue-bonus``; DelayedChain only:
+    :func:`envs_jax.chain.cue_matches`)."""
+    from envs_jax.chain import DelayedChain, cue_matches
+
+    if env is not None and not isinstance(env.unwrapped, DelayedChain):
+        raise ConfigError(f"method 'cue-bonus' pays for the action that equals DelayedChain's cue; environment"
+                          f" {env.unwrapped.name!r} shows no cue")
+
+    def init(key, traj, hp):
+        return ()
+
+    def rewards(state, traj, hp):
+        bonus = cue_matches(traj.obs, traj.action, hp.signal.cue_after_choice)
+        return state, RewardStreams(hp.signal.beta_ext * traj.reward + hp.signal.beta_int * bonus), {}
+
+    return Signal(init, no_observe, no_update, rewards)
+
+
+@hyperparams
+class CueBonusParams(SignalParams):
+    """``cue-bonus``'s hyperparameters: ``beta_int`` is the bonus per matching step."""
+
+    beta_int: float = default_of(SignalParams, "beta_int", 0.01)
+    cue_after_choice: float = unit(0.0, doc="1: pay only on the steps after the choice (where actions have no"
+                                            " effect), 0: on every step")
+
+
+register_method(MethodSpec(
+    "cue-bonus", make_cue_bonus, CueBonusParams, off={"beta_int": 0.0},
+    doc="control (DelayedChain): a hand-written bonus for the action that equals the cue, on every step or only"
+        " after the choice: help through the shared policy without any temporal credit",
+))
+
+
 # ----------------------------------------------------------------------------- shuffled credit
 def shuffle_within_episodes(x: jax.Array, done: jax.Array, key: jax.Array) -> jax.Array:
     """``x [T, N]`` with each column's entries permuted uniformly at random
@@ -79,39 +123,54 @@ def shuffle_within_episodes(x: jax.Array, done: jax.Array, key: jax.Array) -> ja
 
 
 class ShuffledState(NamedTuple):
-    potential: Any  # the siop state (PotentialState)
+    inner: Any  # the shuffled method's own state (siop's PotentialState, coevo-regression's LearnedState)
     key: jax.Array  # drawn from for each rollout's permutation
 
 
-def make_shuffled_potential(static, network=None, env=None, env_params=None) -> Signal:
-    """SIOP with its credit shuffled in time within each episode segment (method
-    ``siop-shuffled``): the potential trains exactly as ``siop``'s."""
-    inner = make_potential(static, network, env, env_params)
+def make_shuffled(inner_method: str, inner_factory):
+    """A factory ``(static, network, env, env_params) -> Signal``: ``inner_method`` (made by ``inner_factory``)
+    with its credit (its episodic stream at ``beta_ext = 0``, ``beta_int = 1``) shuffled in time
+    within each episode segment; its own network trains exactly as the method's."""
 
-    def init(key, traj, hp):
-        k_inner, k_shuffle = jax.random.split(key)
-        return ShuffledState(inner.init(k_inner, traj, hp), k_shuffle)
+    def factory(static, network=None, env=None, env_params=None) -> Signal:
+        inner = inner_factory(static.replace(method=inner_method), network, env, env_params)
 
-    def observe(state, traj, hp, key):
-        potential, metrics = inner.observe(state.potential, traj, hp, key)
-        return state._replace(potential=potential), metrics
+        def init(key, traj, hp):
+            k_inner, k_shuffle = jax.random.split(key)
+            return ShuffledState(inner.init(k_inner, traj, hp), k_shuffle)
 
-    def update(state, traj, policy, hp, key):
-        potential, metrics = inner.update(state.potential, traj, policy, hp, key)
-        return state._replace(potential=potential), metrics
+        def observe(state, traj, hp, key):
+            s, metrics = inner.observe(state.inner, traj, hp, key)
+            return state._replace(inner=s), metrics
 
-    def rewards(state, traj, hp):
-        # with beta_ext = 0 and beta_int = 1 siop's episodic stream is exactly its (scaled, clipped) credit
-        potential, streams, metrics = inner.rewards(state.potential, traj, hp.replace(beta_ext=0.0, beta_int=1.0))
-        key, k = jax.random.split(state.key)
-        credit = shuffle_within_episodes(streams.episodic, jnp.logical_or(traj.terminated, traj.truncated), k)
-        out = RewardStreams(hp.signal.beta_ext * traj.reward + hp.signal.beta_int * credit)
-        return ShuffledState(potential, key), out, metrics
+        def update(state, traj, policy, hp, key):
+            s, metrics = inner.update(state.inner, traj, policy, hp, key)
+            return state._replace(inner=s), metrics
 
-    return Signal(init, observe, update, rewards)
+        def rewards(state, traj, hp):
+            # with beta_ext = 0 and beta_int = 1 the episodic stream is exactly the method's (scaled) credit
+            s, streams, metrics = inner.rewards(state.inner, traj, hp.replace(beta_ext=0.0, beta_int=1.0))
+            key, k = jax.random.split(state.key)
+            credit = shuffle_within_episodes(streams.episodic, jnp.logical_or(traj.terminated, traj.truncated), k)
+            out = RewardStreams(hp.signal.beta_ext * traj.reward + hp.signal.beta_int * credit)
+            return ShuffledState(s, key), out, metrics
 
+        return Signal(init, observe, update, rewards)
+
+    return factory
+
+
+#: SIOP with its credit shuffled in time within each episode segment (method ``siop-shuffled``)
+make_shuffled_potential = make_shuffled("siop", make_potential)
+#: coevo-regression's R_phi shuffled in time within each episode segment (method ``coevo-shuffled``)
+make_shuffled_learned = make_shuffled("coevo-regression", method_spec("coevo-regression").factory)
 
 register_method(dataclasses.replace(
     method_spec("siop"), name="siop-shuffled", factory=make_shuffled_potential,
     doc="placebo: siop with each step's credit moved to a random step of the same episode segment",
+))
+register_method(dataclasses.replace(
+    method_spec("coevo-regression"), name="coevo-shuffled", factory=make_shuffled_learned,
+    doc="placebo: coevo-regression with R_phi's reward moved to a random step of the same episode segment"
+        " (its size, sign balance and per-episode sums kept, its timing destroyed)",
 ))

@@ -77,16 +77,18 @@ class AdmittedTask:
         return Arm(self.static(method, **(static_overrides or {})), fixed=fixed, label=label)
 
     def policy_values(self, method: str) -> tuple:
-        """``(("lr", v), ("ent_coef", v))``: the policy values ``method`` runs with here."""
+        """``(("lr", v), ("ent_coef", v), ("gae_lambda", v))``: the policy values ``method`` runs with here
+        (``gae_lambda`` when it was tuned)."""
         hp = self.hparams(method)
-        return tuple((f, hp[f]) for f in ("lr", "ent_coef") if f in hp)
+        return tuple((f, hp[f]) for f in ("lr", "ent_coef", "gae_lambda") if f in hp)
 
     def own_ppo(self, method: str) -> str:
         """The label of sparse PPO's arm at ``method``'s policy values: ``"ppo"`` when they are PPO's own."""
         pair = self.policy_values(method)
         if pair == self.policy_values("ppo"):
             return "ppo"
-        return "ppo@" + ",".join(f"{'ent' if f == 'ent_coef' else f}={v:g}" for f, v in pair)
+        short = {"ent_coef": "ent", "gae_lambda": "lam"}
+        return "ppo@" + ",".join(f"{short.get(f, f)}={v:g}" for f, v in pair)
 
     def own_ppo_arms(self, methods) -> list:
         """Sparse PPO at every other pair of policy values that one of ``methods`` was tuned to (one

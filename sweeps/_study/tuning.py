@@ -49,12 +49,40 @@ _PRIMES = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53)
 
 
 def search_space(method: str) -> dict[str, tuple]:
-    """``{field: (low, high[, "linear"])}`` searched for ``method``: :data:`POLICY_SEARCH`, then its
-    ``MethodSpec.tune`` (log-uniform)."""
+    """``{field: (low, high[, "linear"])}`` searched for ``method`` (a registered method or a control label
+    of :data:`_study.controls.CONTROLS`): :data:`POLICY_SEARCH`, then the method's ``MethodSpec.tune``
+    (log-uniform), or the control's ``space`` (after the ``tune`` of the method it is ``like``)."""
     from coevo_jax.registry import method_spec
 
-    own = dict(method_spec(method).tune)
+    from _study.controls import CONTROLS
+
+    if method in CONTROLS:
+        c = CONTROLS[method]
+        own = {**(dict(method_spec(c.like).tune) if c.like else {}), **c.space}
+    else:
+        own = dict(method_spec(method).tune)
     return {**{f: r for f, r in POLICY_SEARCH.items() if f not in own}, **own}
+
+
+def arm_of(label: str, static, configs: list[dict] | None = None, pick: Mapping[str, float] | None = None):
+    """The :class:`~coevo_jax.experiment.spec.Arm` of a method or control ``label`` at ``static`` (its method
+    set by the caller): the zipped ``configs`` (stages 1-2) or the ``pick`` (evaluation), with a control's
+    held values."""
+    from coevo_jax.experiment.spec import Arm
+
+    from _study.controls import CONTROLS
+
+    fixed = dict(CONTROLS[label].fixed) if label in CONTROLS else {}
+    if configs is not None:
+        return tuning_arm(static, configs, fixed, label if label in CONTROLS else "")
+    return Arm(static, fixed={**fixed, **pick}, label=label if label in CONTROLS else "")
+
+
+def method_of(label: str) -> str:
+    """The registered method a method or control ``label`` runs."""
+    from _study.controls import CONTROLS
+
+    return CONTROLS[label].method if label in CONTROLS else label
 
 
 def radical_inverse(i: np.ndarray, base: int) -> np.ndarray:
