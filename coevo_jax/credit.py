@@ -30,22 +30,6 @@ PHASE_NAMES = ("phase 0: fetch key", "phase 1: key held, door locked", "phase 2:
 
 
 # ----------------------------------------------------------------------------- statistics
-def rankdata(x: np.ndarray) -> np.ndarray:
-    """Ranks ``1..n`` of ``x [n]`` with ties given their average rank."""
-    x = np.asarray(x, np.float64).ravel()
-    order = np.argsort(x, kind="mergesort")
-    ranks = np.empty(len(x), np.float64)
-    sx = x[order]
-    i = 0
-    while i < len(x):
-        j = i
-        while j + 1 < len(x) and sx[j + 1] == sx[i]:
-            j += 1
-        ranks[order[i:j + 1]] = 0.5 * (i + j) + 1.0
-        i = j + 1
-    return ranks
-
-
 def spearman(x: np.ndarray, y: np.ndarray) -> float:
     """Spearman rank correlation of ``x, y [n]`` (Pearson correlation of the
     average-tie ranks); NaN when fewer than 3 finite pairs or either side is constant."""
@@ -53,13 +37,11 @@ def spearman(x: np.ndarray, y: np.ndarray) -> float:
     y = np.asarray(y, np.float64).ravel()
     ok = np.isfinite(x) & np.isfinite(y)
     x, y = x[ok], y[ok]
-    if len(x) < 3:
+    if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
         return float("nan")
-    rx, ry = rankdata(x), rankdata(y)
-    rx -= rx.mean()
-    ry -= ry.mean()
-    denom = np.sqrt((rx**2).sum() * (ry**2).sum())
-    return float((rx * ry).sum() / denom) if denom > 0 else float("nan")
+    from scipy.stats import spearmanr
+
+    return float(spearmanr(x, y).statistic)
 
 
 # ----------------------------------------------------------------------------- credit against the ground truth
@@ -109,14 +91,13 @@ def potential_heatmap(value_fn, env, state, path: str, title: str = "potential V
     the layout's walls in grey and its objects marked; returns the grids."""
     import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from coevo_jax.analysis.plots import subplots
 
     grids = potential_grid(value_fn, env, state)
     finite = [g[np.isfinite(g)] for g in grids.values() if np.isfinite(g).any()]
     lo = min(float(f.min()) for f in finite) if finite else 0.0
     hi = max(float(f.max()) for f in finite) if finite else 1.0
-    fig, axes = plt.subplots(1, len(grids), figsize=(4.2 * len(grids), 4.0), squeeze=False)
+    fig, axes = subplots(1, len(grids), figsize=(4.2 * len(grids), 4.0), squeeze=False)
     marks = _layout_marks(env, state)
     for ax, (name, grid) in zip(axes[0], grids.items()):
         cmap = matplotlib.colormaps["viridis"].with_extremes(bad="0.75")
@@ -130,7 +111,6 @@ def potential_heatmap(value_fn, env, state, path: str, title: str = "potential V
     fig.suptitle(title)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=100)
-    plt.close(fig)
     return grids
 
 
@@ -159,14 +139,12 @@ def complete_episode(done: np.ndarray, env_index: int | None = None):
 def plot_episode_credit(credit, path: str, reward=None, optimal_adv=None, title: str = "per-step credit") -> None:
     """Bar chart of one episode's credit ``[L]`` (PNG at ``path``), with the external
     reward and the optimal advantage ``[L]`` (scaled to the credit's range) when given."""
-    import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from coevo_jax.analysis.plots import subplots
 
     credit = np.asarray(credit, np.float64)
     steps = np.arange(len(credit))
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.12 * len(credit)), 3.5))
+    fig, ax = subplots(figsize=(max(6.0, 0.12 * len(credit)), 3.5))
     ax.bar(steps, credit, color="tab:blue", label="SIOP credit gamma V(s_t+1) - V(s_t)")
     handles = []
     if reward is not None:  # on its own axis: a sparse reward of ~1 would flatten the credit bars
@@ -190,4 +168,3 @@ def plot_episode_credit(credit, path: str, reward=None, optimal_adv=None, title:
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=100)
-    plt.close(fig)

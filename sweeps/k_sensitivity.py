@@ -13,10 +13,14 @@ success <= 0.2, room above sparse PPO, the dense oracle beats PPO), with the
 hyperparameters tuned there for each method (``sweeps/tune.py``; a method without
 its own runs at ppo's lr / entropy coefficient).
 
-**Compute-matched** by default (``StaticConfig.refit_steps_per_k``): a refit
-takes ``reward_steps x K`` (``potential_steps x K``) gradient steps, so R_phi and
-the potential get the same gradient steps per env step at every K, and K
-measures only *how stale* the reward is, not how much it was trained. A refit
+Every method runs at the task's own settings (``AdmittedTask.static``: the sizes,
+buffers and refit steps ``sweeps/tune.py`` tuned it at). **Compute-matched** by
+default (``StaticConfig.refit_steps_per_k``), anchored at the method's tuned K
+(``k_ref``, its default 4 unless tuned): a refit at K takes ``reward_steps x K /
+k_ref`` (``potential_steps x K / k_ref``) gradient steps, so R_phi and the potential
+get the same gradient steps per env step at every K, K measures only *how stale*
+the reward is, not how much it was trained, and the row at ``K = k_ref`` is the
+tuning's own setting (it repeats the tuning's evaluation on the same seeds). A refit
 whose buffer holds no complete episode yet (``hp.signal.min_refit_episodes``, 1) takes
 no step, so the steps a run actually took differ between K (the refit due at
 iteration 0 is skipped on most seeds, half the refits at K = 64): the table's
@@ -133,11 +137,21 @@ def normalised_lines(label: str, text: str | None) -> list[tuple[str, dict]]:
 
 
 def static_for(method: str, task, total_steps: int, matched: bool) -> StaticConfig:
-    """The task's policy, rollout and PPO sizes for every method; ``matched``: compute-matched refits."""
-    return StaticConfig(method=method, num_envs=task.num_envs, rollout_len=task.rollout_len, total_steps=total_steps,
-                        num_minibatches=task.num_minibatches, update_epochs=task.update_epochs,
-                        hidden_sizes=(64, 64), reward_hidden=(64, 64), buffer_episodes=16,
-                        reward_steps=4, potential_steps=4, refit_steps_per_k=matched)
+    """The task's own StaticConfig for ``method`` (what ``sweeps/tune.py`` tuned it at); ``matched``:
+    compute-matched refits anchored at the method's tuned K, ``k_ref``: a refit at K takes ``steps x K /
+    k_ref`` gradient steps (``steps``: the task's ``reward_steps`` / ``potential_steps``), so the row at
+    K = ``k_ref`` runs exactly the tuning's settings. :class:`ConfigError` when ``k_ref`` does not divide them."""
+    from coevo_jax.config import default_hparams
+
+    static = task.static(method, total_steps=total_steps)
+    if not matched:
+        return static
+    k_ref = int(task.hparams(method).get("k", float(default_hparams(method).signal.k)))
+    steps = {f: getattr(static, f) for f in ("reward_steps", "potential_steps")}
+    if any(v % k_ref for v in steps.values()):
+        raise ConfigError(f"{task.task}: {method}'s K = {k_ref} must divide reward_steps and potential_steps"
+                          f" ({steps}) for compute-matched refits anchored at it")
+    return static.replace(refit_steps_per_k=True, **{f: v // k_ref for f, v in steps.items()})
 
 
 def studies(args) -> list:

@@ -85,6 +85,9 @@ def build_parser():
     p.add_argument("--tune-base", type=int, default=None, metavar="B",
                    help=f"stage 1's base seed (stage 2: B + {tuning.FINALIST_SEED_OFFSET}); another B reproduces the"
                         f" protocol on other seeds and records nothing (default: --seed + {tuning.TUNE_SEED_OFFSET})")
+    p.add_argument("--reproduces", default=None, metavar="OUT",
+                   help="the --out of a finished run of the same task and methods: the report says, per method, whether"
+                        " the two evaluations' CIs overlap (default: none)")
     p.add_argument("--sample-seed", type=int, default=0, metavar="Z",
                    help="seed of the configurations' sample, >= 0 (default: 0)")
     p.add_argument("--total-steps", type=int, default=None, metavar="S",
@@ -187,7 +190,7 @@ def tuning_record(args, stages, method: str, steps: int, pick: dict) -> dict:
     s1, s2, ev = (stage[0] for stage in stages)
     row = next(r for r in ev.summary if r["arm"] == method)
     v, space = pick["verdict"], tuning.search_space(method)
-    return {"rule": tuning.RULE, "final_rule": tuning.FINAL_RULE, "num_configs": args.num_configs,
+    return {"pick": dict(pick["config"]), "rule": tuning.RULE, "final_rule": tuning.FINAL_RULE, "num_configs": args.num_configs,
             "tune_seeds": s1.study.num_seeds, "tune_base_seed": s1.study.base_seed, "sample_seed": args.sample_seed,
             "finalists": len(pick["finalists"]), "finalist_seeds": s2.study.num_seeds,
             "finalist_base_seed": s2.study.base_seed,
@@ -198,7 +201,9 @@ def tuning_record(args, stages, method: str, steps: int, pick: dict) -> dict:
             "confident": bool(v["confident"]), "beaten_by": [pick["finalists"][i] for i in v["beaten_by"]],
             "edge": tuning.edge_fields(pick["config"], space),
             "eval_seeds": ev.study.num_seeds, "eval_base_seed": ev.study.base_seed,
-            "eval_final_success_iqm": float(row["final_success_iqm"]), "eval_auc_success_iqm":
+            "eval_final_success_iqm": float(row["final_success_iqm"]),
+            "eval_final_success_ci": [float(row["final_success_ci_low"]), float(row["final_success_ci_high"])],
+            "eval_auc_success_iqm":
                 float(row["auc_success_iqm"]), "date": time.strftime("%Y-%m-%d", time.gmtime())}
 
 
@@ -285,6 +290,7 @@ def report(args, stages) -> str:
                               " --replace-tuned records its values without running anything") from None
         note = (f"recorded in {os.path.relpath(args.admitted)} for {task.task}: {', '.join(methods)}"
                 f" (values changed: {', '.join(changed) or 'none'})")
+    repro = reproduction_section(args, records) if args.reproduces else ""
     return (f"Tuning protocol on {task.task} ({task.env}, {steps} env steps). Stage 1: {args.num_configs}"
             f" configurations per method x {args.tune_seeds} seeds (base seed {bases[0]}); rule: {tuning.RULE}."
             f" Stage 2: the best {args.finalists} x {args.finalist_seeds} fresh seeds (base seed {bases[1]}); rule:"
@@ -294,7 +300,39 @@ def report(args, stages) -> str:
             f" seeds (base seed {bases[2]}); final = episodes finished in the last 10% of env steps; IQM, 95%"
             f" stratified-bootstrap CIs and P(> ppo) from rliable\n"
             f"{table}{rule}\n\n{note}\n\n## Stage 2: the finalists of each method\n\n"
-            + "\n\n".join(sections) + learned)
+            + "\n\n".join(sections) + learned + repro)
+
+
+def reproduction_section(args, records: dict) -> str:
+    """Markdown: per method, this run's pick and evaluation against ``--reproduces``'s (its ``tuning.json``),
+    and whether the evaluations' 95% CIs of final success overlap."""
+    from coevo_jax.analysis.tables import format_table
+
+    path = os.path.join(args.reproduces, "tuning.json")
+    if not os.path.exists(path):
+        raise ConfigError(f"--reproduces={args.reproduces} holds no finished tuning (no tuning.json)")
+    with open(path) as f:
+        other = json.load(f)
+    rows = []
+    for m, rec in records.items():
+        if m not in other["records"]:
+            raise ConfigError(f"--reproduces={args.reproduces} did not tune {m}")
+        o = other["records"][m]
+        (a_lo, a_hi), (b_lo, b_hi) = rec["eval_final_success_ci"], o["eval_final_success_ci"]
+        rows.append({"method": m,
+                     "pick (base seeds " + f"{o['tune_base_seed']}, {o['finalist_base_seed']})":
+                         ", ".join(f"{f}={v:g}" for f, v in other["picks"][m].items()),
+                     f"success IQM [95% CI] ({o['tune_base_seed']})": f"{o['eval_final_success_iqm']:.3f} [{b_lo:.3f},"
+                                                                       f" {b_hi:.3f}]",
+                     f"pick ({rec['tune_base_seed']}, {rec['finalist_base_seed']})":
+                         ", ".join(f"{f}={v:g}" for f, v in records[m]["pick"].items()),
+                     f"success IQM [95% CI] ({rec['tune_base_seed']})": f"{rec['eval_final_success_iqm']:.3f}"
+                                                                          f" [{a_lo:.3f}, {a_hi:.3f}]",
+                     "CIs overlap": "yes" if a_lo <= b_hi and b_lo <= a_hi else "NO"})
+    same = sum(r["CIs overlap"] == "yes" for r in rows)
+    return (f"\n\n## Reproduction\n\nThe whole protocol again on other stage seeds; both evaluations on the same"
+            f" {args.num_seeds} evaluation seeds. The evaluations' CIs overlap for {same} of {len(rows)} methods.\n\n"
+            + format_table(rows, markdown=True))
 
 
 def learned_reward_section(out: str, tuned, methods) -> str:

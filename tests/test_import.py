@@ -1,4 +1,5 @@
-"""Importing the library changes no global state: no environment variable, no JAX lowering rule;
+"""Importing the library changes no global state: no environment variable, no JAX lowering rule, no
+matplotlib setting (no backend chosen, pyplot not loaded);
 and its layers import only downwards (statistics and plots below the runner)."""
 import ast
 import glob
@@ -20,6 +21,8 @@ def lowerings():
     rules.update({{(plat, p): r for plat, d in mlir._platform_specific_lowerings.items() for p, r in d.items()}})
     return rules
 
+import matplotlib
+mpl = (dict(matplotlib.rcParams), "matplotlib.pyplot" in sys.modules)
 env, rules, started = dict(os.environ), lowerings(), bool(xla_bridge._backends)  # xminigrid starts it
 import coevo_jax, envs_jax, coevo_jax.controls  # noqa: F401
 import importlib, pkgutil, coevo_jax.analysis
@@ -34,6 +37,7 @@ print("env", changed)
 print("rules", new_rules)
 print("backend", bool(xla_bridge._backends) and not started)
 print("analysis loads", below)
+print("matplotlib", (dict(matplotlib.rcParams), "matplotlib.pyplot" in sys.modules) == mpl)
 """
 
 
@@ -42,8 +46,8 @@ def test_import_changes_no_environment_variable_and_no_lowering():
     out = subprocess.run([sys.executable, "-c", PROBE.format(root=ROOT)], env=env, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    lines = out.stdout.strip().splitlines()[-4:]
-    assert lines == ["env []", "rules []", "backend False", "analysis loads []"], out.stdout
+    lines = out.stdout.strip().splitlines()[-5:]
+    assert lines == ["env []", "rules []", "backend False", "analysis loads []", "matplotlib True"], out.stdout
 
 
 def imported_modules(path: str) -> set:

@@ -380,3 +380,29 @@ def test_the_verdict_rule_needs_every_comparison_and_corrects_for_the_methods():
     for alpha in (0.025, 0.05, 0.1):
         low = stats.probability_of_improvement(x, y, alpha=2 * alpha)["ci_low"]
         assert (p < alpha) == (low > 0.5) or abs(low - 0.5) < 0.01
+
+
+def test_the_k_study_runs_the_tunings_settings_and_its_row_at_the_tuned_k_is_the_tuning():
+    """The main job sweeps K at each method's own task settings; compute matching is anchored at the
+    tuned K, so the gradient steps of a refit there are the tuning's (and 4x that at 4x the K)."""
+    import coevo_jax as cj
+    from coevo_jax.fit import refit_steps
+    from _study.admitted import load_admitted
+
+    ks = load("k_sensitivity")
+    (study,) = ks.studies(ks.build_parser().parse_args([]))
+    task = load_admitted(ADMITTED)[TASK]
+    for arm in study.arms:
+        m = arm.static.method
+        tuned = task.static(m)
+        if not arm.grid:  # the reference lines: exactly the tuning's settings
+            assert arm.static == tuned, m
+            continue
+        assert arm.static.replace(refit_steps_per_k=False, reward_steps=tuned.reward_steps,
+                                  potential_steps=tuned.potential_steps) == tuned, m
+        k_ref = int(cj.default_hparams(m).signal.k)
+        for k, factor in ((k_ref, 1), (4 * k_ref, 4)):
+            hp = cj.default_hparams(m, k=k)
+            assert int(refit_steps(arm.static.reward_steps, arm.static, hp)) == factor * tuned.reward_steps
+            assert int(refit_steps(arm.static.potential_steps, arm.static, hp)) == factor * tuned.potential_steps
+        assert dict(arm.fixed).items() >= {f: v for f, v in task.hparams(m).items() if f != "k"}.items()

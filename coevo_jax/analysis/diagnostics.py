@@ -83,8 +83,7 @@ def plot_coevo_diagnostics(metrics: dict, path: str, window: int = 20, title: st
     """
     import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from coevo_jax.analysis.plots import subplots
 
     need = ("episode_return", "signal/val_pred_return", "signal/r_int_var")
     missing = [k for k in need if k not in metrics]
@@ -94,7 +93,7 @@ def plot_coevo_diagnostics(metrics: dict, path: str, window: int = 20, title: st
     x = np.asarray(metrics.get("env_steps", np.arange(len(ret))), np.float64)
     flag = collusion_flag(ret, pred, window=min(window, max(2, len(ret))))
 
-    fig, axes = plt.subplots(3, 1, figsize=(7, 8), sharex=True)
+    fig, axes = subplots(3, 1, figsize=(7, 8), sharex=True)
     axes[0].plot(x, ret, color="C0", label="external return (train episodes)")
     if "signal/val_ext_return" in metrics:
         axes[0].plot(x, np.asarray(metrics["signal/val_ext_return"]), color="C0", ls=":", alpha=0.7,
@@ -122,5 +121,4 @@ def plot_coevo_diagnostics(metrics: dict, path: str, window: int = 20, title: st
     fig.suptitle(title or f"co-evolution diagnostics (red: collusion flag, {int(flag.sum())} iterations)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path

@@ -12,22 +12,25 @@ import io
 import os
 from typing import Mapping, Sequence
 
-import matplotlib
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
-import numpy as np  # noqa: E402
+from coevo_jax.analysis import metrics, stats
+from coevo_jax.files import atomic_write_bytes
 
-from coevo_jax.analysis import metrics, stats  # noqa: E402
-from coevo_jax.files import atomic_write_bytes  # noqa: E402
+
+def subplots(nrows: int = 1, ncols: int = 1, figsize=None, **kwargs):
+    """``(fig, axes)`` like ``pyplot.subplots``, on a bare :class:`~matplotlib.figure.Figure`: no pyplot
+    state and no backend chosen (importing this module changes nothing in matplotlib)."""
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(nrows, ncols, **kwargs)
 
 
 def save_figure(fig, path: str, dpi: int = 110) -> str:
-    """Render ``fig`` to PNG and move it into ``path`` atomically; closes ``fig``."""
+    """Render ``fig`` to PNG and move it into ``path`` atomically."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
-    plt.close(fig)
     atomic_write_bytes(path, buf.getvalue())
     return path
 
@@ -56,7 +59,7 @@ def plot_learning_curves(panels: Mapping[str, Mapping[str, tuple]], path: str, y
     names = list(panels)
     ncols = max(1, min(ncols, len(names)))
     nrows = int(np.ceil(len(names) / ncols))
-    fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.4 * nrows), squeeze=False)
+    fig, axes = subplots(nrows, ncols, figsize=(4.6 * ncols, 3.4 * nrows), squeeze=False)
     for ax, name in zip(axes.ravel(), names):
         for i, (label, (steps, curves)) in enumerate(panels[name].items()):
             curve_band(ax, steps, curves, label, stat=stat, seed=i, index=i)
@@ -84,7 +87,7 @@ def plot_metric_vs_hparam(xs: Sequence[float], lines: Mapping[str, Sequence[np.n
     ``xs``; a ``None`` entry skips that x). ``references``: label -> per-run
     scores drawn as a horizontal line at their ``stat`` with a shaded CI band.
     """
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = subplots(figsize=(6.4, 4.2))
     f = stats.iqm if stat == "iqm" else (lambda v: float(np.nanmean(v)))
     for i, (label, per_x) in enumerate(lines.items()):
         pts = [(x, f(v), *stats.bootstrap_ci(v, f, n_boot=1000, seed=i)) for x, v in zip(xs, per_x)
@@ -126,7 +129,7 @@ def plot_diagnostics(rows: Mapping[str, Mapping[str, Mapping[str, tuple]]], path
     row_names = list(rows)
     col_names = list(dict.fromkeys(c for r in row_names for c in rows[r]))
     nr, nc = max(1, len(row_names)), max(1, len(col_names))
-    fig, axes = plt.subplots(nr, nc, figsize=(4.4 * nc, 3.0 * nr), squeeze=False)
+    fig, axes = subplots(nr, nc, figsize=(4.4 * nc, 3.0 * nr), squeeze=False)
     for i, r in enumerate(row_names):
         for j, c in enumerate(col_names):
             ax = axes[i, j]
@@ -200,7 +203,7 @@ def plot_interval_estimates(groups: Mapping[str, Mapping[str, np.ndarray]], path
     group (e.g. environment), one row per label (method), a dot at ``stat`` of
     the per-run scores and a bar for its 95% bootstrap CI."""
     names = list(groups)
-    fig, axes = plt.subplots(1, max(1, len(names)), figsize=(4.2 * max(1, len(names)), 0.45 * max(
+    fig, axes = subplots(1, max(1, len(names)), figsize=(4.2 * max(1, len(names)), 0.45 * max(
         (len(g) for g in groups.values()), default=1) + 1.4), squeeze=False)
     f = stats.iqm if stat == "iqm" else (lambda v: float(np.nanmean(v)))
     for ax, name in zip(axes.ravel(), names):
