@@ -60,6 +60,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from coevo_jax.episodes import MAX_WINDOW
+from coevo_jax.fit import refit_when
 from coevo_jax.params import INF, hyperparams, param, unit
 
 
@@ -204,16 +205,8 @@ def gated_update(signal: Signal, do_update: jax.Array, state, traj, policy: Poli
     then runs (for the whole batch, each run keeping its result only if its own
     ``do_update`` holds) exactly on the iterations where some run needs it.
     """
-    def run(s):
-        return signal.update(s, traj, policy, hp, key)
-
-    out_shape = jax.eval_shape(run, state)
-
-    def skip(s):
-        return s, jax.tree.map(lambda m: jnp.zeros(m.shape, m.dtype), out_shape[1])
-
     if axis_name is None:
-        state, metrics = jax.lax.cond(do_update, run, skip, state)
+        state, metrics = refit_when(do_update, lambda s: signal.update(s, traj, policy, hp, key), state)
     else:
         def run_selected(s):
             # a run that does not refit now is computed at K = 1 (its result is discarded): under compute-matched
@@ -223,7 +216,7 @@ def gated_update(signal: Signal, do_update: jax.Array, state, traj, policy: Poli
             return jax.tree.map(keep, new, s), jax.tree.map(lambda m: keep(m, jnp.zeros_like(m)), metrics)
 
         any_update = jax.lax.psum(do_update.astype(jnp.int32), axis_name) > 0
-        state, metrics = jax.lax.cond(any_update, run_selected, skip, state)
+        state, metrics = refit_when(any_update, run_selected, state)
     return state, {**metrics, "updated": do_update.astype(jnp.float32)}
 
 
