@@ -384,7 +384,7 @@ def _k_sensitivity():
 @pytest.mark.parametrize("argv, msg", [
     (["--k", "0"], "K=0"),
     (["--k", "4,-1"], "K=-1"),
-    (["--methods", "ppo,nonsense"], "StaticConfig.method='nonsense' is not one of ppo, dense"),
+    (["--methods", "ppo,nonsense"], "unknown method 'nonsense'; registered methods: ppo, dense"),
     (["--env", "NoSuchEnv"], "unknown environment 'NoSuchEnv'"),
     (["--task", "doorkey99"], "--task: unknown 'doorkey99'; choose from"),
     (["--total-steps", "-5"], "--total-steps=-5"),
