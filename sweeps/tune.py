@@ -190,7 +190,7 @@ def tuning_record(args, stages, method: str, steps: int, pick: dict) -> dict:
     s1, s2, ev = (stage[0] for stage in stages)
     row = next(r for r in ev.summary if r["arm"] == method)
     v, space = pick["verdict"], tuning.search_space(method)
-    return {"pick": dict(pick["config"]), "rule": tuning.RULE, "final_rule": tuning.FINAL_RULE, "num_configs": args.num_configs,
+    return {"rule": tuning.RULE, "final_rule": tuning.FINAL_RULE, "num_configs": args.num_configs,
             "tune_seeds": s1.study.num_seeds, "tune_base_seed": s1.study.base_seed, "sample_seed": args.sample_seed,
             "finalists": len(pick["finalists"]), "finalist_seeds": s2.study.num_seeds,
             "finalist_base_seed": s2.study.base_seed,
@@ -290,7 +290,7 @@ def report(args, stages) -> str:
                               " --replace-tuned records its values without running anything") from None
         note = (f"recorded in {os.path.relpath(args.admitted)} for {task.task}: {', '.join(methods)}"
                 f" (values changed: {', '.join(changed) or 'none'})")
-    repro = reproduction_section(args, records) if args.reproduces else ""
+    repro = reproduction_section(args, records, {m: picks[m]["config"] for m in methods}) if args.reproduces else ""
     return (f"Tuning protocol on {task.task} ({task.env}, {steps} env steps). Stage 1: {args.num_configs}"
             f" configurations per method x {args.tune_seeds} seeds (base seed {bases[0]}); rule: {tuning.RULE}."
             f" Stage 2: the best {args.finalists} x {args.finalist_seeds} fresh seeds (base seed {bases[1]}); rule:"
@@ -303,7 +303,7 @@ def report(args, stages) -> str:
             + "\n\n".join(sections) + learned + repro)
 
 
-def reproduction_section(args, records: dict) -> str:
+def reproduction_section(args, records: dict, picks: dict) -> str:
     """Markdown: per method, this run's pick and evaluation against ``--reproduces``'s (its ``tuning.json``),
     and whether the evaluations' 95% CIs of final success overlap."""
     from coevo_jax.analysis.tables import format_table
@@ -325,7 +325,7 @@ def reproduction_section(args, records: dict) -> str:
                      f"success IQM [95% CI] ({o['tune_base_seed']})": f"{o['eval_final_success_iqm']:.3f} [{b_lo:.3f},"
                                                                        f" {b_hi:.3f}]",
                      f"pick ({rec['tune_base_seed']}, {rec['finalist_base_seed']})":
-                         ", ".join(f"{f}={v:g}" for f, v in records[m]["pick"].items()),
+                         ", ".join(f"{f}={v:g}" for f, v in picks[m].items()),
                      f"success IQM [95% CI] ({rec['tune_base_seed']})": f"{rec['eval_final_success_iqm']:.3f}"
                                                                           f" [{a_lo:.3f}, {a_hi:.3f}]",
                      "CIs overlap": "yes" if a_lo <= b_hi and b_lo <= a_hi else "NO"})
