@@ -63,6 +63,13 @@ def test_rliable_statistics_against_hand_values():
         x = np.round(np.random.default_rng(n).exponential(size=n), n % 3)  # ties too
         assert stats.iqm(x) == pytest.approx(float(aggregate_iqm(x[:, None])), rel=1e-12, abs=1e-15), n
     assert np.isnan(stats.iqm([np.nan]))
+    # P(X > Y) is rliable's probability_of_improvement at every size, ties included
+    from rliable.metrics import probability_of_improvement
+    for n, m in ((1, 1), (3, 7), (12, 12), (20, 16)):
+        rng_n = np.random.default_rng(n + m)
+        x, y = np.round(rng_n.random(n), 1), np.round(rng_n.random(m), 1)
+        want = float(np.ravel(probability_of_improvement(x[:, None], y[:, None]))[0])
+        assert stats.pairwise_improvement(x, y) == pytest.approx(want, abs=1e-12), (n, m)
     s = stats.summarize(np.arange(20.0))
     assert s["ci_low"] <= s["iqm"] <= s["ci_high"] and s["mean"] == pytest.approx(9.5)
     rng = np.random.default_rng(0)

@@ -62,13 +62,13 @@ def bootstrap_ci(x: np.ndarray, stat=np.mean, n_boot: int = 2000, alpha: float =
 def probability_of_improvement(x: np.ndarray, y: np.ndarray, n_boot: int = 2000, alpha: float = 0.05,
                                seed: int = 0) -> dict:
     """P(X > Y) (ties count half) of per-run scores ``x [R]`` over ``y [R']``
-    (rliable's ``probability_of_improvement``) with its percentile bootstrap CI:
-    ``{"p", "ci_low", "ci_high"}``."""
+    (rliable's ``probability_of_improvement``, computed by :func:`pairwise_improvement`, equal to it and
+    ~10x faster per resample) with its percentile bootstrap CI (rliable's): ``{"p", "ci_low", "ci_high"}``."""
     x, y = _finite(x), _finite(y)
     if len(x) == 0 or len(y) == 0:
         return {"p": float("nan"), "ci_low": float("nan"), "ci_high": float("nan")}
-    point, ci = _interval_estimates({"xy": (x[:, None], y[:, None])}, metrics.probability_of_improvement, n_boot,
-                                    alpha, seed)
+    point, ci = _interval_estimates({"xy": (x[:, None], y[:, None])},
+                                    lambda a, b: np.array([pairwise_improvement(a[:, 0], b[:, 0])]), n_boot, alpha, seed)
     low, high = np.ravel(ci["xy"])
     return {"p": float(np.ravel(point["xy"])[0]), "ci_low": float(low), "ci_high": float(high)}
 
