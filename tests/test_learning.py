@@ -2,7 +2,7 @@
 wrong way or a broken update would fail, where every other test could still pass.
 
 * PPO solves CartPole-v1 (gymnax's, through the adapter): every seed's mean return over the last
-  iterations >= 400 (random: ~22) after 196,608 env steps.
+  iterations >= 400 (random: ~22) after 131,072 env steps.
 * Every reward method learns KeyDoor-5x5 with a 60-step limit at the values ``sweeps/tune.py`` tuned
   for it there (doorkey5-t60 of ``sweeps/admitted_tasks.json``): final success >= 0.5 on each seed,
   random 0.08. The methods that run on one compiled program (``dense`` on ``ppo``'s, ``coevo-ranking`` on
@@ -46,7 +46,7 @@ def _run(static, env, params, hps: list, seed: int = 0) -> dict:
 
 def test_ppo_solves_cartpole():
     env, params = envs_jax.make("CartPole-v1")
-    static = cj.StaticConfig(method="ppo", num_envs=16, rollout_len=64, total_steps=196_608, update_epochs=4,
+    static = cj.StaticConfig(method="ppo", num_envs=16, rollout_len=64, total_steps=131_072, update_epochs=4,
                              num_minibatches=4)
     m = _run(static, env, params, [cj.default_hparams("ppo", lr=2.5e-3)] * 2)
     final = _final(m["episode_return"], m["episodes"], 10)
