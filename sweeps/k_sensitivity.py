@@ -255,7 +255,19 @@ def report(args, results) -> str:
             f" (resolution {result.summary[0]['steps_resolution']} env steps); oscillation = variance of"
             " the return curve over the last 25% of iterations; credit weight = what multiplies the raw"
             " potential difference gamma Phi(s') - Phi(s) in the policy's reward: beta_int, divided by the credit's"
-            " running return RMS on the normalised lines (mean over seeds of the last 25% of iterations)\n" + table)
+            " running return RMS on the normalised lines (mean over seeds of the last 25% of iterations)\n" + table
+            + withdrawn_note(args, result.study.name))
+
+
+def withdrawn_note(args, task: str) -> str:
+    """A line saying the table cannot rank methods when ``task`` fails the admission rule at its tuned
+    values (``withdrawn`` in ``--admitted``); ``""`` otherwise (or for ``--env``)."""
+    from _study.admitted import load_admitted
+
+    admitted = load_admitted(args.admitted)
+    why = admitted[task].withdrawn if task in admitted and args.env is None else ""
+    return (f"\n\n**{task} is withdrawn** ({why}): at the tuned values it fails the admission rule of"
+            " sweeps/calibrate.py, so this table cannot rank the methods." if why else "")
 
 
 def credit_weight(result, idx) -> float | str:
