@@ -408,5 +408,5 @@ def test_the_k_study_runs_the_tunings_settings_and_its_row_at_the_tuned_k_is_the
         assert dict(arm.fixed).items() >= {f: v for f, v in task.hparams(m).items() if f != "k"}.items()
     # a task that fails the admission rule at its tuned values is said to be unable to rank the methods
     args = ks.build_parser().parse_args([])
-    assert "doorkey5-t60 is withdrawn (at tuned values" in ks.withdrawn_note(args, "doorkey5-t60")
+    assert "**doorkey5-t60 is withdrawn** (at tuned values" in ks.withdrawn_note(args, "doorkey5-t60")
     assert ks.withdrawn_note(args, "chain-l16-n05") == ""
