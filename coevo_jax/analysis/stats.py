@@ -67,8 +67,10 @@ def probability_of_improvement(x: np.ndarray, y: np.ndarray, n_boot: int = 2000,
     x, y = _finite(x), _finite(y)
     if len(x) == 0 or len(y) == 0:
         return {"p": float("nan"), "ci_low": float("nan"), "ci_high": float("nan")}
-    point, ci = _interval_estimates({"xy": (x[:, None], y[:, None])},
-                                    lambda a, b: np.array([pairwise_improvement(a[:, 0], b[:, 0])]), n_boot, alpha, seed)
+    def statistic(a, b):
+        return np.array([pairwise_improvement(a[:, 0], b[:, 0])])
+
+    point, ci = _interval_estimates({"xy": (x[:, None], y[:, None])}, statistic, n_boot, alpha, seed)
     low, high = np.ravel(ci["xy"])
     return {"p": float(np.ravel(point["xy"])[0]), "ci_low": float(low), "ci_high": float(high)}
 

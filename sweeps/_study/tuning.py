@@ -217,17 +217,14 @@ def finalist_rows(configs: list[dict], stage1: np.ndarray, stage2: np.ndarray, f
     AUCs, ``final [F, S2]`` final success), and P(pick > it) [95% CI] on the AUC (rliable)."""
     from coevo_jax.analysis import stats
 
-    rows = []
-    for i, config in enumerate(configs):
-        s2 = np.where(np.isfinite(stage2[i]), stage2[i], 0.0)
-        row = {"finalist": i + 1, "pick": "PICK" if i == pick else "",
-               "values": ", ".join(f"{f}={v:g}" for f, v in config.items()),
-               "stage-1 AUC": float(np.nan_to_num(stage1[i]).mean()), "stage-2 AUC IQM [95% CI]": stats.iqm_text(s2, digits=3),
-               "final success IQM [95% CI]": stats.iqm_text(final[i], digits=3)}
-        s_pick = np.where(np.isfinite(stage2[pick]), stage2[pick], 0.0)
-        row["P(pick > it) [95% CI]"] = "-" if i == pick else stats.improvement_cell(s_pick, s2)
-        rows.append(row)
-    return rows
+    s2 = np.where(np.isfinite(stage2), stage2, 0.0)
+    return [{"finalist": i + 1, "pick": "PICK" if i == pick else "",
+             "values": ", ".join(f"{f}={v:g}" for f, v in config.items()),
+             "stage-1 AUC": float(np.nan_to_num(stage1[i]).mean()),
+             "stage-2 AUC IQM [95% CI]": stats.iqm_text(s2[i], digits=3),
+             "final success IQM [95% CI]": stats.iqm_text(final[i], digits=3),
+             "P(pick > it) [95% CI]": "-" if i == pick else stats.improvement_cell(s2[pick], s2[i])}
+            for i, config in enumerate(configs)]
 
 
 def pick_verdict(stage2: np.ndarray, pick: int) -> dict:
