@@ -10,7 +10,6 @@ import warnings
 
 import numpy as np
 from rliable import library as rly
-from rliable import metrics
 from scipy.stats import trim_mean
 
 
