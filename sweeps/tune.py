@@ -187,6 +187,8 @@ def _verdict_text(pick: dict, space: dict) -> str:
 
 def tuning_record(args, stages, method: str, steps: int, pick: dict) -> dict:
     """How ``method``'s values were chosen, for the admitted-task file and ``tuning.json``."""
+    from coevo_jax.analysis.stats import iqm
+
     s1, s2, ev = (stage[0] for stage in stages)
     row = next(r for r in ev.summary if r["arm"] == method)
     v, space = pick["verdict"], tuning.search_space(method)
@@ -196,7 +198,7 @@ def tuning_record(args, stages, method: str, steps: int, pick: dict) -> dict:
             "finalist_base_seed": s2.study.base_seed,
             "space": {f: list(r) for f, r in space.items()}, "total_steps": steps,
             "tuning_auc_success": float(np.nan_to_num(pick["stage1"][pick["index"]]).mean()),
-            "finalist_auc_success_iqm": float(stats_iqm(pick["stage2"][pick["index"]])),
+            "finalist_auc_success_iqm": iqm(np.nan_to_num(pick["stage2"][pick["index"]])),
             "p_pick_over_runner_up": {k: float(v[k]) for k in ("p", "ci_low", "ci_high")},
             "confident": bool(v["confident"]), "beaten_by": [pick["finalists"][i] for i in v["beaten_by"]],
             "edge": tuning.edge_fields(pick["config"], space),
@@ -205,12 +207,6 @@ def tuning_record(args, stages, method: str, steps: int, pick: dict) -> dict:
             "eval_final_success_ci": [float(row["final_success_ci_low"]), float(row["final_success_ci_high"])],
             "eval_auc_success_iqm":
                 float(row["auc_success_iqm"]), "date": time.strftime("%Y-%m-%d", time.gmtime())}
-
-
-def stats_iqm(x) -> float:
-    from coevo_jax.analysis.stats import iqm
-
-    return iqm(np.nan_to_num(np.asarray(x, np.float64)))
 
 
 def report(args, stages) -> str:

@@ -191,13 +191,13 @@ def config_scores(success: np.ndarray, env_steps: np.ndarray, setting: np.ndarra
 def select_config(scores: np.ndarray) -> int:
     """:data:`RULE` on ``scores [configs, seeds]`` (AUC of success): the index of the highest
     mean over seeds (a NaN counts 0), the first on ties."""
-    scores = np.asarray(scores, np.float64)
-    return int(np.argmax(np.where(np.isfinite(scores), scores, 0.0).mean(-1)))
+    return finalists(scores, 1)[0]
 
 
 def finalists(scores: np.ndarray, n: int) -> list[int]:
     """The ``n`` best configurations of stage 1 by :data:`RULE` on ``scores [configs, seeds]``, best
     first (a NaN counts 0; ties: the earlier sample)."""
+    scores = np.asarray(scores, np.float64)
     mean = np.where(np.isfinite(scores), scores, 0.0).mean(-1)
     return [int(i) for i in np.argsort(-mean, kind="stable")[:n]]
 
