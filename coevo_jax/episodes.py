@@ -123,11 +123,11 @@ def max_len_of(buf: EpisodeBuffer | Segments) -> int:
 
 
 def env_time_limit(env, env_params) -> int | None:
-    """The environment's time limit in steps, ``params.max_steps`` (``env_params``,
+    """The environment's time limit in steps, ``params.max_steps_in_episode`` (``env_params``,
     else ``env.default_params``; the largest over a batch of params), or ``None``
-    when neither is given or the params have no ``max_steps``."""
+    when neither is given or the params have no ``max_steps_in_episode``."""
     params = env_params if env_params is not None else (None if env is None else env.default_params)
-    limit = getattr(params, "max_steps", None)
+    limit = getattr(params, "max_steps_in_episode", None)
     return None if limit is None else int(np.max(np.asarray(limit)))
 
 
@@ -145,7 +145,7 @@ def episode_window(name: str, given: int | None, env, env_params) -> int:
     if given is None:
         if not known:
             raise ConfigError(f"StaticConfig.{name} is None but the env declares no time limit of at most {MAX_WINDOW}"
-                              f" steps (max_steps={limit}): give {name} explicitly")
+                              f" steps (max_steps_in_episode={limit}): give {name} explicitly")
         return limit
     if known and given < limit:
         raise ConfigError(f"StaticConfig.{name}={given} is shorter than the env's time limit {limit}: the buffer"

@@ -293,10 +293,10 @@ class UtteranceTransformer(TransformerActorCritic):
 def exchange_slots(env, env_params) -> int:
     """The exchange slots :class:`ExchangeBag` needs for ``env``: on a
     turn-level text env the opening message plus one exchange per turn
-    (``env_params.max_steps + 1``), so no slot is always empty (the encoder's
+    (``env_params.max_steps_in_episode + 1``), so no slot is always empty (the encoder's
     cost grows with the slots; empty ones change nothing but cost); else 32."""
     if isinstance(env.unwrapped, TurnEnv):
-        return int(env_params.max_steps) + 1
+        return int(env_params.max_steps_in_episode) + 1
     return 32
 
 

@@ -28,7 +28,7 @@ class Trajectory(NamedTuple):
     """One rollout. Leading axes ``[T, N]`` on every field.
 
     ``next_obs[t]`` is the observation the step produced before any auto-reset
-    (``info["final_obs"]``), so ``next_obs[t] == obs[t+1]`` unless the episode
+    (``info["final_observation"]``), so ``next_obs[t] == obs[t+1]`` unless the episode
     ended at ``t``. ``next_value`` is the critic on ``next_obs`` (bootstraps
     truncated episodes). ``cont_value`` is the critic on the observation the
     env continues from after step ``t`` (after any auto-reset): ``value[t+1]``
@@ -55,6 +55,7 @@ class Trajectory(NamedTuple):
     episode_success: jax.Array  # [T, N]
     legal_mask: Any = None  # [T, N, A] bool legal actions at obs[t] (envs with a legal-action mask), else None
     cont_value: Any = None  # [T, N] critic on the observation after step t, after any auto-reset (see above)
+    probs: Any = None  # [T, N, A] the policy's action probabilities at obs[t] (legal actions only), as it acted
 
 
 def flatten_time(traj_field: jax.Array) -> jax.Array:
@@ -92,18 +93,18 @@ def current_legal_mask(env, env_params, env_state) -> jax.Array | None:
 
 
 def sample_action(logits: jax.Array, key: jax.Array, mask: jax.Array | None = None):
-    """``logits [N, A] -> (action [N] int32, logp [N])``, sampling only actions
-    where ``mask`` [N, A] is True when given."""
+    """``logits [N, A] -> (action [N] int32, logp [N], probs [N, A])``, sampling only
+    actions where ``mask`` [N, A] is True when given."""
     dist = distrax.Categorical(logits=mask_logits(logits, mask))
     action = dist.sample(seed=key)
-    return action.astype(jnp.int32), dist.log_prob(action)
+    return action.astype(jnp.int32), dist.log_prob(action), dist.probs
 
 
 def policy_step(network: nn.Module, params, obs: jax.Array, key: jax.Array, mask: jax.Array | None = None):
-    """Sample actions. ``obs [N, ...] -> (action [N], logp [N], value [N], features [N, H])``."""
+    """Sample actions. ``obs [N, ...] -> (action [N], logp [N], probs [N, A], value [N], features [N, H])``."""
     logits, value, features = network.apply(params, obs)
-    action, logp = sample_action(logits, key, mask)
-    return action, logp, value, features
+    action, logp, probs = sample_action(logits, key, mask)
+    return action, logp, probs, value, features
 
 
 def env_step(env, env_params, env_state, action: jax.Array, key: jax.Array):
@@ -116,7 +117,7 @@ def env_step(env, env_params, env_state, action: jax.Array, key: jax.Array):
     dense = info["dense_reward"] if "dense_reward" in info else reward
     fields = dict(
         reward=reward, dense_reward=dense.astype(jnp.float32), terminated=term, truncated=trunc,
-        next_obs=info["final_obs"], episode_done=info["returned_episode"],
+        next_obs=info["final_observation"], episode_done=info["returned_episode"],
         episode_return=info["returned_episode_returns"],
         episode_length=info["returned_episode_lengths"].astype(jnp.float32),
         episode_success=info["returned_episode_success"],
@@ -142,10 +143,11 @@ def rollout(network: nn.Module, params, env, env_params, state: RolloutState, ke
     def one_step(carry, step_key):
         ro, mask = carry
         k_act, k_env = jax.random.split(step_key)
-        action, logp, value, features = policy_step(network, params, ro.obs, k_act, mask)
+        action, logp, probs, value, features = policy_step(network, params, ro.obs, k_act, mask)
         obs, env_state, fields = env_step(env, env_params, ro.env_state, action, k_env)
         next_mask = fields.pop("next_legal_mask")
-        step = dict(obs=ro.obs, action=action, logp=logp, value=value, features=features, legal_mask=mask, **fields)
+        step = dict(obs=ro.obs, action=action, logp=logp, probs=probs, value=value, features=features,
+                    legal_mask=mask, **fields)
         return (RolloutState(env_state, obs), next_mask), step
 
     mask = current_legal_mask(env, env_params, state.env_state)
@@ -165,7 +167,7 @@ def _rollout_cached(network, params, env, env_params, state: RolloutState, key, 
     """The key-value-cached path of :func:`rollout`.
 
     Per step: act on the outputs for the current buffers and step the env;
-    then decode ``final_obs`` (its value bootstraps truncated episodes; for
+    then decode ``final_observation`` (its value bootstraps truncated episodes; for
     running episodes it is the next buffer itself, so its outputs are the next
     step's): one token for every env (the agent's), then, on a compacted
     sub-batch, the rest of the tokens of the envs whose turn ended (the
@@ -181,7 +183,7 @@ def _rollout_cached(network, params, env, env_params, state: RolloutState, key, 
         ro, mask, out, cache = carry
         logits, value, features = out
         k_act, k_env = jax.random.split(step_key)
-        action, logp = sample_action(logits, k_act, mask)
+        action, logp, probs = sample_action(logits, k_act, mask)
         obs, env_state, fields = env_step(env, env_params, ro.env_state, action, k_env)
         next_mask = fields.pop("next_legal_mask")
         final = fields["next_obs"]
@@ -193,7 +195,7 @@ def _rollout_cached(network, params, env, env_params, state: RolloutState, key, 
             out_final, cache = decode(chunk)(cache, final)
         reset = jnp.logical_or(fields["terminated"], fields["truncated"])
         out, cache = decode_rows(decode(chunk), cache, obs, out_final, reset, reset_group)
-        step = dict(obs=ro.obs, action=action, logp=logp, value=value, features=features,
+        step = dict(obs=ro.obs, action=action, logp=logp, probs=probs, value=value, features=features,
                     next_value=out_final[1], cont_value=out[1], legal_mask=mask, **fields)
         return (RolloutState(env_state, obs), next_mask, out, cache), step
 

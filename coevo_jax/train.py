@@ -21,8 +21,7 @@ from coevo_jax.packing import pack_windows
 from coevo_jax.ppo import PPOBatch, explained_variance, ppo_update, stream_advantages
 from coevo_jax.registry import method_spec
 from coevo_jax.rollout import RolloutState, Trajectory, flatten_time, rollout
-from coevo_jax.signals import PolicyView, Signal, SignalParams, check_env_outputs, gated_update, make_signal
-from coevo_jax.transformer import TransformerActorCritic
+from coevo_jax.signals import REFIT_STEPS, PolicyView, Signal, SignalParams, check_env_outputs, gated_update, make_signal
 from envs_jax.core import EpisodeStats
 
 
@@ -87,11 +86,12 @@ def episode_metrics(traj: Trajectory, last_return, last_success):
 
 
 def _token_chunk(enabled: bool, network, env) -> int | None:
-    """``env.max_tokens_per_step`` when ``enabled``, the policy is the
-    transformer (the network with ``decode_step`` and ``score_packed``) and the
-    env declares how many tokens one step can add; else ``None``."""
+    """``env.max_tokens_per_step`` when ``enabled``, the policy declares
+    ``decodes_incrementally`` (it has ``init_cache``, ``decode_step`` and
+    ``score_packed``, as :class:`~coevo_jax.transformer.TransformerActorCritic`)
+    and the env declares how many tokens one step can add; else ``None``."""
     chunk = env.max_tokens_per_step
-    if not enabled or not isinstance(network, TransformerActorCritic) or chunk is None:
+    if not enabled or not getattr(network, "decodes_incrementally", False) or chunk is None:
         return None
     return int(chunk)
 
@@ -230,7 +230,7 @@ class Trainer:
         )
         ep_metrics, last_return, last_success = episode_metrics(traj, state.last_return, state.last_success)
 
-        refit_total = state.refit_steps + upd_metrics.get("refit_steps", jnp.float32(0.0))
+        refit_total = state.refit_steps + upd_metrics.get(REFIT_STEPS, jnp.float32(0.0))
         new = TrainState(params, opt_state, sig_state, ro_state, key, state.iteration + 1, state.diverged,
                          last_return, last_success, refit_total)
         sig_metrics = {**obs_metrics, **upd_metrics, **r_metrics}

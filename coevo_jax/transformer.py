@@ -135,6 +135,9 @@ class Block(nn.Module):
 class TransformerActorCritic(nn.Module):
     """Causal pre-LN transformer actor-critic; see the module docstring."""
 
+    #: the loop's token paths (KV-cache rollouts, packed updates) use any network that declares this and
+    #: provides ``init_cache``, ``decode_step`` and ``score_packed`` with these signatures
+    decodes_incrementally = True
     num_actions: int
     vocab_size: int
     d_model: int = 64

@@ -4,13 +4,17 @@
 six values with ``terminated`` and ``truncated``) and older ones (five values
 ``obs, state, reward, done, info``; a ``done`` raised at the time limit counts
 as ``truncated``). Observations are cast to float32 and flattened. The adapter
-steps the inner ``step_env`` and resets itself, so ``info["final_obs"]`` is
+steps the inner ``step_env`` and resets itself, so ``info["final_observation"]`` is
 always the observation the step reached (the old ``step`` only returns the
 reset one). The inner ``info`` is dropped: adapted envs report none of the
 optional outputs (``optional_outputs = ()``).
 
 ``from_xminigrid(env, params)`` (from :mod:`envs_jax.minigrid`) does the same
 for XLand-MiniGrid environments.
+
+The other way: :class:`FiveValueStep` turns any gymnax 1.0 environment (this
+package's or gymnax's own) into the pre-1.0 five-value ``step`` that code
+written for older gymnax (PureJaxRL's ``ppo.py`` and its wrappers) unpacks.
 """
 from __future__ import annotations
 
@@ -34,7 +38,7 @@ class GymnaxState:
 @struct.dataclass
 class GymnaxParams:
     inner: Any
-    max_steps: int = struct.field(pytree_node=False, default=500)
+    max_steps_in_episode: int = struct.field(pytree_node=False, default=500)
 
 
 class GymnaxAdapter(Environment):
@@ -84,7 +88,7 @@ class GymnaxAdapter(Environment):
     def step(self, key, state, action, params=None):
         """One transition with auto-reset, done here rather than by the inner
         ``step``: the inner ``step_env`` (no reset), the flags, then the inner
-        ``reset_env`` selected where the episode ended, so ``info["final_obs"]``
+        ``reset_env`` selected where the episode ended, so ``info["final_observation"]``
         is the true pre-reset observation for both ``step`` signatures (the old
         five-value ``step`` hands back only the reset one)."""
         params = self.default_params if params is None else params
@@ -96,7 +100,8 @@ class GymnaxAdapter(Environment):
         select = lambda re, st: jax.tree.map(lambda r, s: jnp.where(ended, r, s), re, st)
         new = GymnaxState(select(inner_re, inner_st), jnp.where(ended, 0, state.time + 1).astype(jnp.int32))
         obs = self._obs(select(obs_re, obs_st))
-        return obs, new, jnp.asarray(reward, jnp.float32), term, trunc, {"final_obs": self._obs(obs_st)}
+        info = {"terminated": term, "truncated": trunc, "final_observation": self._obs(obs_st)}
+        return obs, new, jnp.asarray(reward, jnp.float32), term, trunc, info
 
     def _flags(self, done, inner_st, time, params):
         """``(terminated, truncated)`` from ``step_env``'s ``done`` flag. gymnax
@@ -106,11 +111,36 @@ class GymnaxAdapter(Environment):
         if self._six:
             trunc = jnp.asarray(self._env.is_truncated(inner_st, params.inner), jnp.bool_)
             return done, jnp.logical_and(trunc, jnp.logical_not(done))
-        timeout = time >= params.max_steps
+        timeout = time >= params.max_steps_in_episode
         return jnp.logical_and(done, jnp.logical_not(timeout)), jnp.logical_and(done, timeout)
 
     def render(self, state, params=None) -> str:
         return f"{self.name} state: {jax.tree.map(lambda x: jnp.round(x, 3), state.inner)}"
+
+
+class FiveValueStep:
+    """A gymnax 1.0 environment behind the pre-1.0 ``step``: ``(obs, state,
+    reward, done, info)`` with ``done = terminated | truncated`` (the old
+    ``done``, which included the time limit) and ``info`` without the three keys
+    1.0 added (``terminated``, ``truncated``, ``final_observation``). Everything
+    else is the wrapped env's. The same adapter serves gymnax's own CartPole and
+    every environment of this package."""
+
+    NEW_INFO_KEYS = ("terminated", "truncated", "final_observation")
+
+    def __init__(self, env: Any):
+        self._env = env
+
+    def __getattr__(self, name):
+        return getattr(self._env, name)
+
+    def reset(self, key, params=None):
+        return self._env.reset(key, params)
+
+    def step(self, key, state, action, params=None):
+        obs, state, reward, terminated, truncated, info = self._env.step(key, state, action, params)
+        info = {k: v for k, v in info.items() if k not in self.NEW_INFO_KEYS}
+        return obs, state, reward, jnp.logical_or(terminated, truncated), info
 
 
 def from_gymnax(env: Any, params: Any = None) -> GymnaxAdapter:

@@ -34,7 +34,9 @@ one-hot is all zeros unless ``show_choice = 1``: by default (as in the chain of
 Raposo et al.) the states after the choice look the same whatever was chosen,
 so a critic cannot carry the outcome back to the choice by bootstrapping; only
 returns that span the whole chain (or a model of which step caused the
-outcome) can.
+outcome) can. With ``hide_cue = 1`` (the memory chain) the cue one-hot is all
+zeros after the first step too, so a reward of "action = cue" can be paid only
+at the choice: a learned reward that helps must find the decision.
 
 Host-side ground truth: :func:`choice_credit` (the outcome on the choice step
 when it was correct, 0 elsewhere: the difference in expected return between
@@ -62,16 +64,20 @@ class DelayedChainParams(EnvParams):
     distractor reward on every step after the choice (0: none);
     ``outcome_reward``: paid on the last step for a correct choice;
     ``shaping_scale``, ``shaping_gamma``: the oracle's shaping (module docstring);
-    ``show_choice``: 1 to observe the choice made, 0 (default) not to.
+    ``show_choice``: 1 to observe the choice made, 0 (default) not to;
+    ``hide_cue``: 1 to show the cue on the first step only (the memory chain:
+    afterwards its one-hot is all zeros, so nothing after the choice tells
+    which action was right), 0 (default) to show it on every step.
     """
 
-    max_steps: int = 32
+    max_steps_in_episode: int = 32
     length: int = 32
     noise_std: float = 1.0
     outcome_reward: float = 1.0
     shaping_scale: float = 1.0
     shaping_gamma: float = 0.99
     show_choice: int = 0
+    hide_cue: int = 0
 
 
 @struct.dataclass
@@ -112,8 +118,8 @@ class DelayedChain(Environment):
         p = DelayedChainParams().replace(**param_overrides)
         if int(p.length) < 2:
             raise ValueError(f"length must be >= 2 (the choice and one more step), got {p.length}")
-        if "max_steps" not in param_overrides:
-            p = p.replace(max_steps=int(p.length))
+        if "max_steps_in_episode" not in param_overrides:
+            p = p.replace(max_steps_in_episode=int(p.length))
         self._params = p
 
     @property
@@ -133,7 +139,8 @@ class DelayedChain(Environment):
     def observe(self, state: DelayedChainState, params: DelayedChainParams) -> Array:
         k = self.num_choices
         frac = jnp.clip(state.time.astype(jnp.float32) / jnp.asarray(params.length, jnp.float32), 0.0, 1.0)
-        return jnp.concatenate([jax.nn.one_hot(state.cue, k, dtype=jnp.float32),
+        shown = jnp.logical_or(params.hide_cue == 0, state.time == 0)
+        return jnp.concatenate([jax.nn.one_hot(jnp.where(shown, state.cue, -1), k, dtype=jnp.float32),
                                 jax.nn.one_hot(jnp.where(params.show_choice != 0, state.choice, -1), k,
                                                dtype=jnp.float32),  # all zeros for -1
                                 frac[None]])
@@ -185,7 +192,7 @@ def cue_matches(obs: jax.Array, action: jax.Array, after_choice_only) -> jax.Arr
     after the choice (elapsed fraction > 0), where actions have no effect; 0 elsewhere. The
     hand-written "action = cue" bonus of the chain's controls (:mod:`coevo_jax.signals.placebo`)."""
     k = (obs.shape[-1] - 1) // 2
-    match = jnp.argmax(obs[..., :k], -1) == action
+    match = jnp.logical_and(jnp.argmax(obs[..., :k], -1) == action, obs[..., :k].max(-1) > 0)  # a cue shown
     after = obs[..., -1] > 0.0
     where = jnp.logical_or(jnp.asarray(after_choice_only) == 0, after)
     return jnp.logical_and(match, where).astype(jnp.float32)

@@ -1,21 +1,26 @@
-"""The environment API: gymnax 1.0 shape, auto-reset, spaces and wrappers.
+"""The environment API: gymnax 1.0 environments, auto-reset, and wrappers.
 
-An environment is a stateless object whose methods are pure functions of
+Every environment is a ``gymnax.environments.environment.Environment`` with
+gymnax's spaces, params (``max_steps_in_episode``) and six-value ``step``, so
+gymnax's own wrappers (``gymnax.wrappers.purerl``) and code written for gymnax
+take it unchanged. An environment is a stateless object whose methods are pure functions of
 ``(key, state, action, params)``; every array lives in ``state`` or ``params``
 (flax struct dataclasses), so ``jax.jit`` and ``jax.vmap`` apply directly.
 
 ``step`` auto-resets: when an episode ends, the returned ``obs``/``state``
-already belong to the next episode and ``info["final_obs"]`` holds the
+already belong to the next episode and ``info["final_observation"]`` holds the
 observation the step produced before the reset (for a step that does not end an
-episode it equals ``obs``). Time limits set ``truncated``; failing or finishing
-the task sets ``terminated``; the two are never both true.
+episode it equals ``obs``); ``info["terminated"]`` and ``info["truncated"]``
+repeat the two flags, as gymnax's envs report them. Time limits set
+``truncated``; failing or finishing the task sets ``terminated``; here the two
+are never both true (a stricter rule than gymnax's).
 
 An environment declares what it offers beyond the base API in class
 attributes, which wrappers forward (read them, never probe with ``hasattr``):
 ``optional_outputs`` and ``max_tokens_per_step`` (below). ``env.unwrapped`` is
 the innermost environment (the env itself when it is not a wrapper).
 
-Beyond ``final_obs``, an environment may report the optional ``info`` keys of
+Beyond ``final_observation``, an environment may report the optional ``info`` keys of
 :data:`OPTIONAL_OUTPUTS`; it declares those it reports in ``optional_outputs``,
 which :func:`provides` reads:
 
@@ -37,6 +42,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import struct
+from gymnax.environments import environment as gymnax_env
+from gymnax.environments import spaces
 
 Array = jax.Array
 
@@ -45,71 +52,33 @@ OPTIONAL_OUTPUTS = ("dense_reward", "success", "legal_mask")
 
 
 # ----------------------------------------------------------------------------- spaces
-@struct.dataclass
-class Discrete:
-    """``n`` integer actions ``0..n-1`` (int32 scalars)."""
-
-    n: int = struct.field(pytree_node=False)
-    dtype: Any = struct.field(pytree_node=False, default=jnp.int32)
-    shape: tuple = struct.field(pytree_node=False, default=())
-
-    def sample(self, key: Array) -> Array:
-        """Uniform sample, shape ``()``."""
-        return jax.random.randint(key, (), 0, self.n, dtype=self.dtype)
-
-    def contains(self, x: Array) -> Array:
-        """True if ``x`` is an integer scalar in ``[0, n)``."""
-        x = jnp.asarray(x)
-        ok_dtype = jnp.issubdtype(x.dtype, jnp.integer)
-        return jnp.logical_and(ok_dtype and x.shape == (), jnp.logical_and(x >= 0, x < self.n))
-
-
-@struct.dataclass
-class Box:
-    """Arrays of ``shape`` with every element in ``[low, high]``."""
-
-    low: float = struct.field(pytree_node=False)
-    high: float = struct.field(pytree_node=False)
-    shape: tuple = struct.field(pytree_node=False)
-    dtype: Any = struct.field(pytree_node=False, default=jnp.float32)
-
-    def sample(self, key: Array) -> Array:
-        """Uniform sample of ``shape`` (integers for integer dtypes)."""
-        if jnp.issubdtype(self.dtype, jnp.integer):
-            return jax.random.randint(key, self.shape, int(self.low), int(self.high) + 1, dtype=self.dtype)
-        lo = jnp.maximum(jnp.float32(self.low), -1e6)
-        hi = jnp.minimum(jnp.float32(self.high), 1e6)
-        return jax.random.uniform(key, self.shape, jnp.float32, lo, hi).astype(self.dtype)
-
-    def contains(self, x: Array) -> Array:
-        """True if ``x`` has this shape and lies within the bounds."""
-        x = jnp.asarray(x)
-        if x.shape != tuple(self.shape):
-            return jnp.bool_(False)
-        return jnp.all(jnp.logical_and(x >= self.low, x <= self.high))
+#: gymnax's own spaces (``Discrete(n)``, ``Box(low, high, shape, dtype)``), so that
+#: gymnax's wrappers, which check ``isinstance(space, gymnax.environments.spaces.Box)``, accept ours.
+Discrete = spaces.Discrete
+Box = spaces.Box
 
 
 # ----------------------------------------------------------------------------- base
 @struct.dataclass
-class EnvParams:
-    """Parameters every environment has; subclasses add their own leaves."""
+class EnvParams(gymnax_env.EnvParams):
+    """Parameters every environment has (gymnax's): the time limit; subclasses add their own leaves."""
 
-    max_steps: int = 100
+    max_steps_in_episode: int = 100
 
 
 @struct.dataclass
-class EnvState:
-    """State every environment has: the step counter within the episode."""
+class EnvState(gymnax_env.EnvState):
+    """State every environment has (gymnax's): the step counter within the episode."""
 
     time: Array
 
 
-class Environment:
+class Environment(gymnax_env.Environment):
     """Base class. Subclasses implement ``reset_env``, ``step_env``,
     ``default_params``, ``action_space`` and ``observation_space``.
 
     ``step_env(key, state, action, params) -> (obs, state, reward, terminated, info)``
-    must increment ``state.time``; truncation at ``params.max_steps`` and the
+    must increment ``state.time``; truncation at ``params.max_steps_in_episode`` and the
     auto-reset are added here. ``info`` must hold the same keys on every step.
 
     ``optional_outputs`` names exactly the keys of :data:`OPTIONAL_OUTPUTS`
@@ -161,20 +130,20 @@ class Environment:
         """One transition with auto-reset.
 
         Returns ``(obs, state, reward, terminated, truncated, info)``; ``reward``
-        float32 ``()``, flags bool ``()``; ``info["final_obs"]`` is the
-        observation before any reset.
+        float32 ``()``, flags bool ``()``; as in gymnax 1.0, ``info`` also holds
+        ``"terminated"``, ``"truncated"`` and ``"final_observation"`` (the
+        observation before any reset).
         """
         params = self.default_params if params is None else params
         key_step, key_reset = jax.random.split(key)
         obs_st, state_st, reward, terminated, info = self.step_env(key_step, state, action, params)
         terminated = jnp.asarray(terminated, jnp.bool_)
-        truncated = jnp.logical_and(state_st.time >= params.max_steps, jnp.logical_not(terminated))
+        truncated = jnp.logical_and(state_st.time >= params.max_steps_in_episode, jnp.logical_not(terminated))
         done = jnp.logical_or(terminated, truncated)
         obs_re, state_re = self.reset_env(key_reset, params)
         state = jax.tree.map(lambda r, s: jnp.where(done, r, s), state_re, state_st)
         obs = jax.tree.map(lambda r, s: jnp.where(done, r, s), obs_re, obs_st)
-        info = dict(info)
-        info["final_obs"] = obs_st
+        info = {**info, "terminated": terminated, "truncated": truncated, "final_observation": obs_st}
         return obs, state, jnp.asarray(reward, jnp.float32), terminated, truncated, info
 
 
@@ -292,8 +261,8 @@ class DelayedRewardParams:
     reward_freq: Array = struct.field(default_factory=lambda: jnp.int32(20))
 
     @property
-    def max_steps(self):
-        return self.env.max_steps
+    def max_steps_in_episode(self):
+        return self.env.max_steps_in_episode
 
 
 @struct.dataclass

@@ -18,7 +18,7 @@ that shortcut:
 
 The wrapper is built on the inner env's ``reset_env``/``step_env``; the one
 auto-reset is the base class's, around the wrapper's own ``step_env``.
-``params.max_steps`` (read by that base class, and by anything that asks for the
+``params.max_steps_in_episode`` (read by that base class, and by anything that asks for the
 episode length) is ``H``: at ``time == H`` the wrapper reports ``terminated``,
 and the base class only truncates a step that did not terminate, so its time
 limit can never fire first (and ``time`` never exceeds ``H``, as the episode
@@ -77,14 +77,14 @@ def check_horizon(horizon: Any) -> int:
 class FixedHorizonParams:
     """``env``: the wrapped env's params; ``horizon``: ``H``, the exact episode
     length (a leaf, so it can be swept under ``jax.vmap``). The wrapper always
-    hands the inner env ``env.replace(max_steps=horizon)``. ``max_steps``
+    hands the inner env ``env.replace(max_steps_in_episode=horizon)``. ``max_steps``
     (read-only) is ``H``: see the module docstring for why."""
 
     env: Any
     horizon: int = 100
 
     @property
-    def max_steps(self):
+    def max_steps_in_episode(self):
         return self.horizon
 
 
@@ -167,10 +167,10 @@ class FixedHorizon(Wrapper):
     def wrap_params(self, env_params: Any, horizon: int | None = None) -> FixedHorizonParams:
         """Params for this wrapper around the inner ``env_params`` (their time limit set to the horizon)."""
         h = self._horizon if horizon is None else check_horizon(horizon)
-        return FixedHorizonParams(env=env_params.replace(max_steps=h), horizon=h)
+        return FixedHorizonParams(env=env_params.replace(max_steps_in_episode=h), horizon=h)
 
     def _inner_params(self, params):
-        return None if params is None else params.env.replace(max_steps=params.horizon)
+        return None if params is None else params.env.replace(max_steps_in_episode=params.horizon)
 
     def _inner_state(self, state):
         return state.env_state
@@ -200,7 +200,7 @@ class FixedHorizon(Wrapper):
         env_params = self._inner_params(params)
         obs, env_state, reward, terminated, info = self._env.step_env(key, state.env_state, action, env_params)
         reward = jnp.asarray(reward, jnp.float32)
-        ended = jnp.logical_or(jnp.asarray(terminated, jnp.bool_), env_state.time >= env_params.max_steps)
+        ended = jnp.logical_or(jnp.asarray(terminated, jnp.bool_), env_state.time >= env_params.max_steps_in_episode)
         success = jnp.asarray(info["success"], jnp.bool_) if provides(self._env, "success") else jnp.bool_(False)
         new = advance(state, obs, env_state, reward, ended, success, info)
         paid, at_horizon = payout(new, params.horizon)

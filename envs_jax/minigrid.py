@@ -17,10 +17,10 @@ are spelled out in :mod:`envs_jax.minigrid_grid` (checked against ``xminigrid`` 
 Semantics (xminigrid's ``TimeStep``: ``step_type`` LAST ends an episode,
 ``discount == 0`` marks termination): ``terminated`` is the task ending (goal
 reached; in ``Memory`` also the wrong object); the time limit
-``params.max_steps`` (by default xminigrid's, e.g. ``10 * H * W`` on DoorKey)
+``params.max_steps_in_episode`` (by default xminigrid's, e.g. ``10 * H * W`` on DoorKey)
 sets ``truncated``, never both. The reward is xminigrid's ``1 - 0.9 t / T`` on
 success, else 0. ``info["success"]``: terminated with a positive reward.
-Auto-reset and ``info["final_obs"]`` come from :class:`~envs_jax.core.Environment`.
+Auto-reset and ``info["final_observation"]`` come from :class:`~envs_jax.core.Environment`.
 The MiniGrid ports with xminigrid's generic ``step`` are stepped by
 :func:`minigrid_step`, the same transition without the rule and goal
 dispatch that the generic step evaluates in full (see :class:`MiniGridAdapter`).
@@ -91,18 +91,18 @@ class MiniGridParams:
     """``inner``: the xminigrid ``EnvParams`` (its fields are static: height,
     width, view_size, ...). ``max_steps`` (static): the time limit ``T``, also
     the ``T`` of the reward; it overrides ``inner.max_steps`` (every call into
-    xminigrid gets :func:`xminigrid_params`), so ``params.replace(max_steps=...)``
+    xminigrid gets :func:`xminigrid_params`), so ``params.replace(max_steps_in_episode=...)``
     and ``envs_jax.make(name, max_steps=...)`` change both."""
 
     inner: Any
-    max_steps: int = struct.field(pytree_node=False, default=100)
+    max_steps_in_episode: int = struct.field(pytree_node=False, default=100)
 
 
 def xminigrid_params(params: MiniGridParams) -> Any:
     """The xminigrid ``EnvParams`` of ``params``, with ``max_steps`` from ``params``."""
-    if params.inner.max_steps == params.max_steps:
+    if params.inner.max_steps == params.max_steps_in_episode:
         return params.inner
-    return params.inner.replace(max_steps=int(params.max_steps))
+    return params.inner.replace(max_steps=int(params.max_steps_in_episode))
 
 
 @struct.dataclass

@@ -27,8 +27,8 @@ def make(name: str, **kwargs) -> tuple[Environment, Any]:
     """``(env, default_params)`` for a registered name.
 
     ``reward_freq=D`` wraps the environment in :class:`DelayedReward`;
-    ``max_steps=T`` sets the time limit in the returned params (every env has
-    one); ``fixed_horizon=H`` wraps it in
+    ``max_steps=T`` sets the time limit in the returned params
+    (``params.max_steps_in_episode``, gymnax's field; every env has one); ``fixed_horizon=H`` wraps it in
     :class:`~envs_jax.horizon.FixedHorizon` (every episode exactly ``H`` steps;
     ``max_steps``, if also given, must equal ``H``; a delay wraps outside it);
     ``give_up=True`` adds :class:`~envs_jax.give_up.GiveUp`'s action that ends
@@ -56,7 +56,7 @@ def make(name: str, **kwargs) -> tuple[Environment, Any]:
     if max_steps is not None:
         if int(max_steps) != max_steps or max_steps < 1:
             raise ValueError(f"max_steps must be an integer >= 1, got {max_steps}")
-        params = params.replace(max_steps=int(max_steps))
+        params = params.replace(max_steps_in_episode=int(max_steps))
     if give_up:
         env = GiveUp(env)
     if fixed_horizon is not None:

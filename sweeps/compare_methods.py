@@ -106,7 +106,7 @@ def studies(args) -> list:
         arms = [task.arm(m) for m in methods]
         if controls:
             arms += [task.arm(TUNED_CONTROLS[c].method, c, dict(TUNED_CONTROLS[c].fixed), tuned_as=c)
-                     for c in controls_for(task.env)]
+                     for c in controls_for(task.env, task.env_kwargs)]
             arms += [task.arm(m, label, tuned_as=like) for label, (m, like) in PLACEBOS.items()]
         if controls:
             arms += task.own_ppo_arms([m for m in methods if m not in ("ppo", "dense")])

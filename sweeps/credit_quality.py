@@ -92,7 +92,7 @@ def spearman_curves(result) -> dict:
     for arm in study.arms:
         trainer = trainer_for(result, arm.name)
         models = models or keydoor_models(trainer.env.unwrapped.size)
-        hp, max_steps = result.hparams(arm.name), int(trainer.env_params.max_steps)
+        hp, max_steps = result.hparams(arm.name), int(trainer.env_params.max_steps_in_episode)
         chunk = chunk_length(arm.static.num_iterations, study.num_chunks)
         snapshots = range(1, arm.static.num_iterations // chunk + 1)
         # every snapshot in one batch of runs: each network is compiled once per arm

@@ -61,13 +61,13 @@ def random_success(name: str, kwargs: dict, episodes: int, seed: int = 0) -> tup
             return (state, ended | term | trunc, success, length), None
 
         init = (state, jnp.bool_(False), jnp.bool_(False), jnp.int32(0))
-        (_, _, success, length), _ = jax.lax.scan(step, init, jax.random.split(key, int(params.max_steps)))
+        (_, _, success, length), _ = jax.lax.scan(step, init, jax.random.split(key, int(params.max_steps_in_episode)))
         return success, length
 
     success, length = jax.jit(jax.vmap(episode))(jax.random.split(jax.random.key(seed), episodes))
     rate = float(success.mean())
     mean_len = float((length * success).sum() / max(int(success.sum()), 1))
-    return rate, mean_len, int(params.max_steps)
+    return rate, mean_len, int(params.max_steps_in_episode)
 
 
 def main(argv=None) -> None:

@@ -105,7 +105,7 @@ def _setup(args):
     from coevo_jax.registry import registered_methods
 
     task, _ = chosen_task(args)
-    methods = options.names(args.methods, "--methods", registered_methods() + tuple(controls_for(task.env)))
+    methods = options.names(args.methods, "--methods", registered_methods() + tuple(controls_for(task.env, task.env_kwargs)))
     for name, value, low in (("--num-configs", args.num_configs, tuning.MIN_CONFIGS),
                              ("--finalists", args.finalists, tuning.MIN_FINALISTS),
                              ("--finalist-seeds", args.finalist_seeds, tuning.MIN_FINALIST_SEEDS)):

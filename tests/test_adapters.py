@@ -1,5 +1,5 @@
 """The gymnax adapter: both ``step`` signatures, terminated vs truncated, and
-``info["final_obs"]`` holding the observation the step reached (not the reset one)."""
+``info["final_observation"]`` holding the observation the step reached (not the reset one)."""
 import gymnax
 import jax
 import jax.numpy as jnp
@@ -103,14 +103,14 @@ def _rollout(env, actions, seed=0):
     out = []
     for t, a in enumerate(actions):
         obs, state, r, term, trunc, info = env.step(jax.random.PRNGKey(seed + 1 + t), state, jnp.int32(a), params)
-        out.append((obs, r, term, trunc, info["final_obs"]))
+        out.append((obs, r, term, trunc, info["final_observation"]))
     return [np.stack([np.asarray(o[i]) for o in out]) for i in range(5)]
 
 
 # ----------------------------------------------------------------------------- tests
 @pytest.mark.parametrize("cls", [Walk, OldWalk])
 def test_final_obs_is_the_state_reached_on_time_out(cls):
-    """Standing still for 4 steps: the 4th is a time-out whose ``final_obs`` is
+    """Standing still for 4 steps: the 4th is a time-out whose ``final_observation`` is
     ``[0, 4]`` (the reached state), while ``obs`` is the reset ``[0, 0]``."""
     adapter = from_gymnax(cls())
     assert adapter._six == (cls is Walk)
@@ -144,7 +144,7 @@ def test_done_at_the_time_limit():
 
 def test_cartpole_time_out_final_obs_both_apis():
     """CartPole cut at 5 steps: both APIs agree step by step, and the time-out's
-    ``final_obs`` is what the inner ``step_env`` reached, not the reset observation."""
+    ``final_observation`` is what the inner ``step_env`` reached, not the reset observation."""
     genv, gparams = gymnax.make("CartPole-v1")
     gparams = gparams.replace(max_steps_in_episode=5)
     new, old = from_gymnax(genv, gparams), from_gymnax(OldStyle(genv), gparams)

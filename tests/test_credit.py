@@ -42,16 +42,16 @@ def test_keydoor_optimal_advantage_on_a_layout(keydoor):
     assert dist[cfg(nxt[best])] == d0 - 1
     obs = np.stack([np.asarray(observe(state))] * 2)
     next_obs = np.stack([np.asarray(observe(nxt[best])), np.asarray(observe(state))])
-    adv = gt.keydoor_optimal_advantages(obs, next_obs, np.array([False, False]), 5, int(p.max_steps))
-    np.testing.assert_allclose(adv, [0.0, -0.9 / int(p.max_steps)], atol=1e-7)
+    adv = gt.keydoor_optimal_advantages(obs, next_obs, np.array([False, False]), 5, int(p.max_steps_in_episode))
+    np.testing.assert_allclose(adv, [0.0, -0.9 / int(p.max_steps_in_episode)], atol=1e-7)
     # any leading shape: a [T, N] batch gives [T, N]
     adv_tn = gt.keydoor_optimal_advantages(obs[:, None], next_obs[:, None], np.zeros((2, 1), bool), 5,
-                                           int(p.max_steps))
+                                           int(p.max_steps_in_episode))
     np.testing.assert_array_equal(adv_tn, adv[:, None])
     # credit that ranks like A* correlates perfectly
     assert cr.credit_correlation(np.array([1.0, -1.0, 0.5]), np.concatenate([obs, obs[:1]]),
                                  np.concatenate([next_obs, next_obs[1:]]), np.zeros(3, bool), 5,
-                                 int(p.max_steps)) == pytest.approx(np.sqrt(3) / 2)
+                                 int(p.max_steps_in_episode)) == pytest.approx(np.sqrt(3) / 2)
 
 
 def test_potential_grid_places_values_and_writes_png(keydoor, tmp_path):

@@ -23,13 +23,13 @@ N = 128  # episodes per batched run
 
 
 def _episodes(env, params, mode, key, n=N):
-    """``n`` whole episodes' worth of steps (``params.max_steps`` from a reset)
+    """``n`` whole episodes' worth of steps (``params.max_steps_in_episode`` from a reset)
     under policy ``mode`` (0 uniform random, 1 the scripted expert, 2 / 3 on
     DelayedChain: the correct / a wrong first choice, then random), one compiled
     program per env. Returns numpy ``obs [n, T, D]``, ``action, reward, dense,
     done, success, flag, terminated [n, T]`` (``flag``: ``info["key_picked"]``
     or ``info["choice_correct"]``)."""
-    return _runner(env, int(params.max_steps))(params, jnp.int32(mode), jax.random.split(key, n))
+    return _runner(env, int(params.max_steps_in_episode))(params, jnp.int32(mode), jax.random.split(key, n))
 
 
 @functools.lru_cache(maxsize=None)
@@ -98,7 +98,7 @@ def ktd():
 
 def test_keytodoor_phases_teleport_and_render(ktd):
     env, params = ktd
-    assert int(params.max_steps) == int(params.key_steps + params.apple_steps + params.door_steps)
+    assert int(params.max_steps_in_episode) == int(params.key_steps + params.apple_steps + params.door_steps)
     obs, state = jax.jit(env.reset, compiler_options=OPT0)(jax.random.PRNGKey(3), params)
     assert obs.shape == env.observation_space(params).shape
     assert "K" in env.render(state, params) and "phase: key" in env.render(state, params)
@@ -122,7 +122,7 @@ def test_keytodoor_door_pays_only_with_the_key(ktd):
     for has_key in (False, True):
         s = base.replace(has_key=jnp.bool_(has_key))
         obs, s2, r, term, trunc, info = _step(env)(jax.random.PRNGKey(1), s, jnp.int32(1), params)  # step right
-        outcomes[has_key] = (float(r), bool(term), bool(info["success"]), np.asarray(info["final_obs"]))
+        outcomes[has_key] = (float(r), bool(term), bool(info["success"]), np.asarray(info["final_observation"]))
     assert outcomes[True][:3] == (float(params.door_reward), True, True)
     r, term, success, final = outcomes[False]
     assert (r, term, success) == (0.0, False, False)
@@ -133,7 +133,7 @@ def test_keytodoor_door_pays_only_with_the_key(ktd):
 def test_keytodoor_random_runs_jit_vmap_and_zero_variance(ktd):
     env, params = ktd
     obs, act, r, dense, done, success, picked, term = _episodes(env, params, 0, jax.random.PRNGKey(0))
-    T = int(params.max_steps)
+    T = int(params.max_steps_in_episode)
     assert obs.shape == (N, T, env.observation_space(params).shape[0])
     first = _first_episode(done)
     assert (done & first).sum(1).tolist() == [1] * N  # every row holds one whole episode
@@ -189,7 +189,7 @@ def test_keytodoor_scripted_expert_always_opens_the_door(ktd):
 def test_keytodoor_fixed_horizon_pays_the_door_once_and_keeps_success_to_the_time_limit(ktd):
     env, params = ktd
     fixed = params.replace(door_ends_episode=0, apple_reward=0.0)
-    T = int(params.max_steps)
+    T = int(params.max_steps_in_episode)
     _, _, r, _, done, success, picked, term = _episodes(env, fixed, 1, jax.random.PRNGKey(7))  # the expert
     assert not term.any() and done[:, T - 1].all() and not done[:, : T - 1].any()  # every episode lasts T steps
     np.testing.assert_allclose(r.sum(1), float(params.door_reward))  # the door pays once, nothing after it
@@ -209,7 +209,7 @@ def test_keytodoor_params_are_checked():
     with pytest.raises(ValueError, match="unknown KeyToDoor parameter"):
         envs_jax.make("KeyToDoor-Distractor", apples=3)
     _, p = envs_jax.make("KeyToDoor-Distractor", apple_steps=4, max_steps=12)
-    assert int(p.max_steps) == 12 and int(p.apple_steps) == 4
+    assert int(p.max_steps_in_episode) == 12 and int(p.apple_steps) == 4
 
 
 # ----------------------------------------------------------------------------- delayed chain

@@ -31,7 +31,7 @@ def _random_run(env, params, key, steps=STEPS, num_envs=3, compiler_options=None
             obs, state = carry
             ka, ks = jax.random.split(k)
             obs2, state2, r, term, trunc, info = env.step(ks, state, space.sample(ka), params)
-            return (obs2, state2), ((obs, obs2, r, term, trunc, info["final_obs"]), info)
+            return (obs2, state2), ((obs, obs2, r, term, trunc, info["final_observation"]), info)
 
         _, (out, infos) = jax.lax.scan(step, (obs0, state), jax.random.split(key, steps))
         return obs0, out, jax.tree.map(lambda x: x[0], infos)
@@ -89,7 +89,7 @@ def test_contract_traced(name):
 
     obs0, (obs, _, rew, term, trunc, info) = jax.eval_shape(run, jax.random.PRNGKey(0))
     space = env.observation_space(params)
-    assert obs0.shape == obs.shape == info["final_obs"].shape == tuple(space.shape)
+    assert obs0.shape == obs.shape == info["final_observation"].shape == tuple(space.shape)
     assert obs0.dtype == obs.dtype == space.dtype
     assert rew.dtype == jnp.float32 and term.dtype == jnp.bool_ and trunc.dtype == jnp.bool_
     assert set(info) & set(OPTIONAL_OUTPUTS) == set(env.optional_outputs)

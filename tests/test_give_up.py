@@ -38,7 +38,7 @@ def test_give_up_twice_ends_the_episode_with_nothing(pair):
     _, state4, *_ = step(jax.random.PRNGKey(4), state3, env.give_up_action)
     _, state5, r, term, trunc, info = step(jax.random.PRNGKey(5), state4, env.give_up_action)
     assert bool(term) and not bool(trunc) and float(r) == 0.0 and not bool(info["success"])
-    np.testing.assert_array_equal(info["final_obs"], obs1)  # the current observation, not a stepped one
+    np.testing.assert_array_equal(info["final_observation"], obs1)  # the current observation, not a stepped one
     assert int(state5.time) == 0 and not bool(state5.armed)  # auto-reset
     assert float(info["dense_reward"]) == pytest.approx(-phi) and -phi > 0  # Phi < 0 away from the goal
 

@@ -16,7 +16,7 @@ from envs_jax.grid import (
 from envs_jax.grid.keydoor import KeyDoorState, config_of, subgoal_distance, transition
 
 SIZES = (5, 6, 8)
-INFO_KEYS = {"success", "dense_reward", "phase", "final_obs"}
+INFO_KEYS = {"success", "dense_reward", "phase", "terminated", "truncated", "final_observation"}
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -107,9 +107,9 @@ def test_registered_spaces_and_info_keys(name, dim, n_actions):
     info = out[-1]
     assert set(info) == INFO_KEYS
     assert info["success"].dtype == jnp.bool_ and info["phase"].dtype == jnp.int32
-    assert info["dense_reward"].dtype == jnp.float32 and info["final_obs"].shape == (dim,)
+    assert info["dense_reward"].dtype == jnp.float32 and info["final_observation"].shape == (dim,)
     expected_T = 200 if name == "FourRooms" else 10 * int(name[-1]) ** 2
-    assert int(params.max_steps) == expected_T
+    assert int(params.max_steps_in_episode) == expected_T
 
 
 # ----------------------------------------------------------------------------- BFS ground truth
@@ -256,7 +256,7 @@ def test_scripted_shortest_path_policy(size):
     reward's shaping pays every one of them."""
     name = f"KeyDoor-{size}x{size}"
     env, params, fns = _env(name)
-    T = int(params.max_steps)
+    T = int(params.max_steps_in_episode)
     _, all_states = _resets(name)
     for group in range(20 // B):
         states = _slice(all_states, group * B, (group + 1) * B)
@@ -332,7 +332,7 @@ def test_dense_reward_is_discounted_potential_shaping(name, max_steps, gamma):
     Phi(s_0)``, a goal-reaching step pays exactly ``-Phi(s)``, a time-out keeps
     ``Phi(s_T)``, and ``Phi`` lies in ``[-shaping_scale, 0]``."""
     env, params, _ = _env(name)
-    params = params.replace(max_steps=max_steps, shaping_gamma=gamma)
+    params = params.replace(max_steps_in_episode=max_steps, shaping_gamma=gamma)
     shaping, phi, phi_reached, term, trunc = _shaping_rollout(name, params)
     assert term.sum() >= 3 and trunc.sum() >= 3  # both kinds of episode end occur
     scale = float(params.shaping_scale)
@@ -434,7 +434,7 @@ def test_jit_vmap_step_matches_unjitted():
     through truncations and auto-resets (FourRooms' batched step is checked
     against exact ground truth in the optimal-play test)."""
     env, params, fns = _env("KeyDoor-5x5")
-    params = params.replace(max_steps=2)  # force truncation and auto-reset within the run
+    params = params.replace(max_steps_in_episode=2)  # force truncation and auto-reset within the run
     states = _slice(_resets("KeyDoor-5x5")[1], 0, B)
     rng = np.random.default_rng(0)
     saw_reset = False

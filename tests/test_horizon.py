@@ -183,7 +183,7 @@ def test_success_only_on_step_h_iff_the_task_was_solved(random_run, reference):
 
 def test_final_obs_at_the_horizon_and_held_while_absorbed(random_run, reference):
     obs, r, term, trunc, info = random_run
-    obs, final, phase = _episodes(obs), _episodes(info["final_obs"]), _episodes(info["phase"])
+    obs, final, phase = _episodes(obs), _episodes(info["final_observation"]), _episodes(info["phase"])
     # before H, final_obs is obs (no reset); at H it is the inner episode's last observation
     # and obs is the next episode's reset observation
     np.testing.assert_array_equal(final[:, :, :-1], obs[:, :, :-1])
@@ -217,7 +217,7 @@ def test_scripted_goal_early_still_waits_for_h(keydoor, inputs, random_run):
     assert not term[:-1].any() and term[-1] and not trunc.any()
     assert (r[:-1] == 0).all() and r[-1] == pytest.approx(1 - 0.9 * d / H)
     assert not info["success"][:-1].any() and info["success"][-1]
-    assert (obs[d - 1:-1] == obs[d - 1]).all() and (info["final_obs"][-1] == obs[d - 1]).all()
+    assert (obs[d - 1:-1] == obs[d - 1]).all() and (info["final_observation"][-1] == obs[d - 1]).all()
     assert (obs[d - 2] != obs[d - 1]).any()  # it moved onto the goal on step d
 
 
@@ -251,7 +251,7 @@ class Toy(Environment):
 
     @property
     def default_params(self):
-        return EnvParams(max_steps=1000)
+        return EnvParams(max_steps_in_episode=1000)
 
     def action_space(self, params=None):
         return Discrete(4)
@@ -268,7 +268,7 @@ class Toy(Environment):
 
     def step_env(self, key, state, action, params):
         count = state.count + (action == 1)
-        time = jnp.where(action == 3, jnp.maximum(state.time + 1, params.max_steps), state.time + 1)
+        time = jnp.where(action == 3, jnp.maximum(state.time + 1, params.max_steps_in_episode), state.time + 1)
         new = ToyState(time=time.astype(jnp.int32), count=count.astype(jnp.int32))
         reward = jnp.where(action == 1, 1.0, jnp.where(action == 2, -1.0, 0.0))
         success = count >= 3
@@ -318,7 +318,7 @@ def toy():
 def test_toy_accumulates_holds_info_and_masks(toy):
     env, (obs, r, term, trunc, info, inner) = toy
     params = env.default_params
-    assert params.env.max_steps == 6 and params.max_steps == 6
+    assert params.env.max_steps_in_episode == 6 and params.max_steps_in_episode == 6
     assert not trunc.any()
     info = {k: v[0] for k, v in info.items()}
     np.testing.assert_array_equal(r[0], [0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0])
@@ -326,7 +326,7 @@ def test_toy_accumulates_holds_info_and_masks(toy):
     np.testing.assert_array_equal(info["success"], [0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0])
     np.testing.assert_array_equal(info["count"], [1, 1, 2, 3, 3, 3, 1, 1, 1, 1, 1, 1])  # held while absorbed
     np.testing.assert_allclose(info["dense_reward"], [.5, .5, .5, .5, 0, 3, .5, .5, 0, 0, 0, 0])
-    np.testing.assert_array_equal(info["final_obs"][:, 0], [1, 2, 3, 4, 4, 4, 1, 2, 2, 2, 2, 2])
+    np.testing.assert_array_equal(info["final_observation"][:, 0], [1, 2, 3, 4, 4, 4, 1, 2, 2, 2, 2, 2])
     # the inner state is frozen while absorbed (its clock too), and reset at each horizon
     np.testing.assert_array_equal(inner.time[0], [1, 2, 3, 4, 4, 0, 1, 2, 2, 2, 2, 0])
     np.testing.assert_array_equal(inner.count[0], [1, 1, 2, 3, 3, 0, 1, 1, 1, 1, 1, 0])
@@ -366,15 +366,15 @@ def test_step_without_jit_matches_jit(toy):
 def test_make_and_wrapper_arguments(keydoor):
     env, params = keydoor
     assert isinstance(env, FixedHorizon) and env.name == f"{NAME}-Horizon{H}"
-    assert params.max_steps == params.horizon == params.env.max_steps == H
+    assert params.max_steps_in_episode == params.horizon == params.env.max_steps_in_episode == H
     assert env.optional_outputs == env.unwrapped.optional_outputs and env.max_tokens_per_step is None
-    assert env.observation_space(params) == env.unwrapped.observation_space(params.env)
+    assert repr(env.observation_space(params)) == repr(env.unwrapped.observation_space(params.env))
     assert env.action_space(params).n == 6 and not provides(env, "legal_mask")
     same, p2 = envs_jax.make(NAME, fixed_horizon=H, max_steps=H)
-    assert p2.env.max_steps == H
+    assert p2.env.max_steps_in_episode == H
     delayed, p3 = envs_jax.make(NAME, fixed_horizon=40, reward_freq=7)
     assert isinstance(delayed, envs_jax.DelayedReward) and isinstance(delayed._env, FixedHorizon)
-    assert p3.max_steps == p3.env.horizon == p3.env.env.max_steps == 40
+    assert p3.max_steps_in_episode == p3.env.horizon == p3.env.env.max_steps_in_episode == 40
     with pytest.raises(ValueError, match="max_steps=50 disagrees with fixed_horizon=40"):
         envs_jax.make(NAME, fixed_horizon=40, max_steps=50)
     for bad in (0, -3, 2.5, "ten"):

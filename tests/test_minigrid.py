@@ -1,5 +1,5 @@
 """The xminigrid adapter (``envs_jax.minigrid``): registration, episode-end
-semantics, ``final_obs``, success under a scripted expert, the DoorKey shaping,
+semantics, ``final_observation``, success under a scripted expert, the DoorKey shaping,
 the lean step against xminigrid's own, rendering and training.
 
 Compiles dominate on a 2-core CPU, so the tests share two programs: one
@@ -77,7 +77,7 @@ def _program():
             rec = dict(
                 state=state, action=action, reward=r, term=term, trunc=trunc, success=info["success"],
                 phase=info["phase"], shaping=info["dense_reward"] - r, length=length + 1, next_time=nxt.time,
-                final_hash=_obs_hash(info["final_obs"]), obs_hash=_obs_hash(obs2),
+                final_hash=_obs_hash(info["final_observation"]), obs_hash=_obs_hash(obs2),
                 obs_in_space=env.observation_space(params).contains(obs2),
             )
             return (obs2, nxt, jnp.where(term | trunc, 0, length + 1)), rec

@@ -79,7 +79,7 @@ def test_optimal_policy_values_follow_the_shortest_path():
 def _monte_carlo_start_value(layout, config, T, episodes=4096):
     """Discounted return of uniform-random actions from ``config`` in the real env (jitted)."""
     env = KeyDoor(layout.walls.shape[0])
-    params = env.default_params.replace(max_steps=T)
+    params = env.default_params.replace(max_steps_in_episode=T)
     n = layout.walls.shape[0]
     x, y, d, k, o = np.unravel_index(config, (n, n, 4, 2, 2))
     start = jax.tree.map(jnp.asarray, layout.replace(agent_pos=np.array([x, y], np.int32), agent_dir=np.int32(d),
@@ -150,7 +150,7 @@ def test_dense_shaping_is_the_envs_dense_reward():
     from coevo_jax.analysis.credit_quality import config_states, dense_shaping, keydoor_models
 
     env, models = KeyDoor(5), keydoor_models(5)
-    params = env.default_params.replace(max_steps=60, shaping_gamma=0.9)
+    params = env.default_params.replace(max_steps_in_episode=60, shaping_gamma=0.9)
     shaping = dense_shaping(env, params, models)
     layouts = keydoor_layouts(5)
     states = jax.tree.map(lambda *x: jnp.concatenate(x), *[_states(lay, m.flat) for lay, m in zip(layouts, models)])

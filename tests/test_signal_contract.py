@@ -87,6 +87,7 @@ def synthetic_trajectory(seed: int, obs_shape, num_actions: int, heads: int, hid
         truncated=done & ~term, next_obs=obs[1:], next_value=(0.1 * rng.standard_normal(vshape)).astype(f32),
         episode_done=done, episode_return=np.where(done, reward + 0.5, 0.0).astype(f32),
         episode_length=np.where(done, 5.0, 0.0).astype(f32), episode_success=np.where(term, 1.0, 0.0).astype(f32),
+        probs=rng.dirichlet(np.ones(num_actions), (T, N)).astype(f32),
     )
     traj = traj._replace(cont_value=traj.next_value)  # next_obs = obs[t+1]: the env continues from it
     return jax.tree.map(jnp.asarray, traj)
@@ -118,7 +119,7 @@ def advantages(signal, state, traj, hp):
 @pytest.fixture(scope="module")
 def env():
     env, p = envs_jax.make("KeyDoor-5x5")
-    return env, p.replace(max_steps=6)  # short episodes: every rollout completes some, so refits have data
+    return env, p.replace(max_steps_in_episode=6)  # short episodes: every rollout completes some, so refits have data
 
 
 @pytest.fixture(scope="module")

@@ -284,7 +284,7 @@ def test_booking_dialogue_rewards_and_render():
             want = "user: bye" if 20 <= b < 24 else "user: sorry bye"
             assert last_line(env, s0, out["final_obs"][b, t_end]) == want
     # truncation by ``max_steps`` mid-turn, never together with termination
-    _, _, out_t = run("Booking", GIVEN, actions, seed=7, params=params.replace(max_steps=5))
+    _, _, out_t = run("Booking", GIVEN, actions, seed=7, params=params.replace(max_steps_in_episode=5))
     long_rows = np.r_[0:16, 24:32]  # those whose first episode lasts past 5 tokens
     assert out_t["trunc"][long_rows, 4].all() and not out_t["term"][long_rows, :5].any()
     assert not (out_t["trunc"] & out_t["term"]).any()

@@ -115,7 +115,7 @@ def runs(toy):
     """2 seeds x count_bonus in (0, 0.5), as one ``jax.jit(jax.vmap(train))``
     call of the toy, and the same batch through sparse PPO."""
     env, p = envs_jax.make("KeyDoor-5x5")
-    p = p.replace(max_steps=12)
+    p = p.replace(max_steps_in_episode=12)
     seeds = jax.random.split(jax.random.PRNGKey(0), 2)
     keys = jnp.concatenate([seeds, seeds])
     stack = lambda hps: jax.tree.map(lambda *x: jnp.stack(x), *hps)  # noqa: E731

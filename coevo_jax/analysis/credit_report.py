@@ -29,7 +29,7 @@ def _credit(static, signal_state, traj, hp):
 def credit_spearman(trainer, credit: np.ndarray, traj) -> np.ndarray:
     """Per run: Spearman correlation of ``credit [R, T, N]`` with the optimal advantage
     of the steps of ``traj`` (leaves ``[R, T, N, ...]``) on KeyDoor. ``[R]``."""
-    env, max_steps = trainer.env.unwrapped, int(trainer.env_params.max_steps)
+    env, max_steps = trainer.env.unwrapped, int(trainer.env_params.max_steps_in_episode)
     return np.array([credit_correlation(credit[r], traj.obs[r], traj.next_obs[r], traj.terminated[r], env.size,
                                         max_steps) for r in range(credit.shape[0])], np.float64)
 
@@ -58,7 +58,7 @@ def siop_credit_report(result, label: str = "siop", key=None, out: str | None = 
     potential_heatmap(jax.jit(lambda o: potential_values(static, sig, o)), env, layout, figures[0],
                       title=f"SIOP potential V(s), {env_name}, run {run} (final)")
     # one complete episode of run `run`: a rollout of 2 T + 1 steps holds at least one
-    max_steps = int(trainer.env_params.max_steps)
+    max_steps = int(trainer.env_params.max_steps_in_episode)
     one = jax.tree.map(lambda x: x[run:run + 1], states)
     long = run_state(final_rollouts(trainer, one, jax.random.fold_in(key, 1), 2 * max_steps + 1), 0)
     c = np.asarray(jax.jit(_credit, static_argnums=0)(static, sig, long, hp_r))

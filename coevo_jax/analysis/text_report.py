@@ -25,12 +25,12 @@ def expert_success(env, params, episodes: int = 256, seed: int = 0) -> float:
             state, done, success = carry
             _, ks = jax.random.split(k)  # the key layout of the random policy's steps
             _, nstate, _, term, info = env.step_env(ks, state, env.expert_action(state, params), params)
-            ended = term | (nstate.time >= params.max_steps)
+            ended = term | (nstate.time >= params.max_steps_in_episode)
             nstate = jax.tree.map(lambda x, y: jnp.where(done, x, y), state, nstate)
             return (nstate, done | ended, success | (~done & info["success"].astype(bool))), None
 
         init = (state, jnp.bool_(False), jnp.bool_(False))
-        return jax.lax.scan(body, init, jax.random.split(k1, int(params.max_steps)))[0][2]
+        return jax.lax.scan(body, init, jax.random.split(k1, int(params.max_steps_in_episode)))[0][2]
 
     keys = jax.random.split(jax.random.PRNGKey(seed), episodes)
     return float(np.mean(jax.jit(jax.vmap(episode))(keys)))
@@ -59,7 +59,7 @@ def render_episode(trainer, params, key, max_steps: int) -> str:
         ka, ks = jax.random.split(k)
         logits = mask_logits(net.apply(params, obs[None])[0][0], env.legal_mask(state, p))
         obs, state, r, term, _ = env.step_env(ks, state, jax.random.categorical(ka, logits), p)
-        return obs, state, r, term | (state.time >= p.max_steps)
+        return obs, state, r, term | (state.time >= p.max_steps_in_episode)
 
     total, t = 0.0, 0
     for t in range(max_steps):
@@ -78,6 +78,6 @@ def best_dialogue(result, finals: dict, seed: int = 0) -> str:
     run = int(np.nanargmax(np.where(np.isfinite(finals[label]), finals[label], -np.inf)))
     trainer = trainer_for(result, label)
     params = run_state(result.final_states(label).params, run)
-    text = render_episode(trainer, params, jax.random.PRNGKey(seed + 1), int(trainer.env_params.max_steps))
+    text = render_episode(trainer, params, jax.random.PRNGKey(seed + 1), int(trainer.env_params.max_steps_in_episode))
     return (f"# {result.study.env}: {label}, seed {run} (final success {finals[label][run]:.2f}), one sampled"
             f" episode\n{text}")

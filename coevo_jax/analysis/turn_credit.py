@@ -45,7 +45,7 @@ def play_dialogue(env, params, key, choose) -> dict:
     first = state
     rec = {"obs": [np.asarray(obs)], "actions": [], "rewards": [], "utterances": [], "replies": []}
     terminated = truncated = success = False
-    for t in range(int(params.max_steps)):
+    for t in range(int(params.max_steps_in_episode)):
         a = int(choose(state, t))
         key, ks = jax.random.split(key)
         obs, nstate, r, term, info = step(ks, state, jnp.int32(a))
@@ -57,7 +57,7 @@ def play_dialogue(env, params, key, choose) -> dict:
         rec["utterances"].append(utts[a].replace(" <eot>", ""))
         rec["replies"].append(decode(vocab, reply))
         terminated, success = bool(term), bool(info["success"])
-        truncated = not terminated and int(nstate.time) >= int(params.max_steps)
+        truncated = not terminated and int(nstate.time) >= int(params.max_steps_in_episode)
         state = nstate
         if terminated or truncated:
             break

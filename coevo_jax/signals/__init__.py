@@ -12,8 +12,8 @@ from envs_jax.core import provides
 
 from coevo_jax.registry import ConfigError, method_spec
 from coevo_jax.signals.base import (
-    PolicyView, RefitGateParams, ReturnScale, RewardStreams, Signal, SignalParams, gated_update, init_return_scale,
-    scale_normalise,
+    REFIT_STEPS, PolicyView, RefitGateParams, ReturnScale, RewardStreams, Signal, SignalParams, gated_update,
+    init_return_scale, scale_normalise,
 )
 
 # the built-in methods, in registration order (ppo first: it is the reference the others reduce to)
@@ -25,6 +25,7 @@ from coevo_jax.signals import meta  # noqa: F401  meta
 from coevo_jax.signals import placebo  # noqa: F401  constant, siop-shuffled (controls)
 from coevo_jax.signals import critic_shaping  # noqa: F401  siop-critic (control)
 from coevo_jax.signals import ircr  # noqa: F401  ircr
+from coevo_jax.signals import q_advantage  # noqa: F401  q-advantage
 
 
 def make_signal(static, network, env, env_params) -> Signal:

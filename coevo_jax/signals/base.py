@@ -9,7 +9,8 @@ each iteration, after collecting a ``[T, N]`` :class:`~coevo_jax.rollout.Traject
    (ICM, the RND predictor; they keep their parameters from before this
    training, and the rollout's bonus is read with those: bonus first, then train);
 2. ``update(state, traj, policy, hp, key) -> (state, metrics)``: the refit,
-   run only when ``iteration % hp.signal.k == 0`` (the loop gates it);
+   run only when ``iteration % hp.signal.k == 0`` (the loop gates it); its
+   metrics may hold :data:`REFIT_STEPS`, the one key the loop reads;
 3. ``rewards(state, traj, hp) -> (state, RewardStreams, metrics)``: the
    rewards PPO optimises, computed with the freshly updated state (the state
    comes back because the running reward scale lives in it).
@@ -106,6 +107,12 @@ class RewardStreams(NamedTuple):
     episodic: jax.Array  # [T, N]
     intrinsic: jax.Array | None = None  # [T, N] non-episodic bonus stream, or None (one critic)
     intrinsic_coef: jax.Array | float = 1.0  # weight of the intrinsic stream's *advantage*
+
+
+#: The one metric the loop reads from ``update``: the gradient steps this refit took (0 when the gate
+#: skipped it); a source that refits a model reports it, the loop sums it into the run's ``refit_steps``
+#: (its effective compute). Sources with nothing to fit leave it out.
+REFIT_STEPS = "refit_steps"
 
 
 class Signal(NamedTuple):

@@ -72,7 +72,8 @@ from coevo_jax.reward_net import (
     REWARD_NET_STATIC_CHECKS, make_reward_net, reward_inputs,
 )
 from coevo_jax.signals.base import (
-    ReturnScale, RewardStreams, Signal, SignalParams, float_metrics, init_return_scale, return_rms, scale_normalise,
+    REFIT_STEPS, ReturnScale, RewardStreams, Signal, SignalParams, float_metrics, init_return_scale, return_rms,
+    scale_normalise,
 )
 from coevo_jax.signals.learned import RewardNetParams, check_learned_static, pearson
 
@@ -173,7 +174,7 @@ def make_ircr(static, network, env, env_params) -> Signal:
             g = guidance(params, x, actions)
             metrics = {
                 "ircr_first_loss": ms["loss"][0], "ircr_loss": ms["loss"][-1], "ircr_grad_norm": ms["grad_norm"][-1],
-                "ircr_step_size": step_size, "refit_steps": steps,
+                "ircr_step_size": step_size, REFIT_STEPS: steps,
                 # the fitted per-episode mean guidance against the episode's normalised return
                 "buffer_corr": pearson(episode_means(g, mask), target, buf.valid),
             }

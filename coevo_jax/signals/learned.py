@@ -95,8 +95,8 @@ from coevo_jax.reward_net import (
 )
 from coevo_jax.rollout import flatten_time
 from coevo_jax.signals.base import (
-    RefitGateParams, ReturnScale, RewardStreams, Signal, SignalParams, float_metrics, init_return_scale, pearson,
-    return_rms, scale_normalise,
+    REFIT_STEPS, RefitGateParams, ReturnScale, RewardStreams, Signal, SignalParams, float_metrics, init_return_scale,
+    pearson, return_rms, scale_normalise,
 )
 
 METHODS = ("coevo-regression", "coevo-ranking", "coevo-novelty")
@@ -302,7 +302,7 @@ def make_learned(static, network, env, env_params) -> Signal:
             r_new, _ = net.apply(params, x, actions)
             metrics["buffer_corr"] = pearson(episode_sums(r_new, mask), ret, buf.valid)
             metrics["reward_step_size"] = step_size
-            metrics["refit_steps"] = steps
+            metrics[REFIT_STEPS] = steps
             return (params, ema_params(anchor_params, params, hp.signal.drift_ema), opt_state), float_metrics(metrics)
 
         # no complete episode (or fewer than min_refit_episodes): no step, Adam's count untouched

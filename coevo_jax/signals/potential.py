@@ -119,8 +119,8 @@ from coevo_jax.fit import fit, init_optimizer, make_optimizer, refit_steps, refi
 from coevo_jax.params import INF, default_of, grad_clip, hyperparams, param, unit, weight
 from coevo_jax.registry import MethodSpec, register_method
 from coevo_jax.signals.base import (
-    RefitGateParams, ReturnScale, RewardStreams, Signal, SignalParams, flat_obs, init_return_scale, pearson,
-    return_rms, scale_normalise,
+    REFIT_STEPS, RefitGateParams, ReturnScale, RewardStreams, Signal, SignalParams, flat_obs, init_return_scale,
+    pearson, return_rms, scale_normalise,
 )
 
 sg = jax.lax.stop_gradient
@@ -441,7 +441,7 @@ def make_potential(static, network=None, env=None, env_params=None) -> Signal:
             metrics = {f"potential_{k}": v[:, -1].mean() for k, v in terms.items()}
             metrics["potential_first_loss"] = terms["loss"][:, 0].mean()
             metrics["potential_step_size"] = potential_step_size(hp, policy.lr_frac)
-            metrics["refit_steps"] = jnp.asarray(steps, jnp.float32)
+            metrics[REFIT_STEPS] = jnp.asarray(steps, jnp.float32)
             return (params, opt_state), metrics
 
         # an empty replay (fewer than min_refit_episodes episodes): no step, Adam's count untouched

@@ -70,7 +70,7 @@ class FourRoomsParams(ShapedParams):
     discount): the shaping in ``info["dense_reward"]``, see
     :class:`~envs_jax.grid._common.ShapedParams`. All are leaves."""
 
-    max_steps: int = 200
+    max_steps_in_episode: int = 200
 
 
 @struct.dataclass
@@ -126,7 +126,7 @@ class FourRooms(Environment):
 
     @property
     def default_params(self) -> FourRoomsParams:
-        return FourRoomsParams(max_steps=200)
+        return FourRoomsParams(max_steps_in_episode=200)
 
     def action_space(self, params=None) -> Discrete:
         return Discrete(4)
@@ -173,7 +173,7 @@ class FourRooms(Environment):
         pos = jnp.where(wall, state.agent_pos, front).astype(jnp.int32)
         nxt = state.replace(agent_pos=pos, time=state.time + 1)
         success = same_cell(pos, state.goal_pos)
-        reward = jnp.where(success, goal_reward(nxt.time, params.max_steps), 0.0).astype(jnp.float32)
+        reward = jnp.where(success, goal_reward(nxt.time, params.max_steps_in_episode), 0.0).astype(jnp.float32)
         dense = shaped_reward(
             reward, self.potential(state, params), self.potential(nxt, params), success, params.shaping_gamma
         )

@@ -83,7 +83,7 @@ class KeyDoorParams(ShapedParams):
     discount): the shaping in ``info["dense_reward"]``, see
     :class:`~envs_jax.grid._common.ShapedParams`. All are leaves."""
 
-    max_steps: int = 250
+    max_steps_in_episode: int = 250
 
 
 @struct.dataclass
@@ -241,7 +241,7 @@ class KeyDoor(Environment):
 
     @property
     def default_params(self) -> KeyDoorParams:
-        return KeyDoorParams(max_steps=10 * self.size * self.size)
+        return KeyDoorParams(max_steps_in_episode=10 * self.size * self.size)
 
     def action_space(self, params=None) -> Discrete:
         return Discrete(6)
@@ -263,7 +263,7 @@ class KeyDoor(Environment):
         nxt = transition(state, action)
         nxt = nxt.replace(time=state.time + 1)
         success = same_cell(nxt.agent_pos, nxt.goal_pos)
-        reward = jnp.where(success, goal_reward(nxt.time, params.max_steps), 0.0).astype(jnp.float32)
+        reward = jnp.where(success, goal_reward(nxt.time, params.max_steps_in_episode), 0.0).astype(jnp.float32)
         dense = shaped_reward(
             reward, self.potential(state, params), self.potential(nxt, params), success, params.shaping_gamma
         )

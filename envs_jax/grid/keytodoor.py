@@ -97,7 +97,7 @@ class KeyToDoorParams(ShapedParams):
     terminates the episode, 0 the episode runs to ``max_steps`` (fixed horizon).
     """
 
-    max_steps: int = 30
+    max_steps_in_episode: int = 30
     key_steps: int = 6
     apple_steps: int = 16
     door_steps: int = 8
@@ -250,8 +250,8 @@ class KeyToDoor(Environment):
             raise ValueError(f"unknown KeyToDoor parameter(s) {unknown}; expected some of "
                              f"{sorted(KeyToDoorParams.__dataclass_fields__)}")
         p = base.replace(**param_overrides)
-        if "max_steps" not in param_overrides:
-            p = p.replace(max_steps=int(p.key_steps) + int(p.apple_steps) + int(p.door_steps))
+        if "max_steps_in_episode" not in param_overrides:
+            p = p.replace(max_steps_in_episode=int(p.key_steps) + int(p.apple_steps) + int(p.door_steps))
         if not 0 <= int(p.num_apples) <= self.size * self.size - 1:
             raise ValueError(f"num_apples must be in [0, {self.size * self.size - 1}] for size {self.size}, "
                              f"got {p.num_apples}")

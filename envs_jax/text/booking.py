@@ -67,7 +67,7 @@ _REPLY_WORDS = 2
 
 @struct.dataclass
 class BookingParams(TextParams):
-    max_steps: int = 128
+    max_steps_in_episode: int = 128
     max_turn_tokens: int = 6
     use_legal_mask: bool = False
     max_turns: int = 10
@@ -95,7 +95,7 @@ class Booking(TextEnv):
 
     @property
     def default_params(self) -> BookingParams:
-        return BookingParams(max_steps=self.buffer_len, use_legal_mask=self.use_legal_mask)
+        return BookingParams(max_steps_in_episode=self.buffer_len, use_legal_mask=self.use_legal_mask)
 
     def _init_task(self, key, params):
         code = jax.random.randint(key, (), 0, int(np.prod(NUM_VALUES)), jnp.int32)

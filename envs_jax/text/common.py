@@ -19,7 +19,7 @@ A text environment is a dialogue between the agent and a simulated partner (the
 * A turn is well formed iff its tokens, ``<eot>`` included, are exactly one of
   the environment's utterances (a finite list, see :class:`Grammar`).
 * A step whose writes would leave no room for the next agent token is
-  truncated (``state.time`` is set to ``params.max_steps`` and the base class
+  truncated (``state.time`` is set to ``params.max_steps_in_episode`` and the base class
   reports ``truncated``); failing the task is ``terminated``; never both.
 
 ``info`` on every step: ``success`` (bool), ``dense_reward`` (float32: the
@@ -58,7 +58,7 @@ class TextParams(EnvParams):
     """``max_steps``: agent tokens per episode; ``max_turn_tokens``: per-turn cap
     (clipped to the longest utterance); ``use_legal_mask``: fill ``info["legal_mask"]``."""
 
-    max_steps: int = 128
+    max_steps_in_episode: int = 128
     max_turn_tokens: int = 8
     use_legal_mask: bool = False
 
@@ -257,9 +257,9 @@ class TextEnv(Environment):
         reward = jnp.where(turn_end, ended.reward, 0.0)
         dense = jnp.where(turn_end, ended.dense_reward, 0.0)
         new_pos = jnp.where(turn_end, ended.end_pos, pos)
-        new = new.replace(time=advance_time(state.time, new_pos, 1, L, terminated, params.max_steps))
+        new = new.replace(time=advance_time(state.time, new_pos, 1, L, terminated, params.max_steps_in_episode))
 
-        ends = terminated | (new.time >= jnp.asarray(params.max_steps, jnp.int32))
+        ends = terminated | (new.time >= jnp.asarray(params.max_steps_in_episode, jnp.int32))
         mask = jnp.where(ends, jnp.asarray(self.grammar.start_mask_np), self.grammar.legal(new.turn_toks, new.turn_len))
         mask = jnp.where(jnp.asarray(params.use_legal_mask), mask, jnp.ones_like(mask))
         info = {

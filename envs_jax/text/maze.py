@@ -16,7 +16,7 @@ goal and 0 otherwise. ``dense_reward`` adds the shortest-path progress
 (so ``Phi = 0`` at the goal, the only terminal state) but undiscounted
 (``gamma = 1``), so it leaves optimal policies exactly unchanged only for an
 undiscounted learner. Episodes otherwise end by truncation (the
-buffer filling up, or ``params.max_steps`` agent tokens).
+buffer filling up, or ``params.max_steps_in_episode`` agent tokens).
 """
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ class MazeParams(TextParams):
     """``sparse``: +1 at the goal only; ``partial``: observations show only the
     adjacent walls (``TextMaze-PO`` is ``TextMaze`` with ``partial=True``)."""
 
-    max_steps: int = 192
+    max_steps_in_episode: int = 192
     max_turn_tokens: int = 3
     use_legal_mask: bool = False
     sparse: bool = False
@@ -146,7 +146,7 @@ class TextMaze(TextEnv):
 
     @property
     def default_params(self) -> MazeParams:
-        return MazeParams(max_steps=self.buffer_len, partial=self.partial,
+        return MazeParams(max_steps_in_episode=self.buffer_len, partial=self.partial,
                           use_legal_mask=self.use_legal_mask)
 
     def _observe(self, cell, params):

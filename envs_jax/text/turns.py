@@ -65,7 +65,7 @@ def turns_that_fit(token_env: TextEnv) -> int:
 
 class TurnEnv(Environment):
     """The turn-level variant of a token-level :class:`TextEnv` (see the module
-    docstring). ``max_steps``: the default ``params.max_steps`` in turns
+    docstring). ``max_steps``: the default ``params.max_steps_in_episode`` in turns
     (``None``: :func:`turns_that_fit`)."""
 
     optional_outputs = TextEnv.optional_outputs
@@ -78,8 +78,8 @@ class TurnEnv(Environment):
             raise ValueError(f"buffer_len={token_env.buffer_len} holds no whole turn of {token_env.name}")
         self.token_env = token_env
         self.name = f"{token_env.name}-Turns"
-        self.max_steps = fit if max_steps is None else int(max_steps)
-        if self.max_steps < 1:
+        self.max_steps_in_episode = fit if max_steps is None else int(max_steps)
+        if self.max_steps_in_episode < 1:
             raise ValueError(f"max_steps must be >= 1 turn, got {max_steps}")
         table = token_env.grammar.table_np
         self._lengths_np = (table != PAD).sum(axis=1).astype(np.int32)  # [N] tokens per utterance, <eot> included
@@ -112,7 +112,7 @@ class TurnEnv(Environment):
 
     @property
     def default_params(self) -> TextParams:
-        return self.token_env.default_params.replace(max_steps=self.max_steps)
+        return self.token_env.default_params.replace(max_steps_in_episode=self.max_steps_in_episode)
 
     def action_space(self, params=None) -> Discrete:
         return Discrete(self.num_utterances)
@@ -141,7 +141,7 @@ class TurnEnv(Environment):
         buf = write_tokens(state.buf, state.pos, self.grammar.table[utt], n)
         ended = self.token_env.end_turn(key, state, buf, state.pos + n, utt, jnp.bool_(True), params)
         time = advance_time(state.time, ended.end_pos, self.grammar.max_len, self.buffer_len, ended.terminated,
-                            params.max_steps)
+                            params.max_steps_in_episode)
         new = ended.state.replace(time=time)
         info = {
             "success": ended.success,

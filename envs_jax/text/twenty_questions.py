@@ -57,7 +57,7 @@ TWENTY_QUESTIONS_GRAMMAR = Grammar(TWENTY_QUESTIONS_VOCAB, _UTTS)
 
 @struct.dataclass
 class TwentyQuestionsParams(TextParams):
-    max_steps: int = 64
+    max_steps_in_episode: int = 64
     max_turn_tokens: int = 3
     use_legal_mask: bool = False
     max_questions: int = 6
@@ -84,7 +84,7 @@ class TwentyQuestions(TextEnv):
 
     @property
     def default_params(self) -> TwentyQuestionsParams:
-        return TwentyQuestionsParams(max_steps=self.buffer_len, use_legal_mask=self.use_legal_mask)
+        return TwentyQuestionsParams(max_steps_in_episode=self.buffer_len, use_legal_mask=self.use_legal_mask)
 
     def _init_task(self, key, params):
         item = jax.random.randint(key, (), 0, NUM_ITEMS, jnp.int32)

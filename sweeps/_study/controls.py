@@ -18,6 +18,8 @@ counts as credit assignment only if it beats every control of its task (the verd
 * ``cue-bonus-every-step`` / ``cue-bonus-after-choice`` (DelayedChain only): a hand-written bonus
   for the action that equals the cue, on every step or only where actions have no effect, its
   size searched over [1e-3, 0.3]. Rules out: help through the shared policy without temporal credit.
+  Not on the memory chain (``hide_cue``): with the cue shown only at the choice, the first pays
+  exactly the correct choice (hand-written credit, not a control) and the second pays nothing.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ class Control:
     space: Mapping[str, tuple] = dataclasses.field(default_factory=dict)  # its own searched fields
     like: str = ""  # a method whose own search space it takes (besides ``space``)
     envs: tuple = ()  # the envs it applies to (empty: every env)
+    unless: str = ""  # an env keyword argument that, when true, makes it not apply
 
 
 CONTROLS = {
@@ -43,12 +46,16 @@ CONTROLS = {
     "rphi-shuffled": Control("coevo-shuffled", "R_phi's size and episode sums without its timing",
                              like="coevo-regression"),
     "cue-bonus-every-step": Control("cue-bonus", "a hand-written action = cue bonus (no learning at all)",
-                                    {"cue_after_choice": 0.0}, {"beta_int": (1e-3, 0.3)}, envs=("DelayedChain",)),
+                                    {"cue_after_choice": 0.0}, {"beta_int": (1e-3, 0.3)}, envs=("DelayedChain",),
+                                    unless="hide_cue"),
     "cue-bonus-after-choice": Control("cue-bonus", "help through the shared policy without credit at the choice",
-                                      {"cue_after_choice": 1.0}, {"beta_int": (1e-3, 0.3)}, envs=("DelayedChain",)),
+                                      {"cue_after_choice": 1.0}, {"beta_int": (1e-3, 0.3)}, envs=("DelayedChain",),
+                                      unless="hide_cue"),
 }
 
 
-def controls_for(env: str) -> list[str]:
-    """The control labels that apply to ``env``."""
-    return [c for c, spec in CONTROLS.items() if not spec.envs or env in spec.envs]
+def controls_for(env: str, env_kwargs: Mapping | None = None) -> list[str]:
+    """The control labels that apply to ``env`` made with ``env_kwargs``."""
+    kwargs = env_kwargs or {}
+    return [c for c, spec in CONTROLS.items()
+            if (not spec.envs or env in spec.envs) and not (spec.unless and kwargs.get(spec.unless))]

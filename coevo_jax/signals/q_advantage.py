@@ -1,0 +1,196 @@
+"""Action-value credit (method ``q-advantage``): what the action changed, under the policy.
+
+The simplest counterfactual credit. A return model ``Q(h, a)`` (:class:`QNet`,
+all actions' values from one pass) is fit on a replay of complete episodes to
+the discounted return that followed each step, and each step is paid
+
+    c_t = Q(h_t, a_t) - sum_a pi(a | h_t) Q(h_t, a),
+
+the advantage of the action taken over the policy's average at the same
+``h_t`` (``pi``: the policy's probabilities when it acted,
+``Trajectory.probs``). Under the policy ``c_t`` has mean 0 at every step
+(:func:`policy_mean`), so it is no living reward and no constant offset for a
+step penalty to imitate; where the action changes nothing, ``Q(h, .)`` is flat
+and the credit is 0 whatever the return's noise; where it decides the outcome,
+the credit is the outcome's difference. This is the "Q-function baseline" arm
+of counterfactual credit assignment (Mesnard et al. 2021, "Counterfactual
+Credit Assignment in Model-Free Reinforcement Learning", the action-value
+baseline their hindsight method improves on), with ``h_t`` the policy's
+features (``StaticConfig.reward_input = "features"``, the seeds' "hidden
+state") or the observation (``"obs"``). A feed-forward policy's ``h_t`` holds
+only the current observation: the return model sees no history until the
+policy has memory.
+
+**Rewards**: one episodic stream ``beta_ext * r_ext + beta_int * c_t`` (raw:
+``Q`` is in the return's units). **Refit** every ``K`` iterations,
+``static.reward_steps`` full-batch Adam steps (times ``K`` under
+``static.refit_steps_per_k``) of the masked mean squared error of ``Q(h_t,
+a_t)`` against the discounted return-to-go within the stored steps (``gamma =
+hp.ppo.gamma``), at ``hp.signal.reward_lr_ratio`` times the policy's lr of the
+iteration; gated like R_phi's (``min_refit_episodes``). The replay is R_phi's
+(:mod:`coevo_jax.episodes`, ``static.buffer_episodes``, ``max_episode_len``).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from coevo_jax.encoding import encode_obs, obs_vocab
+from coevo_jax.episodes import (
+    VAL_EVERY, EpisodeReplay, add_rollout, buffer_mask, discounted_to_go, episode_window, init_replay, refit_ready,
+    replay_episodes,
+)
+from coevo_jax.fit import fit, init_optimizer, make_optimizer, refit_steps, refit_when
+from coevo_jax.networks import orthogonal
+from coevo_jax.params import default_of, hyperparams, weight
+from coevo_jax.registry import MethodSpec, register_method
+from coevo_jax.reward_net import HEAD_GAIN, reward_inputs
+from coevo_jax.signals.base import REFIT_STEPS, RewardStreams, Signal, SignalParams, float_metrics
+from coevo_jax.signals.learned import LEARNED_STATIC_CHECKS, RewardNetParams, check_learned_static
+
+
+class QNet(nn.Module):
+    """``x [..., D] -> Q [..., A]``: Dense+ReLU per ``hidden``, a linear head per
+    action (orthogonal, gain ``HEAD_GAIN``: every credit starts near 0).
+    ``vocab > 0``: ``x`` holds token ids (one-hot encoded, as R_phi's input)."""
+
+    num_actions: int
+    hidden: tuple = (64, 64)
+    vocab: int = 0
+
+    @nn.compact
+    def __call__(self, x):
+        h = encode_obs(x, 1, self.vocab)
+        for i, width in enumerate(self.hidden):
+            h = nn.relu(nn.Dense(width, name=f"dense_{i}")(h))
+        return nn.Dense(self.num_actions, kernel_init=orthogonal(HEAD_GAIN), name="head")(h)
+
+
+def taken(q: jax.Array, action: jax.Array) -> jax.Array:
+    """``Q(h, a_t)``: ``q [..., A]``, ``action [...]`` int -> ``[...]``."""
+    return jnp.take_along_axis(q, action[..., None].astype(jnp.int32), axis=-1)[..., 0]
+
+
+def policy_mean(q: jax.Array, probs: jax.Array) -> jax.Array:
+    """``sum_a pi(a | h) Q(h, a)``: ``q, probs [..., A] -> [...]``."""
+    return (q * probs).sum(-1)
+
+
+def action_credit(q: jax.Array, probs: jax.Array, action: jax.Array) -> jax.Array:
+    """``c = Q(h, a_t) - sum_a pi(a | h) Q(h, a)``: ``q, probs [..., A]``,
+    ``action [...]`` -> ``[...]``. Its mean under ``probs`` is 0 at every ``h``."""
+    return taken(q, action) - policy_mean(q, probs)
+
+
+def q_loss(q: jax.Array, action: jax.Array, target: jax.Array, mask: jax.Array) -> jax.Array:
+    """Masked mean of ``(Q(h, a_t) - target)^2``: ``q [E, L, A]``, ``action, target,
+    mask [E, L]`` -> ``()`` (0 on an empty buffer)."""
+    err = (taken(q, action) - target) ** 2
+    return (err * mask).sum() / jnp.maximum(mask.sum(), 1.0)
+
+
+@struct.dataclass
+class QAdvantageState:
+    """The return model's parameters and Adam state, and the episode replay."""
+
+    params: Any
+    opt_state: Any
+    replay: EpisodeReplay
+
+
+def make_q_advantage(static, network, env, env_params) -> Signal:
+    """The action-value credit signal (see the module docstring)."""
+    window = episode_window("max_episode_len", static.max_episode_len, env, env_params)
+    kept = replay_episodes(static.buffer_episodes, static.num_envs, static.rollout_len, env, env_params)
+    space = env.observation_space(env_params)
+    obs_ndim = len(space.shape)
+    vocab = obs_vocab(env, env_params) if static.reward_input == "obs" else 0
+    net = QNet(int(env.action_space(env_params).n), tuple(static.reward_hidden), vocab)
+
+    def inputs(traj):
+        return reward_inputs(traj, static.reward_input, obs_ndim)
+
+    def fit_data(buf, gamma):
+        """``(x [E, L, D], action [E, L], return-to-go [E, L], mask [E, L])`` of a buffer."""
+        mask = buffer_mask(buf)
+        target = discounted_to_go(buf.steps["reward"] * mask, buf.length, gamma)
+        return buf.steps["x"], buf.steps["action"], target, mask
+
+    def init(key, traj, hp):
+        if traj.probs is None:
+            raise ValueError("q-advantage reads Trajectory.probs (the policy's probabilities when it acted);"
+                             " this trajectory has none")
+        x = inputs(traj)
+        params = net.init(key, x[0])
+        replay = init_replay(kept, window, traj.action.shape[1],
+                             {"x": x[0, 0], "action": jnp.int32(0), "reward": jnp.float32(0.0)},
+                             {"full_return": jnp.float32(0.0)}, VAL_EVERY)
+        return QAdvantageState(params, init_optimizer(params), replay)
+
+    def observe(state: QAdvantageState, traj, hp, key):
+        steps = {"x": inputs(traj), "action": traj.action.astype(jnp.int32), "reward": traj.reward.astype(jnp.float32)}
+        replay = add_rollout(state.replay, steps, {"full_return": traj.episode_return.astype(jnp.float32)},
+                             traj.episode_done)
+        return state.replace(replay=replay), {}
+
+    def update(state: QAdvantageState, traj, policy, hp, key):
+        buf = state.replay.train
+        x, actions, target, mask = fit_data(buf, hp.ppo.gamma)
+        step_size = hp.signal.reward_lr_ratio * hp.ppo.lr * policy.lr_frac
+        tx = make_optimizer(hp.signal.reward_max_grad_norm, step_size)
+        steps = refit_steps(static.reward_steps, static, hp)
+
+        def refit(learner):
+            params, opt_state = learner
+
+            def loss_fn(p, batch):
+                loss = q_loss(net.apply(p, batch), actions, target, mask)
+                return loss, {"q_loss": loss}
+
+            params, opt_state, ms = fit(loss_fn, params, opt_state, tx, lambda _: x, key, steps=steps)
+            metrics = {"first_q_loss": ms["q_loss"][0], "q_loss": ms["q_loss"][-1], "q_grad_norm": ms["grad_norm"][-1],
+                       "reward_step_size": step_size, REFIT_STEPS: steps}
+            return (params, opt_state), float_metrics(metrics)
+
+        (params, opt_state), metrics = refit_when(refit_ready(buf, hp), refit, (state.params, state.opt_state))
+        metrics["buffer_size"] = buf.valid.sum().astype(jnp.float32)
+        return state.replace(params=params, opt_state=opt_state), metrics
+
+    def rewards(state: QAdvantageState, traj, hp):
+        q = net.apply(state.params, inputs(traj))
+        credit = action_credit(q, traj.probs, traj.action)
+        val = state.replay.val
+        v_x, v_actions, v_target, v_mask = fit_data(val, hp.ppo.gamma)
+        metrics = {
+            "r_int_mean": credit.mean(),  # mean 0 in expectation under the policy
+            "r_int_var": credit.var(),
+            "credit_abs_mean": jnp.abs(credit).mean(),
+            "q_spread": (q.max(-1) - q.min(-1)).mean(),  # how much the action matters, as the model sees it
+            "val_q_loss": q_loss(net.apply(state.params, v_x), v_actions, v_target, v_mask),
+            "episodes_committed": state.replay.committed.astype(jnp.float32),
+        }
+        episodic = hp.signal.beta_ext * traj.reward + hp.signal.beta_int * credit
+        return state, RewardStreams(episodic, None), float_metrics(metrics)
+
+    return Signal(init, observe, update, rewards)
+
+
+@hyperparams
+class QAdvantageParams(RewardNetParams):
+    """``q-advantage``'s hyperparameters: the credit's weight and the return model's step."""
+
+    beta_int: float = default_of(SignalParams, "beta_int", 1.0)
+    reward_lr_ratio: float = weight(1.0, doc="the return model's Adam step as a multiple of the policy's lr of the"
+                                             " iteration (annealed with it)")
+
+
+register_method(MethodSpec(
+    "q-advantage", make_q_advantage, QAdvantageParams,
+    static_checks=LEARNED_STATIC_CHECKS, check_static=check_learned_static, off={"beta_int": 0.0},
+    tune={"reward_lr_ratio": (0.01, 20.0), "beta_int": (0.1, 2.0)},
+    doc="the action's advantage under a learned return model Q(h, a): Q(h, a_t) - sum_a pi(a | h) Q(h, a)",
+))
