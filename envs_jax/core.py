@@ -1,9 +1,11 @@
 """The environment API: gymnax 1.0 environments, auto-reset, and wrappers.
 
-Every environment is a ``gymnax.environments.environment.Environment`` with
-gymnax's spaces, params (``max_steps_in_episode``) and six-value ``step``, so
-gymnax's own wrappers (``gymnax.wrappers.purerl``) and code written for gymnax
-take it unchanged. An environment is a stateless object whose methods are pure functions of
+Every environment has gymnax 1.0's interface: gymnax's spaces, params with
+``max_steps_in_episode``, ``reset`` and the six-value ``step`` with gymnax's
+``info`` keys, so gymnax's own wrappers (``gymnax.wrappers.purerl``) and code
+written for gymnax take it unchanged. The base class is this module's, not
+gymnax's: importing gymnax initialises JAX's backend, which importing
+``envs_jax`` must not do. An environment is a stateless object whose methods are pure functions of
 ``(key, state, action, params)``; every array lives in ``state`` or ``params``
 (flax struct dataclasses), so ``jax.jit`` and ``jax.vmap`` apply directly.
 
@@ -42,8 +44,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import struct
-from gymnax.environments import environment as gymnax_env
-from gymnax.environments import spaces
 
 Array = jax.Array
 
@@ -52,28 +52,40 @@ OPTIONAL_OUTPUTS = ("dense_reward", "success", "legal_mask")
 
 
 # ----------------------------------------------------------------------------- spaces
-#: gymnax's own spaces (``Discrete(n)``, ``Box(low, high, shape, dtype)``), so that
-#: gymnax's wrappers, which check ``isinstance(space, gymnax.environments.spaces.Box)``, accept ours.
-Discrete = spaces.Discrete
-Box = spaces.Box
+# gymnax's own space classes, so that gymnax's wrappers (which check ``isinstance(space,
+# gymnax.environments.spaces.Box)``) accept ours. Imported when a space is made, not when this
+# module is: importing gymnax initialises JAX's backend (its environments build arrays at import),
+# which must not happen on ``import envs_jax`` (``jax.distributed.initialize`` comes first).
+def Discrete(n: int, dtype: Any = jnp.int32):
+    """gymnax's ``Discrete(n)``: integer actions ``0..n-1``."""
+    from gymnax.environments import spaces
+
+    return spaces.Discrete(int(n), dtype=dtype)
+
+
+def Box(low, high, shape: tuple, dtype: Any = jnp.float32):
+    """gymnax's ``Box(low, high, shape, dtype)``."""
+    from gymnax.environments import spaces
+
+    return spaces.Box(low, high, tuple(shape), dtype)
 
 
 # ----------------------------------------------------------------------------- base
 @struct.dataclass
-class EnvParams(gymnax_env.EnvParams):
-    """Parameters every environment has (gymnax's): the time limit; subclasses add their own leaves."""
+class EnvParams:
+    """Parameters every environment has, gymnax's time limit; subclasses add their own leaves."""
 
     max_steps_in_episode: int = 100
 
 
 @struct.dataclass
-class EnvState(gymnax_env.EnvState):
+class EnvState:
     """State every environment has (gymnax's): the step counter within the episode."""
 
     time: Array
 
 
-class Environment(gymnax_env.Environment):
+class Environment:
     """Base class. Subclasses implement ``reset_env``, ``step_env``,
     ``default_params``, ``action_space`` and ``observation_space``.
 
