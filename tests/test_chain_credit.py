@@ -63,3 +63,30 @@ def test_later_pairs_differ_from_the_choice_pairs_only_in_the_elapsed_fraction()
     np.testing.assert_array_equal(obs[row], np.asarray(o))
     np.testing.assert_array_equal(obs[:, :-1], obs0[:, :-1])
     np.testing.assert_array_equal(a, a0)
+
+
+def test_q_advantage_credit_is_q_less_its_policy_mean_and_memory_pairs_hide_the_cue():
+    env, params = envs_jax.make("DelayedChain", num_choices=3, length=4, hide_cue=1)
+    static = StaticConfig(method="q-advantage", num_envs=2, rollout_len=8, total_steps=16, reward_input="obs")
+    trainer = Trainer(static, env, params)
+    state = jax.vmap(trainer.init)(jax.random.split(jax.random.PRNGKey(0), 2),
+                                   jax.tree.map(lambda x: np.stack([x, x]), cj.default_hparams(static.method)))
+    from coevo_jax.ppo import policy_outputs
+    from coevo_jax.signals.q_advantage import make_q_net
+
+    net = make_q_net(static, env, params)
+    obs, action = choice_pairs(3)
+    rows = []
+    for i in range(2):
+        q = np.asarray(net.apply(jax.tree.map(lambda x: x[i], state.signal_state.params), obs), np.float64)
+        pi = np.asarray(jax.nn.softmax(policy_outputs(trainer.network, jax.tree.map(lambda x: x[i], state.params),
+                                                      obs)[0]), np.float64)
+        rows.append(q[np.arange(9), action] - (pi * q).sum(-1))
+    np.testing.assert_allclose(choice_rewards(trainer, state), np.stack(rows), rtol=1e-4, atol=1e-7)
+    # on the memory chain the later pairs show no cue, as the env does after the choice
+    later, _ = choice_pairs(3, 0.75, hide_cue=True)
+    o, s = env.reset(jax.random.PRNGKey(2), params)
+    for t in range(3):
+        o, s, *_ = env.step(jax.random.PRNGKey(t), s, 0, params)
+    np.testing.assert_array_equal(later[int(s.cue) * 3], np.asarray(o))
+    assert not later[:, :3].any() and choice_pairs(3)[0][:, :3].any()

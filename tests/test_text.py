@@ -182,7 +182,7 @@ def token_streams(draw, name):
 def check_invariants(name, obs0, out, params):
     env, _ = env_of(name)
     V, L = env.vocab_size, env.buffer_len
-    for buf in (obs0[:, None], out["obs"], out["final_obs"]):
+    for buf in (obs0[:, None], out["obs"], out["final_observation"]):
         assert buf.dtype == np.int32 and buf.shape[-1] == L
         assert (buf >= 0).all() and (buf < V).all()
         pos = (buf != PAD).sum(-1)
@@ -200,7 +200,7 @@ def check_invariants(name, obs0, out, params):
     assert out["legal_mask"].shape[-1] == V and out["legal_mask"].any(-1).all()
     if not params.use_legal_mask:
         assert out["legal_mask"].all()
-    np.testing.assert_array_equal(out["final_obs"][~done], out["obs"][~done])
+    np.testing.assert_array_equal(out["final_observation"][~done], out["obs"][~done])
     assert not (out["reward"] != 0)[~out["turn_end"]].any(), "rewards come only at turn ends"
     sparse = name in ("Booking", "TwentyQuestions") or bool(getattr(params, "sparse", False))
     if sparse:
@@ -274,7 +274,7 @@ def test_booking_dialogue_rewards_and_render():
             assert abs(out["dense_reward"][b, 11] + 0.1) < 1e-6
             assert out["term"][b, 17] and out["success"][b, 17] and out["reward"][b, 17] == 1.0
             assert not done[b, :17].any() and (out["reward"][b, :17] == 0).all()
-            text = env.render(s0.replace(buf=out["final_obs"][b, 17]))
+            text = env.render(s0.replace(buf=out["final_observation"][b, 17]))
             assert text.startswith("user: hello\nagent: ask cuisine")
             assert f"agent: propose {' '.join(vals)}" in text and text.endswith("user: yes booked")
         else:
@@ -282,7 +282,7 @@ def test_booking_dialogue_rewards_and_render():
             assert out["term"][b, t_end] and not done[b, :t_end].any()
             assert out["reward"][b, t_end] == -1.0 and not out["success"][b, t_end]
             want = "user: bye" if 20 <= b < 24 else "user: sorry bye"
-            assert last_line(env, s0, out["final_obs"][b, t_end]) == want
+            assert last_line(env, s0, out["final_observation"][b, t_end]) == want
     # truncation by ``max_steps`` mid-turn, never together with termination
     _, _, out_t = run("Booking", GIVEN, actions, seed=7, params=params.replace(max_steps_in_episode=5))
     long_rows = np.r_[0:16, 24:32]  # those whose first episode lasts past 5 tokens
@@ -312,7 +312,7 @@ def test_twenty_questions_rules():
         else:  # the 7th question is one too many
             assert not (out["term"] | out["trunc"])[b, :20].any() and out["term"][b, 20]
             assert out["reward"][b, 20] == 0 and not out["success"][b, 20]
-            assert last_line(env, s0, out["final_obs"][b, 20]) == "user: bye"
+            assert last_line(env, s0, out["final_observation"][b, 20]) == "user: bye"
             assert out["dense_reward"][b, 5] == 0  # a repeated question eliminates nothing
 
 
@@ -400,7 +400,7 @@ def test_transformer_shapes_and_score_sequence():
     L, A = env.buffer_len, env.num_actions
     _, _, out = run("TwentyQuestions", EXPERT, seed=6)
     t_end = int(np.argmax(out["term"][0]))
-    final = out["final_obs"][0, t_end]  # a complete episode buffer
+    final = out["final_observation"][0, t_end]  # a complete episode buffer
     n = int((final != PAD).sum())
     # every prefix of the final buffer, as the policy saw it token by token
     prefixes = np.where(np.arange(L)[None, :] <= np.arange(L)[:, None], final[None, :], PAD).astype(np.int32)

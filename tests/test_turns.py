@@ -133,7 +133,7 @@ def test_spaces_info_and_chunk_bound(name):
     # the packed update need); a fresh buffer (after reset / auto-reset) holds at most that many
     done = out["term"] | out["trunc"]
     prev = np.concatenate([n_tokens(obs0)[:, None], n_tokens(out["obs"])[:, :-1]], axis=1)
-    added = n_tokens(out["final_obs"]) - prev
+    added = n_tokens(out["final_observation"]) - prev
     assert ((added >= 1) & (added <= env.max_tokens_per_step)).all()
     assert (n_tokens(out["obs"])[done] <= env.max_tokens_per_step).all()
     assert (n_tokens(obs0) <= env.max_tokens_per_step).all()
@@ -204,25 +204,25 @@ def test_booking_dialogue_terminated_truncated_and_final_obs():
     e = out["term"][0].nonzero()[0][0]
     assert e == 4 and out["success"][0, e] and out["reward"][0, e] == 1.0 and not out["trunc"][0, e]
     state0 = jax.tree.map(lambda x: x[0, 0], out["state"])
-    dialogue = env.render(state0.replace(buf=out["final_obs"][0, e]))
+    dialogue = env.render(state0.replace(buf=out["final_observation"][0, e]))
     assert dialogue.startswith("user: hello\nagent: ask cuisine\n") and dialogue.endswith("user: yes booked")
     np.testing.assert_allclose(out["dense_reward"][0, :e + 1], [0.1] * 4 + [1.0], atol=1e-6)
     # after the end: a fresh episode, obs != final_obs; elsewhere final_obs == obs
     assert decode(v, out["obs"][0, e]) == "<user> hello <agent>"
     done = out["term"] | out["trunc"]
-    np.testing.assert_array_equal(out["final_obs"][~done], out["obs"][~done])
-    assert (out["final_obs"][done] != out["obs"][done]).any(axis=-1).all()
+    np.testing.assert_array_equal(out["final_observation"][~done], out["obs"][~done])
+    assert (out["final_observation"][done] != out["obs"][done]).any(axis=-1).all()
     assert not (out["term"] & out["trunc"]).any()
 
     bye, asks, overflow, short = (jax.tree.map(lambda x: x[2 * B + i], out) for i in range(4))
     assert bye["term"][0] and bye["reward"][0] == -1.0 and not bye["success"][0]
-    assert decode(v, bye["final_obs"][0]).endswith("bye <eot> <user> bye")
+    assert decode(v, bye["final_observation"][0]).endswith("bye <eot> <user> bye")
     # ask x 10: the task's turn limit is a terminated failure, not a truncation
     assert asks["term"].nonzero()[0][0] == 9 and asks["reward"][9] == -1.0 and not asks["trunc"][:10].any()
-    assert decode(v, asks["final_obs"][9]).endswith("<user> sorry bye")
+    assert decode(v, asks["final_observation"][9]).endswith("<user> sorry bye")
     # no turn limit: 3 + 6 tokens per ask, after 20 asks 123 tokens, no room for a 6-token proposal
     t = overflow["trunc"].nonzero()[0][0]
-    assert t == 19 and not overflow["term"][:t + 1].any() and n_tokens(overflow["final_obs"][t]) == 123
+    assert t == 19 and not overflow["term"][:t + 1].any() and n_tokens(overflow["final_observation"][t]) == 123
     assert decode(v, overflow["obs"][t]) == "<user> hello <agent>"
     # max_steps = 3 truncates every 3rd turn
     assert short["trunc"].nonzero()[0].tolist() == list(range(2, T, 3)) and not short["term"].any()
@@ -239,7 +239,7 @@ def test_maze_truncates_at_max_steps_and_defaults_fit_the_buffer():
     # truncation only on the 12th turn of an episode (the buffer never fills up first)
     length = out["state"].time[rand] + 1
     assert (length[trunc] == 12).all() and (length[term] <= 12).all()
-    assert (n_tokens(out["final_obs"][rand][trunc]) <= env.buffer_len).all()
+    assert (n_tokens(out["final_observation"][rand][trunc]) <= env.buffer_len).all()
 
 
 def test_turn_env_config_errors():

@@ -21,7 +21,9 @@ Scored per run (:func:`choice_scores`) on those ``K x K`` pairs:
 
 Which reward (:func:`choice_rewards`): R_phi's ``tanh`` output for the
 co-evolution methods (what the policy is paid, times ``beta_int``), IRCR's
-linear guidance reward. On features input (``reward_input="features"``) R_phi
+linear guidance reward, ``q-advantage``'s credit ``Q(h, a) - sum_b pi(b | h)
+Q(h, b)`` under the policy of the same snapshot. On the memory chain
+(``hide_cue``) the later pairs show no cue, as the env does. On features input (``reward_input="features"``) R_phi
 reads the policy's hidden state of the choice observation. SIOP's credit and
 PPO's critic are functions of the state: the states after the choice do not
 show it (``show_choice = 0``), so at the choice step they pay every action of
@@ -37,16 +39,18 @@ from coevo_jax.credit import spearman
 from envs_jax.chain import choice_credit
 
 #: methods with a learned per-step reward of (state, action) that this module scores
-REWARD_METHODS = ("coevo-regression", "coevo-ranking", "coevo-novelty", "ircr", "meta")
+REWARD_METHODS = ("coevo-regression", "coevo-ranking", "coevo-novelty", "ircr", "meta", "q-advantage")
 
 
-def choice_pairs(num_choices: int, elapsed: float = 0.0):
+def choice_pairs(num_choices: int, elapsed: float = 0.0, hide_cue: bool = False):
     """``(obs [K*K, 2K+1], action [K*K])``: every (cue, action) at the choice step
     (elapsed fraction 0, the choice not shown), cue-major; ``elapsed > 0``: the same
-    pairs later in the episode, where the action no longer matters."""
+    pairs later in the episode, where the action no longer matters (with
+    ``hide_cue``, the memory chain, the cue not shown there either)."""
     k = num_choices
     cue, action = np.repeat(np.arange(k), k), np.tile(np.arange(k), k)
-    obs = np.concatenate([np.eye(k, dtype=np.float32)[cue], np.zeros((k * k, k), np.float32),
+    shown = np.eye(k, dtype=np.float32)[cue] * (0.0 if hide_cue and elapsed > 0 else 1.0)
+    obs = np.concatenate([shown, np.zeros((k * k, k), np.float32),
                           np.full((k * k, 1), elapsed, np.float32)], -1)
     return obs, action.astype(np.int32)
 
@@ -56,18 +60,21 @@ def choice_rewards(trainer, states, elapsed: float = 0.0) -> np.ndarray:
     (leaves ``[R, ...]``) on :func:`choice_pairs` of ``trainer``'s DelayedChain."""
     from coevo_jax.ppo import policy_outputs
     from coevo_jax.reward_net import make_reward_net
+    from coevo_jax.signals.q_advantage import action_credit, make_q_net
 
     static = trainer.static
     if static.method not in REWARD_METHODS:
         raise ValueError(f"method {static.method!r} has no learned reward of (state, action); one of {REWARD_METHODS}")
-    obs, action = choice_pairs(trainer.env.unwrapped.num_choices, elapsed)
-    net = make_reward_net(static, trainer.env, trainer.env_params)
+    obs, action = choice_pairs(trainer.env.unwrapped.num_choices, elapsed, bool(trainer.env_params.hide_cue))
+    q_credit = static.method == "q-advantage"
+    net = (make_q_net if q_credit else make_reward_net)(static, trainer.env, trainer.env_params)
     linear = static.method == "ircr"  # IRCR pays the pre-tanh output
 
     def one(policy_params, reward_params):
-        x = jnp.asarray(obs)
-        if static.reward_input == "features":
-            x = policy_outputs(trainer.network, policy_params, x)[2]
+        logits, _, features = policy_outputs(trainer.network, policy_params, jnp.asarray(obs))
+        x = features if static.reward_input == "features" else jnp.asarray(obs)
+        if q_credit:
+            return action_credit(net.apply(reward_params, x), jax.nn.softmax(logits), jnp.asarray(action))
         r, pre = net.apply(reward_params, x, jnp.asarray(action))
         return pre if linear else r
 

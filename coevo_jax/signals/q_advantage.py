@@ -102,14 +102,18 @@ class QAdvantageState:
     replay: EpisodeReplay
 
 
+def make_q_net(static, env, env_params) -> QNet:
+    """The return model for ``static`` (``reward_hidden``, ``reward_input``) and ``env``."""
+    vocab = obs_vocab(env, env_params) if static.reward_input == "obs" else 0
+    return QNet(int(env.action_space(env_params).n), tuple(static.reward_hidden), vocab)
+
+
 def make_q_advantage(static, network, env, env_params) -> Signal:
     """The action-value credit signal (see the module docstring)."""
     window = episode_window("max_episode_len", static.max_episode_len, env, env_params)
     kept = replay_episodes(static.buffer_episodes, static.num_envs, static.rollout_len, env, env_params)
-    space = env.observation_space(env_params)
-    obs_ndim = len(space.shape)
-    vocab = obs_vocab(env, env_params) if static.reward_input == "obs" else 0
-    net = QNet(int(env.action_space(env_params).n), tuple(static.reward_hidden), vocab)
+    obs_ndim = len(env.observation_space(env_params).shape)
+    net = make_q_net(static, env, env_params)
 
     def inputs(traj):
         return reward_inputs(traj, static.reward_input, obs_ndim)
