@@ -67,7 +67,7 @@ def booking_given_rows(params):
     env, _ = env_of("Booking-Turns")
     utt = {u: i for i, u in enumerate(env.grammar.utterances)}
     bye, ask = utt["bye <eot>"], utt["ask cuisine <eot>"]
-    unlimited = params.replace(max_turns=100, max_steps=100)
+    unlimited = params.replace(max_turns=100, max_steps_in_episode=100)
     numbers = np.array([[bye] * T, [ask] * T, [ask] * T, [ask] * T])
     return numbers, [params, params, unlimited, unlimited.replace(max_steps_in_episode=3)]
 
@@ -231,7 +231,8 @@ def test_booking_dialogue_terminated_truncated_and_final_obs():
 def test_maze_truncates_at_max_steps_and_defaults_fit_the_buffer():
     env, params = env_of("TextMaze-Turns")
     assert params.max_steps_in_episode == 12 and params.partial is False
-    assert make("Booking-Turns")[1].max_steps_in_episode == 12 and make("TwentyQuestions-Turns")[1].max_steps_in_episode == 10
+    assert make("Booking-Turns")[1].max_steps_in_episode == 12
+    assert make("TwentyQuestions-Turns")[1].max_steps_in_episode == 10
     _, out = expert_and_random("TextMaze-Turns")
     rand = slice(B, 2 * B)
     trunc, term = out["trunc"][rand], out["term"][rand]

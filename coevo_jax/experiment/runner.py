@@ -139,6 +139,12 @@ def run_study(study: Study, out: str, *, overwrite: bool = False, processes: int
         mem = sorted({f"{arm}: {m['compiled_bytes_per_run'] / 2**20:.2f} MiB/run (batch {m['batch']})"
                       for d in workers.values() for arm, m in (d.get("memory") or {}).items()})
         peak = max((d.get("peak_rss_mb") or 0) for d in workers.values())
+        programs = {}  # seconds each compiled program took, the slowest worker's (arms that reuse one count 0)
+        for d in workers.values():
+            for arm, sec in (d.get("compile_s") or {}).items():
+                programs[arm] = max(programs.get(arm, 0.0), sec)
+        compiled = ", ".join(f"{arm} {sec:.0f} s" for arm, sec in programs.items() if sec > 0)
         log(f"done in {fmt_time(wall)}: {new_steps / wall:,.0f} env steps/s overall; compiling {compile_s:.0f} s"
-            f" summed over workers; peak RSS per process {peak:.0f} MiB; compiled memory {'; '.join(mem)}")
+            f" summed over workers ({compiled}); peak RSS per process {peak:.0f} MiB; compiled memory"
+            f" {'; '.join(mem)}")
     return StudyResult(out, study, curves, runs, rows, info)

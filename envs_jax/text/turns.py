@@ -13,9 +13,9 @@ token-level env (``env.token_env``) of :mod:`envs_jax.text`:
   token-level env's (:meth:`TextEnv.end_turn` runs the same ``_on_turn``), so
   returns and success rates are comparable across the two levels; only the
   discounting differs (one step per turn instead of one per token);
-* ``params`` are the token-level env's params class, with ``max_steps``
+* ``params`` are the token-level env's params class, with ``max_steps_in_episode``
   counted in turns; ``max_turn_tokens`` and ``use_legal_mask`` do not apply
-  (every turn is a whole utterance). The default ``max_steps`` is the number of
+  (every turn is a whole utterance). The default time limit is the number of
   turns the default buffer holds in the worst case (see
   :func:`turns_that_fit`): Booking 12, TwentyQuestions 10, TextMaze 12, so the
   tasks' own limits (Booking's ``max_turns = 10``, TwentyQuestions'
