@@ -35,7 +35,7 @@ def test_loss_is_the_scaled_subset_sum_against_the_return_and_decomposition_on_t
     assert float(rrd_loss(r, mask, subset, ret, jnp.array([False, False]))) == 0.0
 
 
-def fitted_table(subset: int, e: int = 2048, n: int = 8, a: int = 4) -> np.ndarray:
+def fitted_table(subset: int, e: int = 1024, n: int = 8, a: int = 4) -> np.ndarray:
     """A tabular ``r_hat(step, action) [n, a]`` fit by the RRD loss with subsets of ``subset``
     steps on ``e`` episodes of ``n`` random actions whose return is 1 when the first action is 0."""
     actions = jax.random.randint(jax.random.PRNGKey(0), (e, n), 0, a)
@@ -51,7 +51,7 @@ def fitted_table(subset: int, e: int = 2048, n: int = 8, a: int = 4) -> np.ndarr
         return (optax.apply_updates(w, u), s), None
 
     table = jnp.zeros((n, a))
-    (table, _), _ = jax.lax.scan(step, (table, opt.init(table)), jax.random.split(jax.random.PRNGKey(1), 1500))
+    (table, _), _ = jax.lax.scan(step, (table, opt.init(table)), jax.random.split(jax.random.PRNGKey(1), 800))
     return np.asarray(table)
 
 
