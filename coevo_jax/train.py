@@ -194,9 +194,9 @@ class Trainer:
         example = self._example_trajectory(params, ro)
         signal_state = self.signal.init(k_sig, example, hp)
         return TrainState(
-            params=params, opt_state=init_optimizer(params), signal_state=signal_state, rollout=ro, key=k_run, iteration=jnp.int32(0),
-            diverged=jnp.bool_(False), last_return=jnp.float32(0.0), last_success=jnp.float32(0.0),
-            refit_steps=jnp.float32(0.0),
+            params=params, opt_state=init_optimizer(params), signal_state=signal_state, rollout=ro, key=k_run,
+            iteration=jnp.int32(0), diverged=jnp.bool_(False), last_return=jnp.float32(0.0),
+            last_success=jnp.float32(0.0), refit_steps=jnp.float32(0.0),
         )
 
     def _example_trajectory(self, params, ro: RolloutState) -> Trajectory:

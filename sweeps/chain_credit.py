@@ -55,7 +55,8 @@ from _study.admitted import add_admitted_option, chosen_task
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_TASK = "chain-l16-n05"
-METHODS = ("ppo", "dense", "ircr", "coevo-regression", "coevo-ranking", "coevo-novelty", "meta", "siop", "q-advantage", "rrd")
+METHODS = ("ppo", "dense", "ircr", "coevo-regression", "coevo-ranking", "coevo-novelty", "meta", "siop", "q-advantage",
+           "rrd")
 FROZEN = "coevo-frozen"  # coevo-regression at its tuned values with R_phi never refit
 CREDIT_METHODS = REWARD_METHODS + ("siop",)  # the learned rewards of (state, action), and SIOP's potential
 THRESHOLD = 0.8

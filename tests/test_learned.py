@@ -128,8 +128,8 @@ def test_ircr_options_change_the_target_and_the_fit_exactly():
                                                      rel=1e-5)
     assert fit(per_step_weight=1.0) != fit()
     both = fit(per_step_weight=0.5, minmax_target=1.0)
-    assert both == pytest.approx(0.5 * float(L.regression_loss(r, mask, y, valid)) + 0.5 * float(L.guidance_loss(r, y, mask)),
-                                 rel=1e-6)
+    halves = 0.5 * float(L.regression_loss(r, mask, y, valid)) + 0.5 * float(L.guidance_loss(r, y, mask))
+    assert both == pytest.approx(halves, rel=1e-6)
     assert fit(ranking_weight=1.0, per_step_weight=1.0, minmax_target=1.0) == fit(ranking_weight=1.0)
 
 

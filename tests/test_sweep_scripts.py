@@ -60,7 +60,7 @@ def test_help_lists_a_default_for_every_own_option(name):
     ("ircr_horizon", ["--task", "chain-l16-n05"], "runs on DelayedChain; such tasks: keytodoor-a1"),
     ("ircr_horizon", ["--arms", "ircr,dense"], "--arms must include ppo"),
     ("ircr_horizon", ["--arms", "ppo,ircr@dense"], "--arms: unknown 'ircr@dense'"),
-    ("ircr_ablation", ["--tasks", "keytodoor-a1"], "keytodoor-a1 runs on KeyToDoor-Distractor; the credit's ground truth"),
+    ("ircr_ablation", ["--tasks", "keytodoor-a1"], "keytodoor-a1 runs on KeyToDoor-Distractor; the credit's"),
     ("siop_vs_critic", ["--settings", "default,nope"], "--settings: unknown 'nope'"),
     ("siop_vs_critic", ["--settings", "td0"], "--settings must include 'default'"),
     ("siop_vs_critic", ["--regime-tasks", "", "--outcome-tasks", ""], "nothing to run"),

@@ -136,8 +136,8 @@ def make_rrd(static, network, env, env_params) -> Signal:
             sample = lambda k: (x, actions, random_subsets(k, mask, hp.signal.rrd_subset))  # noqa: E731
             params, opt_state, ms = fit(loss_fn, *learner, tx, sample, key, steps=steps)
             r = proxy(params, x, actions)
-            metrics = {"rrd_first_loss": ms["loss"][0], "rrd_loss": ms["loss"][-1], "rrd_grad_norm": ms["grad_norm"][-1],
-                       "rrd_step_size": step_size, REFIT_STEPS: steps,
+            metrics = {"rrd_first_loss": ms["loss"][0], "rrd_loss": ms["loss"][-1],
+                       "rrd_grad_norm": ms["grad_norm"][-1], "rrd_step_size": step_size, REFIT_STEPS: steps,
                        # the whole episode's decomposition against its return
                        "buffer_corr": pearson((r * mask).sum(-1), ret, buf.valid)}
             return (params, opt_state), float_metrics(metrics)
