@@ -50,8 +50,9 @@ class StaticConfig:
     anneal_lr: bool = True
     normalize_advantages: bool = True
     # "mlp", "transformer", "bag" (bag-of-exchanges MLP over token buffers, networks.BagActorCritic),
-    # or "auto" (transformer for int token observations, else mlp)
+    # "gru" (recurrent: recurrent.GRUActorCritic), or "auto" (transformer for int token observations, else mlp)
     network: str = "auto"
+    gru_size: int = 128  # hidden units of network "gru" (its features' width)
     # "dense": one logit per action; "utterance": an utterance's logit adds its tokens' scores
     # (network "bag" on the turn-level text envs, see networks.BagActorCritic)
     action_head: str = "dense"
@@ -233,6 +234,7 @@ CORE_STATIC_CHECKS: dict[str, tuple] = {
     "d_model": (1, 4096),
     "num_layers": (1, 64),
     "num_heads": (1, 64),
+    "gru_size": (1, 1 << 16),
 }
 
 
@@ -270,7 +272,7 @@ def validate_static(static: StaticConfig) -> StaticConfig:
         check_int(static, name, lo, hi)
     check_sizes(static, "hidden_sizes")
     check_choice(static, "activation", ("tanh", "relu"))
-    check_choice(static, "network", ("auto", "mlp", "transformer", "bag"))
+    check_choice(static, "network", ("auto", "mlp", "transformer", "bag", "gru"))
     check_choice(static, "action_head", ("dense", "utterance"))
     for name in ("kv_cache", "packed_update"):
         if not isinstance(getattr(static, name), bool):

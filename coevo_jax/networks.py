@@ -303,7 +303,8 @@ def exchange_slots(env, env_params) -> int:
 def make_policy_network(static: StaticConfig, env, env_params) -> nn.Module:
     """The policy for ``env`` (``static.network``): ``"auto"`` is a causal
     transformer for integer token observations, else the MLP actor-critic;
-    ``"bag"`` is :class:`BagActorCritic` (token observations only). With
+    ``"bag"`` is :class:`BagActorCritic` (token observations only); ``"gru"``
+    the recurrent :class:`~coevo_jax.recurrent.GRUActorCritic`. With
     ``static.action_head = "utterance"`` (turn-level text envs) the logits of
     the bag or the transformer also score each utterance's words."""
     num_actions = env.action_space(env_params).n
@@ -314,6 +315,12 @@ def make_policy_network(static: StaticConfig, env, env_params) -> nn.Module:
         raise ConfigError(f"StaticConfig.action_head='utterance' needs the transformer or network='bag', got"
                           f" network={static.network!r} on {env.name}")
     action_tokens = utterance_tokens(env) if static.action_head == "utterance" else ()
+    if static.network == "gru":
+        if static.action_head != "dense":
+            raise ConfigError(f"StaticConfig.network='gru' has one logit per action (action_head='dense'), got"
+                              f" action_head={static.action_head!r}")
+        return GRUActorCritic(num_actions, tuple(static.hidden_sizes), static.gru_size, static.activation,
+                              static.value_heads, obs_vocab(env, env_params))
     if static.network == "bag":
         if not tokens or len(space.shape) != 1:
             raise ConfigError(f"StaticConfig.network='bag' reads token buffers [L]; {env.name} observations are"
@@ -347,7 +354,11 @@ def check_policy_network(network: nn.Module, static: StaticConfig, env, env_para
     returns ``(logits [..., A], value, features [..., H])``: ``A`` the env's actions, ``value``
     ``[...]``, or ``[..., 2]`` (the episodic and the intrinsic critic) for a method with an
     intrinsic reward stream (``static.value_heads == 2``), ``features`` the state the learned
-    rewards that read the policy's features take (e.g. the last hidden layer of the actor)."""
+    rewards that read the policy's features take (e.g. the last hidden layer of the actor).
+    A recurrent policy (``network.recurrent``) is checked against its own contract
+    (:func:`coevo_jax.recurrent.check_recurrent_network`)."""
+    if getattr(network, "recurrent", False):
+        return check_recurrent_network(network, static, env, env_params)
     space, num_actions = env.observation_space(env_params), env.action_space(env_params).n
     lead = (2, 3)
     obs = jax.ShapeDtypeStruct(lead + tuple(space.shape), space.dtype)
@@ -372,3 +383,87 @@ def check_policy_network(network: nn.Module, static: StaticConfig, env, env_para
 def features_dim(network: nn.Module, params, example_obs: jax.Array) -> int:
     """Width H of the ``features`` the network returns."""
     return int(jax.eval_shape(network.apply, params, example_obs)[2].shape[-1])
+
+
+# ----------------------------------------------------------------------------- recurrent (coevo_jax.recurrent)
+class _ResetGRU(nn.Module):
+    """One GRU step that first resets the carry where an episode starts:
+    ``(carry [B, H], (x [B, D], first [B])) -> (carry, carry)``."""
+
+    size: int
+
+    @nn.compact
+    def __call__(self, carry, inputs):
+        x, first = inputs
+        carry = jnp.where(first[:, None], jnp.zeros_like(carry), carry)
+        # orthogonal(): the QR-free initialiser (see coevo_jax.runtime)
+        carry, h = nn.GRUCell(self.size, recurrent_kernel_init=orthogonal(), name="cell")(carry, x)
+        return carry, h
+
+
+class GRUActorCritic(nn.Module):
+    """The recurrent policy (``StaticConfig.network = "gru"``, the contract of
+    :mod:`coevo_jax.recurrent`):
+    ``apply(params, carry [B, H], obs [B, T, ...], first [B, T]) -> (carry [B, H],
+    (logits [B, T, A], value [B, T] or [B, T, 2], features [B, T, H]))``.
+
+    An MLP embedding of each observation (``hidden_sizes[0]``, through
+    :func:`~coevo_jax.encoding.encode_obs`) feeds a GRU of ``gru_size`` units
+    scanned over time; actor and critic torsos (``hidden_sizes[1:]``) and heads
+    read its hidden state, which is also ``features``. Initialisers as
+    :class:`~coevo_jax.networks.ActorCritic` (orthogonal, QR-free).
+    """
+
+    num_actions: int
+    hidden_sizes: Sequence[int] = (64, 64)
+    gru_size: int = 128
+    activation: str = "tanh"
+    value_heads: int = 1
+    vocab: int = 0
+    recurrent = True
+
+    def initialize_carry(self, batch_shape: tuple) -> jax.Array:
+        """Zeros ``[*batch_shape, gru_size]``: the carry before any observation."""
+        return jnp.zeros(tuple(batch_shape) + (self.gru_size,), jnp.float32)
+
+    @nn.compact
+    def __call__(self, carry, obs, first):
+        act = _act(self.activation)
+        x = encode_obs(obs, obs.ndim - 2, self.vocab)  # [B, T, D]
+        x = _torso(x, tuple(self.hidden_sizes)[:1], act, "embed")
+        scan = nn.scan(_ResetGRU, variable_broadcast="params", split_rngs={"params": False}, in_axes=1, out_axes=1)
+        carry, h = scan(self.gru_size, name="gru")(carry, (x, first))  # h [B, T, H]
+        a = _torso(h, tuple(self.hidden_sizes)[1:], act, "actor")
+        logits = nn.Dense(self.num_actions, kernel_init=orthogonal(0.01), name="actor_out",
+                          dot_general=head_dot_general)(a)
+        v = _torso(h, tuple(self.hidden_sizes)[1:], act, "critic")
+        value = nn.Dense(self.value_heads, kernel_init=orthogonal(1.0), name="critic_out",
+                         dot_general=head_dot_general)(v)
+        return carry, (logits, value[..., 0] if self.value_heads == 1 else value, h)
+
+
+def check_recurrent_network(network: nn.Module, static, env, env_params):
+    """The recurrent contract on abstract values (nothing compiles): the output shapes
+    :class:`GRUActorCritic` documents, or a ``ConfigError`` naming what came back."""
+    space, num_actions = env.observation_space(env_params), env.action_space(env_params).n
+    b, t = 2, 3
+    obs = jax.ShapeDtypeStruct((b, t) + tuple(space.shape), space.dtype)
+    first = jax.ShapeDtypeStruct((b, t), jnp.bool_)
+    name = type(network).__name__
+    try:
+        carry = jax.eval_shape(lambda: network.initialize_carry((b,)))
+        params = jax.eval_shape(network.init, jax.random.PRNGKey(0), carry, obs, first)
+        new_carry, out = jax.eval_shape(network.apply, params, carry, obs, first)
+    except Exception as e:  # the user's module, whatever it raises
+        raise ConfigError(f"network: recurrent {name} fails on observations {obs.shape} of {env.name}:"
+                          f" {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+    value = (b, t) + ((2,) if static.value_heads == 2 else ())
+    shapes = [getattr(x, "shape", None) for x in out] if isinstance(out, (tuple, list)) else None
+    ok = (shapes is not None and len(shapes) == 3 and shapes[0] == (b, t, num_actions) and shapes[1] == value
+          and shapes[2] is not None and len(shapes[2]) == 3 and shapes[2][:2] == (b, t)
+          and jax.tree.map(np.shape, new_carry) == jax.tree.map(np.shape, carry))
+    if not ok:
+        raise ConfigError(f"network: recurrent {name} must return (carry like initialize_carry, (logits"
+                          f" {(b, t, num_actions)}, value {value}, features {(b, t)} + (H,))) for observations"
+                          f" {obs.shape} of {env.name}; it returned {jax.tree.map(np.shape, (new_carry, out))}")
+    return network

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 
 from coevo_jax.fit import fit, init_optimizer, make_optimizer  # noqa: F401  (the optimiser, re-exported)
 from coevo_jax.packing import PackedWindows
+from coevo_jax.recurrent import Sequences
 from coevo_jax.params import grad_clip, hyperparams, param, unit, weight
 from coevo_jax.rollout import mask_logits
 
@@ -92,10 +93,11 @@ def stream_advantages(streams, traj, hp):
 
 class PPOBatch(NamedTuple):
     """Training data for :func:`ppo_loss`: ``[B]`` samples, or ``[B, T]`` when
-    ``obs`` is a :class:`~coevo_jax.packing.PackedWindows` of ``B`` envs'
-    ``T``-step windows (then minibatches are whole envs)."""
+    ``obs`` is a :class:`~coevo_jax.packing.PackedWindows` or a
+    :class:`~coevo_jax.recurrent.Sequences` of ``B`` envs' ``T``-step windows
+    (then minibatches are whole envs)."""
 
-    obs: Any  # [B, ...] observations, or PackedWindows [B, P] / query [B, T]
+    obs: Any  # [B, ...] observations, PackedWindows [B, P] / query [B, T], or Sequences [B, T, ...]
     action: jax.Array  # [B] or [B, T]
     logp: jax.Array  # [B] behaviour log-probabilities
     value: jax.Array  # [B] critic values at collection time ([B, 2] with two value heads)
@@ -106,9 +108,13 @@ class PPOBatch(NamedTuple):
 
 def policy_outputs(network: nn.Module, params, obs):
     """``(logits, value, features)`` for plain observations ``[B, ...]``, or
-    ``[B, T, ...]`` for packed windows (``network.score_packed``)."""
+    ``[B, T, ...]`` for packed windows (``network.score_packed``) and for a
+    recurrent policy's :class:`~coevo_jax.recurrent.Sequences` (replayed from
+    their first carry)."""
     if isinstance(obs, PackedWindows):
         return network.apply(params, obs, method=network.score_packed)
+    if isinstance(obs, Sequences):
+        return network.apply(params, obs.carry, obs.obs, obs.first)[1]
     return network.apply(params, obs)
 
 

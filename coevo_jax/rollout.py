@@ -1,6 +1,6 @@
 """Collect a ``[T, N]`` trajectory with ``lax.scan`` (T steps of N envs).
 
-Two paths give the same trajectory:
+Three paths:
 
 * plain: the policy is applied to the whole observation every step (MLP
   policies, or any network);
@@ -9,7 +9,10 @@ Two paths give the same trajectory:
   the buffers, then every step only processes the tokens the environment added
   (at most ``decode_chunk`` of them, ``env.max_tokens_per_step``). The cache is
   rebuilt at the start of each rollout because the parameters change between
-  iterations.
+  iterations (the same trajectory as the plain path);
+* recurrent (:mod:`coevo_jax.recurrent`): the policy's carry runs through the
+  steps, reset before every episode's first observation, and the trajectory
+  stores the carry each step started from.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from coevo_jax.packing import PAD, decode_rows
+from coevo_jax.recurrent import is_recurrent, step_outputs
 from envs_jax.core import provides
 
 
@@ -56,6 +60,8 @@ class Trajectory(NamedTuple):
     legal_mask: Any = None  # [T, N, A] bool legal actions at obs[t] (envs with a legal-action mask), else None
     cont_value: Any = None  # [T, N] critic on the observation after step t, after any auto-reset (see above)
     probs: Any = None  # [T, N, A] the policy's action probabilities at obs[t] (legal actions only), as it acted
+    carry: Any = None  # [T, N, H] a recurrent policy's carry before step t (before its reset), else None
+    first: Any = None  # [T, N] bool obs[t] starts an episode (a recurrent policy's carry resets), else None
 
 
 def flatten_time(traj_field: jax.Array) -> jax.Array:
@@ -66,6 +72,8 @@ def flatten_time(traj_field: jax.Array) -> jax.Array:
 class RolloutState(NamedTuple):
     env_state: Any  # batched [N] EpisodeStats state
     obs: jax.Array  # [N, ...]
+    carry: Any = None  # [N, H] a recurrent policy's carry after the last step, else None
+    first: Any = None  # [N] bool obs starts an episode (recurrent policies), else None
 
 
 ILLEGAL_LOGIT = -1e9
@@ -139,6 +147,8 @@ def rollout(network: nn.Module, params, env, env_params, state: RolloutState, ke
     """
     if decode_chunk is not None:
         return _rollout_cached(network, params, env, env_params, state, key, length, decode_chunk)
+    if is_recurrent(network):
+        return _rollout_recurrent(network, params, env, env_params, state, key, length)
 
     def one_step(carry, step_key):
         ro, mask = carry
@@ -156,6 +166,32 @@ def rollout(network: nn.Module, params, env, env_params, state: RolloutState, ke
     last_value = network.apply(params, state.obs)[1]  # the next rollout's first observation
     cont_value = jnp.concatenate([steps["value"][1:], last_value[None]], axis=0)
     return state, Trajectory(next_value=next_value, cont_value=cont_value, **steps)
+
+
+def _rollout_recurrent(network, params, env, env_params, state: RolloutState, key, length: int):
+    """The recurrent path of :func:`rollout` (``state.carry``, ``state.first`` set).
+
+    ``next_value[t]`` is the critic on ``next_obs[t]`` from the carry after step
+    ``t`` (no reset: the final observation continues the episode it ends)."""
+
+    def one_step(carry, step_key):
+        ro, mask = carry
+        k_act, k_env = jax.random.split(step_key)
+        new_carry, (logits, value, features) = step_outputs(network, params, ro.carry, ro.obs, ro.first)
+        action, logp, probs = sample_action(logits, k_act, mask)
+        obs, env_state, fields = env_step(env, env_params, ro.env_state, action, k_env)
+        next_mask = fields.pop("next_legal_mask")
+        next_value = step_outputs(network, params, new_carry, fields["next_obs"], jnp.zeros_like(ro.first))[1][1]
+        done = jnp.logical_or(fields["terminated"], fields["truncated"])
+        step = dict(obs=ro.obs, action=action, logp=logp, probs=probs, value=value, features=features,
+                    legal_mask=mask, carry=ro.carry, first=ro.first, next_value=next_value, **fields)
+        return (RolloutState(env_state, obs, new_carry, done), next_mask), step
+
+    mask = current_legal_mask(env, env_params, state.env_state)
+    (state, _), steps = jax.lax.scan(one_step, (state, mask), jax.random.split(key, length))
+    last_value = step_outputs(network, params, state.carry, state.obs, state.first)[1][1]
+    cont_value = jnp.concatenate([steps["value"][1:], last_value[None]], axis=0)
+    return state, Trajectory(cont_value=cont_value, **steps)
 
 
 # Cached rollouts decode the partner's reply / a fresh prompt on compacted groups of

@@ -19,6 +19,7 @@ from coevo_jax.networks import check_policy_network, make_policy_network
 from coevo_jax.fit import init_optimizer
 from coevo_jax.packing import pack_windows
 from coevo_jax.ppo import PPOBatch, explained_variance, ppo_update, stream_advantages
+from coevo_jax.recurrent import Sequences, init_recurrent, is_recurrent
 from coevo_jax.registry import method_spec
 from coevo_jax.rollout import RolloutState, Trajectory, flatten_time, rollout
 from coevo_jax.signals import REFIT_STEPS, PolicyView, Signal, SignalParams, check_env_outputs, gated_update, make_signal
@@ -113,14 +114,20 @@ def packed_chunk(static: StaticConfig, network, env) -> int | None:
 
 def ppo_batch(traj: Trajectory, advantages: jax.Array, targets: jax.Array, chunk: int | None = None) -> PPOBatch:
     """The PPO training data of a ``[T, N]`` trajectory: flat ``[T * N]``
-    samples, or with ``chunk`` one packed stream per env (fields ``[N, T]``,
+    samples; with ``chunk`` one packed stream per env (fields ``[N, T]``,
     ``obs`` a :class:`~coevo_jax.packing.PackedWindows`) so every step of a
-    window is scored in one causal pass."""
+    window is scored in one causal pass; for a recurrent policy's trajectory
+    (``traj.carry`` set) each env's window as :class:`~coevo_jax.recurrent.Sequences`
+    (fields ``[N, T]``), replayed from the carry its first step started from."""
     fields = (traj.action, traj.logp, traj.value, advantages, targets, traj.legal_mask)
+    per_env = lambda x: jnp.swapaxes(x, 0, 1)  # noqa: E731
+    if traj.carry is not None:
+        return PPOBatch(Sequences(per_env(traj.obs), per_env(traj.first), traj.carry[0]),
+                        *jax.tree.map(per_env, fields))
     if chunk is None:
         return PPOBatch(flatten_time(traj.obs), *jax.tree.map(flatten_time, fields))
     obs = pack_windows(traj.obs, jnp.logical_or(traj.terminated, traj.truncated), chunk)
-    return PPOBatch(obs, *jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), fields))
+    return PPOBatch(obs, *jax.tree.map(per_env, fields))
 
 
 class Trainer:
@@ -154,10 +161,11 @@ class Trainer:
         self.params_class = method_spec(static.method).params if signal is None else SignalParams
         self.decode_chunk = decode_chunk(static, self.network, self.env)
         self.packed_chunk = packed_chunk(static, self.network, self.env)
-        if self.packed_chunk is not None and static.num_envs % static.num_minibatches:
-            raise ConfigError(
-                f"StaticConfig.num_minibatches={static.num_minibatches} must divide num_envs={static.num_envs}:"
-                " the packed transformer update (StaticConfig.packed_update) minibatches whole envs")
+        self.recurrent = is_recurrent(self.network)
+        if (self.packed_chunk is not None or self.recurrent) and static.num_envs % static.num_minibatches:
+            why = "a recurrent policy's" if self.recurrent else "the packed transformer (StaticConfig.packed_update)"
+            raise ConfigError(f"StaticConfig.num_minibatches={static.num_minibatches} must divide num_envs="
+                              f"{static.num_envs}: {why} update minibatches whole envs")
 
     # ------------------------------------------------------------------ init
     def hparams(self, hp: HParams) -> HParams:
@@ -178,21 +186,24 @@ class Trainer:
         k_net, k_env, k_sig, k_run = jax.random.split(key, 4)
         n = self.static.num_envs
         obs, env_state = jax.vmap(self.env.reset, (0, None))(jax.random.split(k_env, n), self.env_params)
-        params = self.network.init(k_net, obs)
-        example = self._example_trajectory(params, obs, env_state)
+        if self.recurrent:
+            params = init_recurrent(self.network, k_net, obs)
+            ro = RolloutState(env_state, obs, self.network.initialize_carry((n,)), jnp.ones((n,), bool))
+        else:
+            params, ro = self.network.init(k_net, obs), RolloutState(env_state, obs)
+        example = self._example_trajectory(params, ro)
         signal_state = self.signal.init(k_sig, example, hp)
         return TrainState(
-            params=params, opt_state=init_optimizer(params), signal_state=signal_state,
-            rollout=RolloutState(env_state, obs), key=k_run, iteration=jnp.int32(0),
+            params=params, opt_state=init_optimizer(params), signal_state=signal_state, rollout=ro, key=k_run, iteration=jnp.int32(0),
             diverged=jnp.bool_(False), last_return=jnp.float32(0.0), last_success=jnp.float32(0.0),
             refit_steps=jnp.float32(0.0),
         )
 
-    def _example_trajectory(self, params, obs, env_state) -> Trajectory:
+    def _example_trajectory(self, params, ro: RolloutState) -> Trajectory:
         shapes = jax.eval_shape(
             lambda p, s: rollout(self.network, p, self.env, self.env_params, s, jax.random.PRNGKey(0),
                                  self.static.rollout_len, self.decode_chunk)[1],
-            params, RolloutState(env_state, obs),
+            params, ro,
         )
         return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 

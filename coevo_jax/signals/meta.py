@@ -67,6 +67,7 @@ from coevo_jax.encoding import encode_obs, obs_vocab
 from coevo_jax.fit import fit, fit_step, init_optimizer, make_optimizer
 from coevo_jax.ppo import PPOBatch, gae, ppo_loss, stream_advantages
 from coevo_jax.params import default_of, grad_clip, hyperparams, unit, weight
+from coevo_jax.recurrent import is_recurrent
 from coevo_jax.registry import MethodSpec, register_method
 from coevo_jax.reward_net import (
     REWARD_NET_STATIC_CHECKS, RewardNet, apply_reward, check_reward_net_static, make_reward_net, reward_inputs,
@@ -334,6 +335,8 @@ def make_meta(static, network, env, env_params) -> Signal:
     """LIRPG meta-gradient reward source (method ``meta``): the streams of
     :func:`meta_streams`, phi refit by :func:`meta_update` whenever the loop
     runs ``update``."""
+    if is_recurrent(network):  # the unrolled inner update scores flat steps (meta.inner_update)
+        raise ConfigError("method 'meta' needs a feed-forward policy; StaticConfig.network='gru' is not supported")
     reward_net = make_reward_net(static, env, env_params)
     v_net = make_value_net(static, env, env_params)
 
