@@ -90,3 +90,31 @@ def test_q_advantage_credit_is_q_less_its_policy_mean_and_memory_pairs_hide_the_
         o, s, *_ = env.step(jax.random.PRNGKey(t), s, 0, params)
     np.testing.assert_array_equal(later[int(s.cue) * 3], np.asarray(o))
     assert not later[:, :3].any() and choice_pairs(3)[0][:, :3].any()
+
+
+def test_a_recurrent_policy_is_scored_on_the_episode_history_up_to_the_pair():
+    """With the GRU policy R_phi reads the hidden state after the episode's observations: at the
+    choice, the cue's first observation from a fresh carry; at the last step, the whole history,
+    whose last observation is the pair's own (and shows no cue on the memory chain)."""
+    from coevo_jax.analysis.chain_credit import choice_histories
+
+    env, params = envs_jax.make("DelayedChain", num_choices=3, length=4, hide_cue=1)
+    hist = choice_histories(3, 4, 0.75, hide_cue=True)
+    assert hist.shape == (9, 4, 7)
+    np.testing.assert_array_equal(hist[:, -1], choice_pairs(3, 0.75, hide_cue=True)[0])
+    np.testing.assert_array_equal(hist[:, 0], choice_pairs(3)[0])
+    static = StaticConfig(method="coevo-regression", network="gru", gru_size=8, hidden_sizes=(8, 8), num_envs=2,
+                          rollout_len=8, num_minibatches=2, total_steps=16)
+    trainer = Trainer(static, env, params)
+    state = jax.vmap(trainer.init)(jax.random.split(jax.random.PRNGKey(0), 2),
+                                   jax.tree.map(lambda x: np.stack([x, x]), cj.default_hparams(static.method)))
+    net = make_reward_net(static, env, params)
+    pick = lambda tree, i: jax.tree.map(lambda x: x[i], tree)  # noqa: E731
+    for elapsed, h in ((0.0, hist[:, :1]), (0.75, hist)):
+        first = np.zeros(h.shape[:2], bool)
+        first[:, 0] = True
+        expect = []
+        for i in range(2):
+            feats = trainer.network.apply(pick(state.params, i), np.zeros((9, 8), np.float32), h, first)[1][2][:, -1]
+            expect.append(np.asarray(net.apply(pick(state.signal_state.params, i), feats, choice_pairs(3)[1])[0]))
+        np.testing.assert_allclose(choice_rewards(trainer, state, elapsed), np.stack(expect), rtol=1e-5, atol=1e-7)

@@ -24,7 +24,9 @@ co-evolution methods (what the policy is paid, times ``beta_int``), IRCR's
 linear guidance reward, ``q-advantage``'s credit ``Q(h, a) - sum_b pi(b | h)
 Q(h, b)`` under the policy of the same snapshot. On the memory chain
 (``hide_cue``) the later pairs show no cue, as the env does. On features input (``reward_input="features"``) R_phi
-reads the policy's hidden state of the choice observation. SIOP's credit and
+reads the policy's hidden state of the pair's observation; a recurrent policy's
+(:mod:`coevo_jax.recurrent`) after the episode's observations up to that step
+(:func:`choice_histories`: at a later step it may remember the cue). SIOP's credit and
 PPO's critic are functions of the state: the states after the choice do not
 show it (``show_choice = 0``), so at the choice step they pay every action of
 a cue the same; they have no row here by construction.
@@ -55,23 +57,48 @@ def choice_pairs(num_choices: int, elapsed: float = 0.0, hide_cue: bool = False)
     return obs, action.astype(np.int32)
 
 
+def choice_histories(num_choices: int, length: int, elapsed: float = 0.0, hide_cue: bool = False) -> np.ndarray:
+    """``[K*K, n, 2K+1]``: for each pair of :func:`choice_pairs` the episode's
+    observations up to its step (``n = round(elapsed * length) + 1``; the choice
+    not shown, so they do not depend on the action): the cue at step 0 (and at
+    every step unless ``hide_cue``), the elapsed fraction ``t / length``. The last
+    observation of each history is the pair's own."""
+    steps = int(round(elapsed * length)) + 1
+    rows = [choice_pairs(num_choices, t / length, hide_cue)[0] for t in range(steps)]
+    return np.stack(rows, axis=1)
+
+
 def choice_rewards(trainer, states, elapsed: float = 0.0) -> np.ndarray:
     """The learned reward ``[R, K*K]`` of stacked :class:`~coevo_jax.train.TrainState`
     (leaves ``[R, ...]``) on :func:`choice_pairs` of ``trainer``'s DelayedChain."""
     from coevo_jax.ppo import policy_outputs
+    from coevo_jax.recurrent import is_recurrent
     from coevo_jax.reward_net import make_reward_net
     from coevo_jax.signals.q_advantage import action_credit, make_q_net
 
     static = trainer.static
     if static.method not in REWARD_METHODS:
         raise ValueError(f"method {static.method!r} has no learned reward of (state, action); one of {REWARD_METHODS}")
-    obs, action = choice_pairs(trainer.env.unwrapped.num_choices, elapsed, bool(trainer.env_params.hide_cue))
+    k = trainer.env.unwrapped.num_choices
+    obs, action = choice_pairs(k, elapsed, bool(trainer.env_params.hide_cue))
     q_credit = static.method == "q-advantage"
     net = (make_q_net if q_credit else make_reward_net)(static, trainer.env, trainer.env_params)
     linear = static.method == "ircr"  # IRCR pays the pre-tanh output
 
+    hide = bool(trainer.env_params.hide_cue)
+
+    def policy(policy_params):  # (logits, features) of each pair's observation
+        if not is_recurrent(trainer.network):
+            logits, _, features = policy_outputs(trainer.network, policy_params, jnp.asarray(obs))
+            return logits, features
+        hist = jnp.asarray(choice_histories(k, int(trainer.env_params.length), elapsed, hide))
+        first = jnp.zeros(hist.shape[:2], bool).at[:, 0].set(True)
+        _, (logits, _, features) = trainer.network.apply(
+            policy_params, trainer.network.initialize_carry(hist.shape[:1]), hist, first)
+        return logits[:, -1], features[:, -1]
+
     def one(policy_params, reward_params):
-        logits, _, features = policy_outputs(trainer.network, policy_params, jnp.asarray(obs))
+        logits, features = policy(policy_params)
         x = features if static.reward_input == "features" else jnp.asarray(obs)
         if q_credit:
             return action_credit(net.apply(reward_params, x), jax.nn.softmax(logits), jnp.asarray(action))
