@@ -26,6 +26,7 @@ from coevo_jax.signals import placebo  # noqa: F401  constant, siop-shuffled (co
 from coevo_jax.signals import critic_shaping  # noqa: F401  siop-critic (control)
 from coevo_jax.signals import ircr  # noqa: F401  ircr
 from coevo_jax.signals import q_advantage  # noqa: F401  q-advantage
+from coevo_jax.signals import rrd  # noqa: F401  rrd
 
 
 def make_signal(static, network, env, env_params) -> Signal:

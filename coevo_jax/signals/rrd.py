@@ -1,0 +1,182 @@
+"""Randomized Return Decomposition (RRD; Ren, Guo, Zhou and Peng 2022,
+"Learning Long-Term Reward Redistribution via Randomized Return Decomposition"),
+method ``rrd``.
+
+**The proxy reward.** A per-step reward ``r_hat(s, a)`` is learned so that an
+episode's return is recovered from a random subset of its steps, scaled up to
+the episode's length:
+
+    L(theta) = E_tau E_I [ (R(tau) - n_tau / |I| * sum_{t in I} r_hat(s_t, a_t))^2 ],
+
+``I`` a uniformly random subset of ``|I| = min(rrd_subset, n_tau)`` distinct steps
+of episode ``tau`` (``n_tau`` steps, undiscounted external return ``R(tau)``):
+the paper's randomized return decomposition loss, a Monte-Carlo surrogate of
+return decomposition (``sum_t r_hat = R``) whose cost does not grow with the
+episode and which, by the paper's analysis, upper-bounds it plus a variance
+term that asks the rewards inside an episode to be alike (interpolating
+between return decomposition, ``|I| = n``, and uniform redistribution ``R /
+n``, ``|I| = 1``). Every refit step draws a fresh subset for every episode of
+the buffer.
+
+**Rewards.** As in the paper the agent learns from ``r_hat`` in place of the
+environment's reward: the episodic stream ``beta_ext * r_ext + beta_int *
+r_hat`` with defaults ``beta_ext = 0``, ``beta_int = 1`` (``beta_ext = 1`` adds it
+instead); ``r_hat`` is the network's linear output (unbounded, as the paper's),
+raw unless ``normalize_int`` (a running RMS, never a shift). ``off``
+(``beta_ext = 1``, ``beta_int = 0``) is sparse PPO exactly.
+
+**Deviations.** The paper pairs RRD with off-policy learners (SAC, TD3) that
+replay the reward model on stored transitions; PPO reads it on each rollout,
+as for IRCR (:mod:`coevo_jax.signals.ircr`). The network, its input
+(``StaticConfig.reward_input``: the observation, or the policy's features, a
+recurrent policy's hidden state included) and the episode replay (the most
+recent ``buffer_episodes`` complete episodes, refit every ``k`` iterations with
+``reward_steps`` full-batch Adam steps at ``rrd_lr_ratio`` times the policy's
+lr) are this library's, shared with R_phi and IRCR; the paper samples
+minibatches of episodes. The loss is the paper's equation; the authors' code
+regresses the subset's mean reward onto ``R / n`` instead (the same minimiser
+at a fixed length, each episode weighted by ``1 / n^2``). Their bias-corrected
+variant (``rrd_bias_correction``: the subset mean's variance subtracted, an
+unbiased estimate of the return-decomposition loss) is not implemented.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from coevo_jax import episodes as ep
+from coevo_jax.fit import fit, init_optimizer, make_optimizer, refit_steps, refit_when
+from coevo_jax.params import default_of, hyperparams, param
+from coevo_jax.registry import MethodSpec, register_method
+from coevo_jax.reward_net import REWARD_NET_STATIC_CHECKS, make_reward_net, reward_inputs
+from coevo_jax.signals.base import (
+    REFIT_STEPS, ReturnScale, RewardStreams, Signal, SignalParams, float_metrics, init_return_scale, return_rms,
+    scale_normalise,
+)
+from coevo_jax.signals.learned import RewardNetParams, check_learned_static, pearson
+
+
+# ----------------------------------------------------------------------------- subsets and loss
+def random_subsets(key: jax.Array, mask: jax.Array, size) -> jax.Array:
+    """Float32 ``[E, L]``: for each episode (row; its steps where ``mask [E, L]`` = 1) a
+    uniformly random subset of ``min(size, n_e)`` distinct steps, marked 1. ``size``
+    may be traced."""
+    u = jnp.where(mask > 0, jax.random.uniform(key, mask.shape), jnp.inf)
+    rank = jnp.argsort(jnp.argsort(u, axis=-1), axis=-1)  # 0 = the step with the smallest draw
+    return jnp.logical_and(rank < size, mask > 0).astype(jnp.float32)
+
+
+def rrd_loss(r: jax.Array, mask: jax.Array, subset: jax.Array, ret: jax.Array, valid: jax.Array) -> jax.Array:
+    """Mean over valid episodes of ``(ret_e - n_e / |I_e| * sum_{t in I_e} r_t)^2``:
+    ``r, mask, subset [E, L]`` (``subset`` within ``mask``), ``ret, valid [E]``. 0 with
+    no valid episode."""
+    n, k = mask.sum(-1), subset.sum(-1)
+    pred = n / jnp.maximum(k, 1.0) * (r * subset).sum(-1)
+    w = jnp.logical_and(valid, k > 0).astype(jnp.float32)
+    return ((pred - ret) ** 2 * w).sum() / jnp.maximum(w.sum(), 1.0)
+
+
+# ----------------------------------------------------------------------------- the signal
+@struct.dataclass
+class RRDState:
+    """The proxy reward's parameters and Adam state, the running scale of its
+    return and the episode replay (per step ``x``, ``action``, ``reward``)."""
+
+    params: Any
+    opt_state: Any
+    scale: ReturnScale
+    replay: ep.EpisodeReplay
+
+
+def make_rrd(static, network, env, env_params) -> Signal:
+    """The RRD proxy reward (method ``rrd``; see the module docstring)."""
+    net = make_reward_net(static, env, env_params)
+    window = ep.episode_window("max_episode_len", static.max_episode_len, env, env_params)
+    kept = ep.replay_episodes(static.buffer_episodes, static.num_envs, static.rollout_len, env, env_params)
+
+    def inputs(traj):
+        return reward_inputs(traj, net.reward_input, net.obs_ndim)
+
+    def proxy(params, x, action):
+        """``r_hat``: the network's linear (pre-tanh) output."""
+        return net.apply(params, x, action)[1]
+
+    def init(key, traj, hp):
+        x = inputs(traj)
+        num_envs = traj.action.shape[1]
+        params = net.init(key, x[0], traj.action[0])
+        replay = ep.init_replay(kept, window, num_envs,
+                                {"x": x[0, 0], "action": jnp.int32(0), "reward": jnp.float32(0.0)},
+                                {"full_return": jnp.float32(0.0)})
+        return RRDState(params, init_optimizer(params), init_return_scale(num_envs), replay)
+
+    def observe(state: RRDState, traj, hp, key):
+        steps = {"x": inputs(traj), "action": traj.action.astype(jnp.int32), "reward": traj.reward.astype(jnp.float32)}
+        replay = ep.add_rollout(state.replay, steps, {"full_return": traj.episode_return.astype(jnp.float32)},
+                                traj.episode_done)
+        return state.replace(replay=replay), {"episodes_committed": replay.committed.astype(jnp.float32)}
+
+    def update(state: RRDState, traj, policy, hp, key):
+        buf = state.replay.train
+        x, actions, mask = buf.steps["x"], buf.steps["action"], ep.buffer_mask(buf)
+        ret = ep.episode_sum(buf.steps["reward"], buf)
+        step_size = hp.signal.rrd_lr_ratio * policy.lr
+        tx = make_optimizer(hp.signal.reward_max_grad_norm, step_size)
+        steps = refit_steps(static.reward_steps, static, hp)
+
+        def loss_fn(params, batch):
+            x_b, a_b, subset = batch
+            return rrd_loss(proxy(params, x_b, a_b), mask, subset, ret, buf.valid), {}
+
+        def refit(learner):
+            # full-batch steps, each with a fresh random subset of every episode's steps
+            sample = lambda k: (x, actions, random_subsets(k, mask, hp.signal.rrd_subset))  # noqa: E731
+            params, opt_state, ms = fit(loss_fn, *learner, tx, sample, key, steps=steps)
+            r = proxy(params, x, actions)
+            metrics = {"rrd_first_loss": ms["loss"][0], "rrd_loss": ms["loss"][-1], "rrd_grad_norm": ms["grad_norm"][-1],
+                       "rrd_step_size": step_size, REFIT_STEPS: steps,
+                       # the whole episode's decomposition against its return
+                       "buffer_corr": pearson((r * mask).sum(-1), ret, buf.valid)}
+            return (params, opt_state), float_metrics(metrics)
+
+        # fewer than hp.signal.min_refit_episodes complete episodes: no step, Adam's count untouched
+        (params, opt_state), metrics = refit_when(ep.refit_ready(buf, hp), refit, (state.params, state.opt_state))
+        metrics = {**metrics, "buffer_size": buf.valid.sum().astype(jnp.float32)}
+        return state.replace(params=params, opt_state=opt_state), float_metrics(metrics)
+
+    def rewards(state: RRDState, traj, hp):
+        r_hat = proxy(state.params, inputs(traj), traj.action)
+        done = jnp.logical_or(traj.terminated, traj.truncated)
+        scale, r = scale_normalise(state.scale, r_hat, hp.ppo.gamma, hp.signal.normalize_int, done)
+        streams = RewardStreams(hp.signal.beta_ext * traj.reward + hp.signal.beta_int * r)
+        metrics = {"r_int_mean": r_hat.mean(), "r_int_var": r_hat.var(), "int_return_rms": return_rms(scale)}
+        return state.replace(scale=scale), streams, float_metrics(metrics)
+
+    return Signal(init, observe, update, rewards)
+
+
+# ----------------------------------------------------------------------------- registration
+@hyperparams
+class RRDParams(RewardNetParams):
+    """``rrd``'s hyperparameters: the paper trains the agent on ``r_hat`` alone (raw)
+    and refits as data comes in (every iteration here)."""
+
+    beta_ext: float = default_of(SignalParams, "beta_ext", 0.0)
+    normalize_int: float = default_of(SignalParams, "normalize_int", 0.0)
+    k: int = default_of(SignalParams, "k", 1)
+    rrd_lr_ratio: float = param(4.0, 0.0, 1e4, doc="the proxy reward's Adam step as a multiple of the policy's"
+                                                   " current lr (0: frozen at its initialisation)")
+    rrd_subset: int = param(8, 1, 4096, integer=True, doc="steps drawn from each episode per refit step (the"
+                                                            " paper's K; an episode with fewer uses all of them)")
+
+
+register_method(MethodSpec(
+    "rrd", make_rrd, RRDParams,
+    static_checks={**REWARD_NET_STATIC_CHECKS, "reward_steps": (1, 10_000)},
+    check_static=check_learned_static, off={"beta_ext": 1.0, "beta_int": 0.0}, tune={"rrd_lr_ratio": (0.2, 200.0)},
+    doc="RRD (Ren et al. 2022): a per-step proxy reward whose sum over a random subset of an episode's steps,"
+        " scaled to its length, regresses onto the return; replacing the external reward",
+))
