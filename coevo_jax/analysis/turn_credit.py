@@ -180,12 +180,9 @@ def plot_credit(panels: list, path: str, title: str = "per-turn credit") -> str:
     """Bar chart, one panel per dialogue: ``panels = [(name, dialogue, credit or None, rphi
     or None)]``; bars per turn (SIOP credit, R_phi), the external reward as stars;
     the x labels are the turns' utterances and replies."""
-    import matplotlib
+    from coevo_jax.analysis.plots import save_figure, subplots  # a bare Figure: matplotlib's state untouched
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), squeeze=False)
+    fig, axes = subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), squeeze=False)
     for ax, (name, d, credit, rphi) in zip(axes[0], panels):
         n = len(d["actions"])
         x = np.arange(n)
@@ -207,9 +204,7 @@ def plot_credit(panels: list, path: str, title: str = "per-turn credit") -> str:
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=90)
 
 
 # ----------------------------------------------------------------------------- a study's final models
