@@ -112,6 +112,27 @@ def test_anti_collusion_terms_and_total_by_hand():
     assert float(mixed) == pytest.approx(0.75 * 1.16 / 3 + 0.25 * bt, rel=1e-5)
 
 
+def test_ircr_options_change_the_target_and_the_fit_exactly():
+    """minmax_target = 1 regresses the sums onto IRCR's normalised returns; per_step_weight = 1 fits
+    every step to its episode's target (IRCR's guidance loss); both at 0 leave the decomposition
+    exactly as it was; the ranking fit ignores them."""
+    mask = jnp.asarray(MASK * VALID[:, None])
+    r, ret, valid = jnp.asarray(R), jnp.asarray(RET), jnp.asarray(VALID)
+    fit = lambda **kw: float(L.reward_objective(  # noqa: E731
+        r, r, r, mask, ret, valid, cj.default_hparams("coevo-regression", **kw))[1]["fit_loss"])
+    y = L.minmax_normalise(ret, valid)
+    assert fit() == float(L.regression_loss(r, mask, ret, valid))
+    assert fit(minmax_target=1.0) == float(L.regression_loss(r, mask, y, valid))
+    assert fit(minmax_target=1.0, per_step_weight=1.0) == pytest.approx(float(L.guidance_loss(r, y, mask)), rel=1e-5)
+    assert fit(per_step_weight=1.0) == pytest.approx(float(L.guidance_loss(r, jnp.where(valid, ret, 0.0), mask)),
+                                                     rel=1e-5)
+    assert fit(per_step_weight=1.0) != fit()
+    both = fit(per_step_weight=0.5, minmax_target=1.0)
+    assert both == pytest.approx(0.5 * float(L.regression_loss(r, mask, y, valid)) + 0.5 * float(L.guidance_loss(r, y, mask)),
+                                 rel=1e-6)
+    assert fit(ranking_weight=1.0, per_step_weight=1.0, minmax_target=1.0) == fit(ranking_weight=1.0)
+
+
 def test_pearson_by_hand():
     x = jnp.array([1.0, 2.0, 3.0, 100.0])
     y = jnp.array([2.0, 4.0, 7.0, -50.0])

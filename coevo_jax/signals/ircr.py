@@ -75,33 +75,9 @@ from coevo_jax.signals.base import (
     REFIT_STEPS, ReturnScale, RewardStreams, Signal, SignalParams, float_metrics, init_return_scale, return_rms,
     scale_normalise,
 )
-from coevo_jax.signals.learned import RewardNetParams, check_learned_static, pearson
-
-#: below this spread of the buffer's returns every normalised target is 0
-MIN_SPREAD = 1e-8
-
-
-# ----------------------------------------------------------------------------- targets and loss
-def minmax_normalise(ret: jax.Array, valid: jax.Array) -> jax.Array:
-    """``(R - R_min) / (R_max - R_min)`` of ``ret [E]``, min and max over the
-    ``valid [E]`` entries; 0 on invalid entries and when the spread is below
-    :data:`MIN_SPREAD` (all returns equal, or no valid entry)."""
-    ret = ret.astype(jnp.float32)
-    lo = jnp.min(jnp.where(valid, ret, jnp.inf))
-    hi = jnp.max(jnp.where(valid, ret, -jnp.inf))
-    spread = hi - lo
-    ok = jnp.logical_and(jnp.isfinite(spread), spread >= MIN_SPREAD)
-    out = (ret - jnp.where(ok, lo, 0.0)) / jnp.where(ok, spread, 1.0)
-    return jnp.where(jnp.logical_and(valid, ok), out, 0.0)
-
-
-def guidance_loss(g: jax.Array, target: jax.Array, mask: jax.Array) -> jax.Array:
-    """Mean over the stored steps (``mask [E, L]`` = 1) of ``(g - target_e)^2``:
-    ``g [E, L]`` the guidance reward of each step, ``target [E]`` its episode's
-    normalised return. 0 with no stored step."""
-    err = (g - target[:, None]) ** 2
-    return (err * mask).sum() / jnp.maximum(mask.sum(), 1.0)
-
+from coevo_jax.signals.learned import (  # noqa: F401  (MIN_SPREAD: the targets' floor, documented here)
+    MIN_SPREAD, RewardNetParams, check_learned_static, guidance_loss, minmax_normalise, pearson,
+)
 
 def episode_means(g: jax.Array, mask: jax.Array) -> jax.Array:
     """``[E, L] -> [E]``: each episode's mean of ``g`` over its stored steps (0 if none)."""

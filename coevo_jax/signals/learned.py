@@ -150,16 +150,53 @@ def extreme_loss(pre: jax.Array, mask: jax.Array) -> jax.Array:
     return _safe_mean(pre**2, mask)
 
 
+#: below this spread of the buffer's returns every normalised target is 0 (IRCR's targets)
+MIN_SPREAD = 1e-8
+
+
+# ----------------------------------------------------------------------------- targets and loss
+def minmax_normalise(ret: jax.Array, valid: jax.Array) -> jax.Array:
+    """``(R - R_min) / (R_max - R_min)`` of ``ret [E]``, min and max over the
+    ``valid [E]`` entries; 0 on invalid entries and when the spread is below
+    :data:`MIN_SPREAD` (all returns equal, or no valid entry)."""
+    ret = ret.astype(jnp.float32)
+    lo = jnp.min(jnp.where(valid, ret, jnp.inf))
+    hi = jnp.max(jnp.where(valid, ret, -jnp.inf))
+    spread = hi - lo
+    ok = jnp.logical_and(jnp.isfinite(spread), spread >= MIN_SPREAD)
+    out = (ret - jnp.where(ok, lo, 0.0)) / jnp.where(ok, spread, 1.0)
+    return jnp.where(jnp.logical_and(valid, ok), out, 0.0)
+
+
+def guidance_loss(g: jax.Array, target: jax.Array, mask: jax.Array) -> jax.Array:
+    """Mean over the stored steps (``mask [E, L]`` = 1) of ``(g - target_e)^2``:
+    ``g [E, L]`` the guidance reward of each step, ``target [E]`` its episode's
+    normalised return. 0 with no stored step."""
+    err = (g - target[:, None]) ** 2
+    return (err * mask).sum() / jnp.maximum(mask.sum(), 1.0)
+
+
 def reward_objective(r, pre, r_anchor, mask, ret, valid, hp):
     """Phase-B loss of R_phi from per-step outputs (all ``[E, L]`` but ``ret,
     valid [E]``): ``anchor_weight * fit + drift_weight * drift + extreme_weight
-    * extreme``, ``fit = (1 - w) * regression MSE + w * ranking loss`` with ``w =
-    hp.signal.ranking_weight`` (0: ``coevo-regression``, ``coevo-novelty``; 1:
-    ``coevo-ranking``; a traced value, so both methods run one compiled program,
-    and each loss enters exactly: ``1 * x + 0 * y == x`` for finite ``y``).
-    Returns ``(loss, metrics)``."""
-    w = hp.signal.ranking_weight
-    fit = ((1.0 - w) * regression_loss(r, mask, ret, valid)
+    * extreme``, with
+
+        fit = (1 - w) * ((1 - p) * regression MSE(y) + p * per-step MSE(y)) + w * ranking loss,
+
+    ``w = hp.signal.ranking_weight`` (0: ``coevo-regression``, ``coevo-novelty``; 1:
+    ``coevo-ranking``), ``p = hp.signal.per_step_weight`` (0 by default; 1: every step
+    regressed onto its episode's target, IRCR's per-step target instead of a
+    decomposition, :func:`guidance_loss`), and the target ``y`` the episode's return,
+    or with ``hp.signal.minmax_target`` = 1 its min-max normalisation over the buffer
+    (IRCR's, :func:`minmax_normalise`). The weights are traced values, so these
+    variants run one compiled program, and at 0 and 1 each loss enters exactly
+    (``1 * x + 0 * y == x`` for finite ``y``; at their defaults the fit and its
+    gradient are bit for bit those without the options). Returns ``(loss, metrics)``."""
+    w, p = hp.signal.ranking_weight, hp.signal.per_step_weight
+    y = jnp.where(hp.signal.minmax_target > 0, minmax_normalise(ret, valid), ret)
+    decomposition = regression_loss(r, mask, y, valid)
+    per_step = guidance_loss(r, jnp.where(valid, y, 0.0), mask * valid[:, None])
+    fit = ((1.0 - w) * (decomposition + p * (per_step - decomposition))
            + w * ranking_loss(r, mask, ret, valid, hp.signal.ranking_temp))
     drift = drift_loss(r, r_anchor, mask)
     extreme = extreme_loss(pre, mask)
@@ -368,6 +405,11 @@ class LearnedParams(RewardNetParams):
     ranking_weight: float = unit(0.0, doc="weight of the Bradley-Terry ranking loss in the fit, 1 - it of the"
                                           " regression MSE (coevo-regression 0, coevo-ranking 1)")
     ranking_temp: float = grad_clip(1.0, doc="Bradley-Terry temperature")
+    # toward IRCR, one property at a time (sweeps/ircr_ablation.py); beta_ext = 0 replaces the external reward
+    per_step_weight: float = unit(0.0, doc="weight of the per-step target in the fit (every step regressed onto"
+                                           " its episode's target, as IRCR), 1 - it of the decomposition")
+    minmax_target: float = unit(0.0, doc="1: the fit's target is the return min-max normalised over the buffer"
+                                         " (IRCR's), 0: the return")
 
 
 @hyperparams
