@@ -13,7 +13,7 @@ from _study import options
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = ("siop_learning", "coevo_learning", "meta_gradient", "text_learning", "ppo_learning", "calibrate",
            "turn_learning", "compare_methods", "credit_quality", "collusion", "siop_vs_critic", "chain_credit",
-           "ircr_horizon")
+           "ircr_horizon", "ircr_ablation")
 
 
 def load(name):
@@ -60,6 +60,7 @@ def test_help_lists_a_default_for_every_own_option(name):
     ("ircr_horizon", ["--task", "chain-l16-n05"], "runs on DelayedChain; such tasks: keytodoor-a1"),
     ("ircr_horizon", ["--arms", "ircr,dense"], "--arms must include ppo"),
     ("ircr_horizon", ["--arms", "ppo,ircr@dense"], "--arms: unknown 'ircr@dense'"),
+    ("ircr_ablation", ["--tasks", "keytodoor-a1"], "keytodoor-a1 runs on KeyToDoor-Distractor; the credit's ground truth"),
     ("siop_vs_critic", ["--settings", "default,nope"], "--settings: unknown 'nope'"),
     ("siop_vs_critic", ["--settings", "td0"], "--settings must include 'default'"),
     ("siop_vs_critic", ["--regime-tasks", "", "--outcome-tasks", ""], "nothing to run"),
@@ -169,6 +170,13 @@ def test_default_studies_keep_each_protocol():
     assert dict(tuned_ircr.fixed) == ktd.tuned["ircr"] and arms["ircr@ppo"].static.buffer_episodes == 256
     at_ppo = {**ktd.tuned["ircr"], "lr": ktd.tuned["ppo"]["lr"], "ent_coef": ktd.tuned["ppo"]["ent_coef"]}
     assert dict(arms["ircr@ppo"].fixed) == at_ppo and dict(arms["ircr+ext@ppo"].fixed) == {**at_ppo, "beta_ext": 1.0}
+    (abl,) = built("ircr_ablation", ["--tasks", "chain-l16-n05"])  # R_phi toward IRCR, one property per arm
+    arms = {a.name: a for a in abl.arms}
+    assert list(arms) == ["ppo", "ircr", "rphi", "rphi-replaced", "rphi-per-step", "rphi-minmax", "rphi-as-ircr"]
+    base = chain_task.tuned["coevo-regression"]
+    assert dict(arms["rphi"].fixed) == base and dict(arms["rphi-per-step"].fixed) == {**base, "per_step_weight": 1.0}
+    assert dict(arms["rphi-as-ircr"].fixed) == {**base, "beta_ext": 0.0, "per_step_weight": 1.0, "minmax_target": 1.0}
+    assert abl.save_chunks and all(a.static.method == "coevo-regression" for a in abl.arms[2:])
     for key, value in chain_task.static_overrides.items():  # every arm runs with the task's StaticConfig overrides
         assert all(getattr(a.static, key) == (tuple(value) if isinstance(value, list) else value) for a in chain.arms)
 
