@@ -38,7 +38,7 @@ from coevo_jax.config import ConfigError
 from coevo_jax.experiment import Study
 
 from _study import cli, options
-from _study.admitted import add_admitted_option, comparable, load_admitted
+from _study.admitted import add_admitted_option, load_admitted
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_TASKS = ("chain-l16-n05", "memchain-l16-n05")
@@ -66,7 +66,7 @@ def build_parser():
 def studies(args) -> list:
     admitted = load_admitted(args.admitted)
     out = []
-    for name in comparable(admitted, args.tasks):
+    for name in options.names(args.tasks, "--tasks", list(admitted)):  # withdrawn tasks too: a mechanism, not a rank
         task = admitted[name]
         if task.env != "DelayedChain":
             raise ConfigError(f"--tasks: {name} runs on {task.env}; the credit's ground truth is DelayedChain's")
@@ -85,8 +85,11 @@ def report(args, results) -> str:
     from coevo_jax.controls import random_row
     from coevo_jax.files import atomic_write_text
 
-    rows, helps = [], []
+    admitted = load_admitted(args.admitted)
+    rows, helps, withdrawn = [], [], []
     for result in results:
+        if admitted[result.study.name].withdrawn:
+            withdrawn.append(f"{result.study.name} ({admitted[result.study.name].withdrawn})")
         study, finals = result.study, arm_finals(result)
         credit = {arm: {k: v[:, -1] for k, v in scores.items()} for arm, (_, scores) in credit_curves(result).items()}
         for r in [random_row(study)] + list(result.summary):
@@ -115,7 +118,8 @@ def report(args, results) -> str:
     atomic_write_text(os.path.join(args.out, "ircr_ablation.csv"), rows_to_csv(rows))
     verdict = ("rule (fixed in advance): a property helps on a task when the lower end of its arm's P(> rphi) is above"
                " 0.5; " + (f"helps: {', '.join(helps)}" if helps else "no property helps on any task"))
-    return f"{header}\n{table}\n{verdict}"
+    notes = f"\nwithdrawn from the comparisons (it cannot rank methods; the credit still shows): {'; '.join(withdrawn)}"
+    return f"{header}\n{table}\n{verdict}" + (notes if withdrawn else "")
 
 
 def main(argv=None) -> int:

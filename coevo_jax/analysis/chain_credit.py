@@ -21,7 +21,7 @@ Scored per run (:func:`choice_scores`) on those ``K x K`` pairs:
 
 Which reward (:func:`choice_rewards`): R_phi's ``tanh`` output for the
 co-evolution methods (what the policy is paid, times ``beta_int``), IRCR's
-linear guidance reward, ``q-advantage``'s credit ``Q(h, a) - sum_b pi(b | h)
+linear guidance reward, RRD's linear proxy reward, ``q-advantage``'s credit ``Q(h, a) - sum_b pi(b | h)
 Q(h, b)`` under the policy of the same snapshot. On the memory chain
 (``hide_cue``) the later pairs show no cue, as the env does. On features input (``reward_input="features"``) R_phi
 reads the policy's hidden state of the pair's observation; a recurrent policy's
@@ -41,7 +41,7 @@ from coevo_jax.credit import spearman
 from envs_jax.chain import choice_credit
 
 #: methods with a learned per-step reward of (state, action) that this module scores
-REWARD_METHODS = ("coevo-regression", "coevo-ranking", "coevo-novelty", "ircr", "meta", "q-advantage")
+REWARD_METHODS = ("coevo-regression", "coevo-ranking", "coevo-novelty", "ircr", "meta", "q-advantage", "rrd")
 
 
 def choice_pairs(num_choices: int, elapsed: float = 0.0, hide_cue: bool = False):
@@ -83,7 +83,7 @@ def choice_rewards(trainer, states, elapsed: float = 0.0) -> np.ndarray:
     obs, action = choice_pairs(k, elapsed, bool(trainer.env_params.hide_cue))
     q_credit = static.method == "q-advantage"
     net = (make_q_net if q_credit else make_reward_net)(static, trainer.env, trainer.env_params)
-    linear = static.method == "ircr"  # IRCR pays the pre-tanh output
+    linear = static.method in ("ircr", "rrd")  # IRCR and RRD pay the pre-tanh output
 
     hide = bool(trainer.env_params.hide_cue)
 
