@@ -13,7 +13,6 @@ import jax.numpy as jnp
 
 from coevo_jax.fit import fit, init_optimizer, make_optimizer  # noqa: F401  (the optimiser, re-exported)
 from coevo_jax.packing import PackedWindows
-from coevo_jax.recurrent import Sequences
 from coevo_jax.params import grad_clip, hyperparams, param, unit, weight
 from coevo_jax.recurrent import Sequences
 from coevo_jax.rollout import mask_logits
