@@ -117,8 +117,8 @@ def test_next_value_continues_the_episode():
     np.testing.assert_allclose(float(want[0, 0]), float(traj.next_value[t, n]), atol=1e-6)
 
 
-def test_vmap_equals_solo_with_learned_rewards_on_the_hidden_state():
-    method = "coevo-novelty"  # R_phi and RND on the hidden state, two value heads
+def test_vmap_equals_solo_with_a_learned_reward_on_the_hidden_state():
+    method = "coevo-regression"  # R_phi reads the GRU's hidden state (traj.features)
     tr = gru_trainer(method)
     hp = cj.default_hparams(method, k=1)  # a refit every iteration
     keys = jax.random.split(jax.random.PRNGKey(3), 2)
