@@ -388,7 +388,7 @@ def features_dim(network: nn.Module, params, example_obs: jax.Array) -> int:
 # ----------------------------------------------------------------------------- recurrent (coevo_jax.recurrent)
 class _ResetGRU(nn.Module):
     """One GRU step that first resets the carry where an episode starts:
-    ``(carry [B, H], (x [B, D], first [B])) -> (carry, carry)``."""
+    ``(carry [B, H], (x [B, D], first [B])) -> (carry, h)`` (``h`` the new carry: a GRU's output)."""
 
     size: int
 

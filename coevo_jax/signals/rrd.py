@@ -41,11 +41,8 @@ unbiased estimate of the return-decomposition loss) is not implemented.
 """
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
-from flax import struct
 
 from coevo_jax import episodes as ep
 from coevo_jax.fit import fit, init_optimizer, make_optimizer, refit_steps, refit_when
@@ -53,9 +50,9 @@ from coevo_jax.params import default_of, hyperparams, param
 from coevo_jax.registry import MethodSpec, register_method
 from coevo_jax.reward_net import REWARD_NET_STATIC_CHECKS, make_reward_net, reward_inputs
 from coevo_jax.signals.base import (
-    REFIT_STEPS, ReturnScale, RewardStreams, Signal, SignalParams, float_metrics, init_return_scale, return_rms,
-    scale_normalise,
+    REFIT_STEPS, Signal, SignalParams, float_metrics, init_return_scale, return_rms,
 )
+from coevo_jax.signals.ircr import IRCRState, ircr_streams
 from coevo_jax.signals.learned import RewardNetParams, check_learned_static, pearson
 
 
@@ -80,19 +77,9 @@ def rrd_loss(r: jax.Array, mask: jax.Array, subset: jax.Array, ret: jax.Array, v
 
 
 # ----------------------------------------------------------------------------- the signal
-@struct.dataclass
-class RRDState:
-    """The proxy reward's parameters and Adam state, the running scale of its
-    return and the episode replay (per step ``x``, ``action``, ``reward``)."""
-
-    params: Any
-    opt_state: Any
-    scale: ReturnScale
-    replay: ep.EpisodeReplay
-
-
 def make_rrd(static, network, env, env_params) -> Signal:
-    """The RRD proxy reward (method ``rrd``; see the module docstring)."""
+    """The RRD proxy reward (method ``rrd``; see the module docstring). Its state is IRCR's
+    (:class:`~coevo_jax.signals.ircr.IRCRState`), the replay also keeping each step's reward."""
     net = make_reward_net(static, env, env_params)
     window = ep.episode_window("max_episode_len", static.max_episode_len, env, env_params)
     kept = ep.replay_episodes(static.buffer_episodes, static.num_envs, static.rollout_len, env, env_params)
@@ -111,15 +98,15 @@ def make_rrd(static, network, env, env_params) -> Signal:
         replay = ep.init_replay(kept, window, num_envs,
                                 {"x": x[0, 0], "action": jnp.int32(0), "reward": jnp.float32(0.0)},
                                 {"full_return": jnp.float32(0.0)})
-        return RRDState(params, init_optimizer(params), init_return_scale(num_envs), replay)
+        return IRCRState(params, init_optimizer(params), init_return_scale(num_envs), replay)
 
-    def observe(state: RRDState, traj, hp, key):
+    def observe(state: IRCRState, traj, hp, key):
         steps = {"x": inputs(traj), "action": traj.action.astype(jnp.int32), "reward": traj.reward.astype(jnp.float32)}
         replay = ep.add_rollout(state.replay, steps, {"full_return": traj.episode_return.astype(jnp.float32)},
                                 traj.episode_done)
         return state.replace(replay=replay), {"episodes_committed": replay.committed.astype(jnp.float32)}
 
-    def update(state: RRDState, traj, policy, hp, key):
+    def update(state: IRCRState, traj, policy, hp, key):
         buf = state.replay.train
         x, actions, mask = buf.steps["x"], buf.steps["action"], ep.buffer_mask(buf)
         ret = ep.episode_sum(buf.steps["reward"], buf)
@@ -147,11 +134,10 @@ def make_rrd(static, network, env, env_params) -> Signal:
         metrics = {**metrics, "buffer_size": buf.valid.sum().astype(jnp.float32)}
         return state.replace(params=params, opt_state=opt_state), float_metrics(metrics)
 
-    def rewards(state: RRDState, traj, hp):
+    def rewards(state: IRCRState, traj, hp):
         r_hat = proxy(state.params, inputs(traj), traj.action)
         done = jnp.logical_or(traj.terminated, traj.truncated)
-        scale, r = scale_normalise(state.scale, r_hat, hp.ppo.gamma, hp.signal.normalize_int, done)
-        streams = RewardStreams(hp.signal.beta_ext * traj.reward + hp.signal.beta_int * r)
+        scale, streams = ircr_streams(traj.reward, r_hat, state.scale, done, hp)  # the same mixing as IRCR's
         metrics = {"r_int_mean": r_hat.mean(), "r_int_var": r_hat.var(), "int_return_rms": return_rms(scale)}
         return state.replace(scale=scale), streams, float_metrics(metrics)
 
