@@ -1,0 +1,220 @@
+"""Return-conditional hindsight credit (method ``hca``): how much likelier the outcome made the action.
+
+Hindsight Credit Assignment (Harutyunyan et al. 2019, "Hindsight Credit
+Assignment", NeurIPS; the return-conditional estimator of their section 4).
+A hindsight model ``h(a | x, z)`` (:class:`HindsightNet`) is fit by
+cross-entropy on a replay of complete episodes to the action taken at each
+step ``x_t`` given the discounted return ``Z_t`` that followed it. By Bayes,
+``h(a | x, z) = pi(a | x) P(z | x, a) / P(z | x)``: where the action does not
+change the return, ``h = pi``; where it decides it, ``h`` moves toward the
+action that produced the return observed. Each step is paid the paper's
+return-HCA advantage
+
+    c_t = (1 - pi(a_t | x_t) / h(a_t | x_t, Z_t)) * Z_t,
+
+whose mean over ``Z`` given ``(x, a)`` is ``Q(x, a) - V(x)`` when the returns
+of the actions overlap in support (their Theorem 2 with a return-conditional
+``h``): 0 at steps where the action changes nothing, the action's advantage
+where it matters, and mean 0 under the policy at every step (no living reward).
+``pi(a_t | x_t)`` is the policy's probability when it acted
+(``Trajectory.probs``). ``x_t`` is the policy's features
+(``StaticConfig.reward_input = "features"``, the seeds' "hidden state") or the
+observation (``"obs"``).
+
+Deviations, each for a reason the paper's setting does not have:
+
+* ``Z_t`` of the rollout's steps is the lambda = 1 return within the rollout,
+  bootstrapped from the critic where the rollout cuts an episode (PPO's
+  batches end mid-episode; the paper's episodes are complete); the hindsight
+  model is fit on complete episodes only.
+* the ratio ``pi / h`` is clipped to ``[0, hp.signal.ratio_clip]`` (default 10):
+  a rare return can leave ``h`` of the taken action near 0 and the credit
+  unbounded; ``ratio_clipped`` reports how often the clip binds.
+* the credit is added to the environment's reward and PPO's GAE runs on the sum
+  (the library's interface: every method is a reward for the same PPO), as
+  ``q-advantage`` does, instead of replacing the policy-gradient's advantage.
+
+**Rewards**: one episodic stream ``beta_ext * r_ext + beta_int * c_t`` (raw:
+``c`` is in the return's units). **Refit** every ``K`` iterations,
+``static.reward_steps`` full-batch Adam steps (times ``K`` under
+``static.refit_steps_per_k``) of the masked mean cross-entropy of ``h(a_t | x_t,
+Z_t)``, at ``hp.signal.reward_lr_ratio`` times the policy's lr of the
+iteration; gated like R_phi's (``min_refit_episodes``). The replay is R_phi's
+(:mod:`coevo_jax.episodes`, ``static.buffer_episodes``, ``max_episode_len``).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from coevo_jax.encoding import encode_obs, obs_vocab
+from coevo_jax.episodes import (
+    VAL_EVERY, EpisodeReplay, add_rollout, buffer_mask, discounted_to_go, episode_window, init_replay, refit_ready,
+    replay_episodes,
+)
+from coevo_jax.fit import fit, init_optimizer, make_optimizer, refit_steps, refit_when
+from coevo_jax.networks import orthogonal
+from coevo_jax.params import default_of, hyperparams, param, weight
+from coevo_jax.ppo import gae
+from coevo_jax.registry import MethodSpec, register_method
+from coevo_jax.reward_net import reward_inputs
+from coevo_jax.signals.base import REFIT_STEPS, RewardStreams, Signal, SignalParams, float_metrics
+from coevo_jax.signals.learned import LEARNED_STATIC_CHECKS, RewardNetParams, check_learned_static
+from coevo_jax.signals.q_advantage import taken
+
+
+class HindsightNet(nn.Module):
+    """``(x [..., D], z [...]) -> logits [..., A]`` of ``h(a | x, z)``: the return
+    ``z`` joins ``x``'s encoding, then Dense+ReLU per ``hidden`` and a linear
+    head (orthogonal, gain 0.01: ``h`` starts near uniform). ``vocab > 0``:
+    ``x`` holds token ids (one-hot encoded, as R_phi's input)."""
+
+    num_actions: int
+    hidden: tuple = (64, 64)
+    vocab: int = 0
+
+    @nn.compact
+    def __call__(self, x, z):
+        h = jnp.concatenate([encode_obs(x, 1, self.vocab), z[..., None].astype(jnp.float32)], axis=-1)
+        for i, width in enumerate(self.hidden):
+            h = nn.relu(nn.Dense(width, name=f"dense_{i}")(h))
+        return nn.Dense(self.num_actions, kernel_init=orthogonal(0.01), name="head")(h)
+
+
+def hindsight_ratio(pi_taken: jax.Array, h_taken: jax.Array, clip: float) -> jax.Array:
+    """``min(pi(a_t | x_t) / h(a_t | x_t, Z_t), clip)``: ``[...]`` -> ``[...]``."""
+    return jnp.minimum(pi_taken / jnp.maximum(h_taken, 1e-30), clip)
+
+
+def hca_credit(pi_taken: jax.Array, h_taken: jax.Array, z: jax.Array, clip: float = jnp.inf) -> jax.Array:
+    """``c = (1 - pi / h) * Z``, the return-HCA advantage: ``[...]`` each -> ``[...]``."""
+    return (1.0 - hindsight_ratio(pi_taken, h_taken, clip)) * z
+
+
+def hindsight_loss(logits: jax.Array, action: jax.Array, mask: jax.Array) -> jax.Array:
+    """Masked mean of ``-log h(a_t | x_t, Z_t)``: ``logits [E, L, A]``, ``action,
+    mask [E, L]`` -> ``()`` (0 on an empty buffer)."""
+    nll = -taken(jax.nn.log_softmax(logits), action)
+    return (nll * mask).sum() / jnp.maximum(mask.sum(), 1.0)
+
+
+def rollout_returns(traj, gamma) -> jax.Array:
+    """``Z [T, N]``: each step's discounted return within the rollout (lambda = 1),
+    bootstrapped from the critic's ``next_value`` where an episode is truncated
+    or the rollout ends (:func:`~coevo_jax.ppo.gae`'s target at lambda = 1)."""
+    return gae(traj.reward, traj.value, traj.next_value, traj.terminated, traj.truncated, gamma, 1.0)[1]
+
+
+@struct.dataclass
+class HCAState:
+    """The hindsight model's parameters and Adam state, and the episode replay."""
+
+    params: Any
+    opt_state: Any
+    replay: EpisodeReplay
+
+
+def make_hindsight_net(static, env, env_params) -> HindsightNet:
+    """The hindsight model for ``static`` (``reward_hidden``, ``reward_input``) and ``env``."""
+    vocab = obs_vocab(env, env_params) if static.reward_input == "obs" else 0
+    return HindsightNet(int(env.action_space(env_params).n), tuple(static.reward_hidden), vocab)
+
+
+def make_hca(static, network, env, env_params) -> Signal:
+    """The return-conditional hindsight credit signal (see the module docstring)."""
+    window = episode_window("max_episode_len", static.max_episode_len, env, env_params)
+    kept = replay_episodes(static.buffer_episodes, static.num_envs, static.rollout_len, env, env_params)
+    obs_ndim = len(env.observation_space(env_params).shape)
+    net = make_hindsight_net(static, env, env_params)
+
+    def inputs(traj):
+        return reward_inputs(traj, static.reward_input, obs_ndim)
+
+    def fit_data(buf, gamma):
+        """``(x [E, L, D], action [E, L], return-to-go [E, L], mask [E, L])`` of a buffer."""
+        mask = buffer_mask(buf)
+        z = discounted_to_go(buf.steps["reward"] * mask, buf.length, gamma)
+        return buf.steps["x"], buf.steps["action"], z, mask
+
+    def init(key, traj, hp):
+        if traj.probs is None:
+            raise ValueError("hca reads Trajectory.probs (the policy's probabilities when it acted);"
+                             " this trajectory has none")
+        x = inputs(traj)
+        params = net.init(key, x[0], jnp.zeros(x.shape[1], jnp.float32))
+        replay = init_replay(kept, window, traj.action.shape[1],
+                             {"x": x[0, 0], "action": jnp.int32(0), "reward": jnp.float32(0.0)},
+                             {"full_return": jnp.float32(0.0)}, VAL_EVERY)
+        return HCAState(params, init_optimizer(params), replay)
+
+    def observe(state: HCAState, traj, hp, key):
+        steps = {"x": inputs(traj), "action": traj.action.astype(jnp.int32), "reward": traj.reward.astype(jnp.float32)}
+        replay = add_rollout(state.replay, steps, {"full_return": traj.episode_return.astype(jnp.float32)},
+                             traj.episode_done)
+        return state.replace(replay=replay), {}
+
+    def update(state: HCAState, traj, policy, hp, key):
+        buf = state.replay.train
+        x, actions, z, mask = fit_data(buf, hp.ppo.gamma)
+        step_size = hp.signal.reward_lr_ratio * hp.ppo.lr * policy.lr_frac
+        tx = make_optimizer(hp.signal.reward_max_grad_norm, step_size)
+        steps = refit_steps(static.reward_steps, static, hp)
+
+        def refit(learner):
+            params, opt_state = learner
+
+            def loss_fn(p, batch):
+                loss = hindsight_loss(net.apply(p, batch, z), actions, mask)
+                return loss, {"h_loss": loss}
+
+            params, opt_state, ms = fit(loss_fn, params, opt_state, tx, lambda _: x, key, steps=steps)
+            metrics = {"first_h_loss": ms["h_loss"][0], "h_loss": ms["h_loss"][-1], "h_grad_norm": ms["grad_norm"][-1],
+                       "reward_step_size": step_size, REFIT_STEPS: steps}
+            return (params, opt_state), float_metrics(metrics)
+
+        (params, opt_state), metrics = refit_when(refit_ready(buf, hp), refit, (state.params, state.opt_state))
+        metrics["buffer_size"] = buf.valid.sum().astype(jnp.float32)
+        return state.replace(params=params, opt_state=opt_state), metrics
+
+    def rewards(state: HCAState, traj, hp):
+        z = rollout_returns(traj, hp.ppo.gamma)
+        h = jax.nn.softmax(net.apply(state.params, inputs(traj), z))
+        pi_taken, h_taken = taken(traj.probs, traj.action), taken(h, traj.action)
+        credit = hca_credit(pi_taken, h_taken, z, hp.signal.ratio_clip)
+        val = state.replay.val
+        v_x, v_actions, v_z, v_mask = fit_data(val, hp.ppo.gamma)
+        metrics = {
+            "r_int_mean": credit.mean(),  # mean 0 in expectation under the policy
+            "r_int_var": credit.var(),
+            "credit_abs_mean": jnp.abs(credit).mean(),
+            "ratio_clipped": (pi_taken >= hp.signal.ratio_clip * h_taken).mean(),
+            "h_minus_pi_abs_mean": jnp.abs(h_taken - pi_taken).mean(),  # 0: the model sees no action matter
+            "val_h_loss": hindsight_loss(net.apply(state.params, v_x, v_z), v_actions, v_mask),
+            "episodes_committed": state.replay.committed.astype(jnp.float32),
+        }
+        episodic = hp.signal.beta_ext * traj.reward + hp.signal.beta_int * credit
+        return state, RewardStreams(episodic, None), float_metrics(metrics)
+
+    return Signal(init, observe, update, rewards)
+
+
+@hyperparams
+class HCAParams(RewardNetParams):
+    """``hca``'s hyperparameters: the credit's weight, the hindsight model's step, the ratio's clip."""
+
+    beta_int: float = default_of(SignalParams, "beta_int", 1.0)
+    reward_lr_ratio: float = weight(1.0, doc="the hindsight model's Adam step as a multiple of the policy's lr of"
+                                             " the iteration (annealed with it)")
+    ratio_clip: float = param(10.0, 1.0, 1e6, doc="upper clip of pi(a_t | x_t) / h(a_t | x_t, Z_t)")
+
+
+register_method(MethodSpec(
+    "hca", make_hca, HCAParams,
+    static_checks=LEARNED_STATIC_CHECKS, check_static=check_learned_static, off={"beta_int": 0.0},
+    tune={"reward_lr_ratio": (0.01, 20.0), "beta_int": (0.1, 2.0)},
+    doc="return-conditional hindsight credit (Harutyunyan et al. 2019): (1 - pi(a | x) / h(a | x, Z)) Z",
+))
