@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from coevo_jax.credit import spearman
+from _study.analysis.credit import spearman
 from envs_jax.chain import choice_credit
 
 #: methods with a learned per-step reward of (state, action) that this module scores
