@@ -5,7 +5,7 @@
     python sweeps/bench.py --device-script       # the accelerator run (ppo + sweep, < 8 minutes)
     python sweeps/bench.py --device-script --smoke   # the same script at tiny sizes, to check it on CPU
 
-Sections (--sections; the measurements are in coevo_jax.benchmark, each in fresh processes)
+Sections (--sections; the measurements are in sweeps/_study/bench, each in fresh processes)
   ppo      CartPole-v1 with PureJaxRL's settings (4 envs x 128 steps, 4 epochs x 4 minibatches):
            this library vs PureJaxRL's own, unmodified ppo.py (run through the harness
            ../shared/tools/purejaxrl_bench.py on ../shared/anchors/purejaxrl, or --purejaxrl
@@ -34,8 +34,8 @@ import dataclasses
 import os
 import sys
 
-from coevo_jax.benchmark import launch
-from coevo_jax.benchmark.workers import PPO_HPARAMS, PPO_STATIC, scale_steps
+from _study.bench import launch
+from _study.bench.workers import PPO_HPARAMS, PPO_STATIC, scale_steps
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -157,8 +157,9 @@ def scale_configs(args) -> tuple[list, int]:
     """The scale section's measurements: PPO on CartPole-v1 (PureJaxRL's settings) and on
     KeyDoor-5x5 at the main job's shape (its default admitted task's sizes, at most its
     budget), at each of ``args.scale_runs``; and that budget."""
-    from _study.admitted import load_admitted
     from k_sensitivity import DEFAULT_TASK, static_for
+
+    from _study.admitted import load_admitted
 
     task = load_admitted(os.path.join(HERE, "admitted_tasks.json"))[DEFAULT_TASK]
     keydoor = dataclasses.asdict(static_for("ppo", task, task.total_steps, False))

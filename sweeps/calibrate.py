@@ -138,7 +138,7 @@ def eval_studies(args, earlier) -> list:
 
 def verdict(result) -> dict:
     """:func:`admit` on an evaluated task (its random row measured like every arm)."""
-    from coevo_jax.controls import random_row
+    from _study.random_policy import random_row
 
     return admit(random_row(result.study)["final_success_iqm"], *(result.scores(m)["final_success"] for m in METHODS))
 
@@ -177,8 +177,9 @@ def write_admitted(path: str, admitted: list, evaluated: list, num_seeds: int, r
 
 
 def report(args, stages) -> str:
-    from coevo_jax.analysis.tables import ci, format_table
     from coevo_jax.files import atomic_write_text
+
+    from _study.analysis.tables import ci, format_table
 
     rows, admitted = [], []
     for res in stages[1]:

@@ -26,7 +26,7 @@ Two tables:
    and **its reward is why** when the lower end of P(> ppo at its own lr, ent) is
    above 0.5 too;
 2. per learned reward of (state, action) and snapshot, its credit at the choice
-   step against the ground truth (:mod:`coevo_jax.analysis.chain_credit`): the
+   step against the ground truth (:mod:`_study.analysis.chain_credit`): the
    Spearman correlation over every (cue, action), the share of cues whose correct
    action it pays most, and its gap between correct and wrong choices, at the
    choice and (the same pairs) at the last step, where the action has no
@@ -46,12 +46,12 @@ import sys
 
 import numpy as np
 
-from coevo_jax.analysis.chain_credit import REWARD_METHODS
 from coevo_jax.config import ConfigError
 from coevo_jax.experiment import Study
 
 from _study import cli, options
 from _study.admitted import add_admitted_option, chosen_task
+from _study.analysis.chain_credit import REWARD_METHODS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_TASK = "chain-l16-n05"
@@ -96,9 +96,10 @@ def credit_curves(result) -> dict:
     """``{arm: (env steps [S], {score: [R, S]})}`` of the arms with a learned reward of (state, action)."""
     import jax
 
-    from coevo_jax.analysis.chain_credit import choice_rewards, choice_scores
-    from coevo_jax.analysis.final_policies import trainer_for
     from coevo_jax.experiment.spec import chunk_length
+
+    from _study.analysis.chain_credit import choice_rewards, choice_scores
+    from _study.analysis.final_policies import trainer_for
 
     study, out = result.study, {}
     for arm in study.arms:
@@ -125,9 +126,11 @@ def beats_ppo(poi: dict) -> bool:
 
 def report(args, results) -> str:
     from coevo_jax.analysis import plots, stats
-    from coevo_jax.analysis.tables import arm_finals, ci, definitions, rows_to_csv, write_table
-    from coevo_jax.controls import random_row
+    from coevo_jax.analysis.tables import rows_to_csv
     from coevo_jax.files import atomic_write_text
+
+    from _study.analysis.tables import arm_finals, ci, definitions, write_table
+    from _study.random_policy import random_row
 
     result = results[0]
     study = result.study
@@ -178,10 +181,10 @@ def report(args, results) -> str:
     static = ", ".join(f"{k}={v}" for k, v in task.static_overrides.items())
     return (f"{header}\nevery arm with the task's StaticConfig overrides ({static or 'none'}); P(> ppo) over paired"
             f" seeds (rliable)\n{table}\n{verdict}{notes}\n\n"
-            "Credit at the choice step (coevo_jax.analysis.chain_credit): each learned reward of (state, action) on"
-            " every (cue, action) at time 0 against the ground truth (the outcome on the correct choice, 0 else):"
-            " Spearman over the pairs, top1 = share of cues whose correct action is paid most (a guess: 1/K), gap ="
-            " mean reward of correct less wrong choices; gap, last step = the same at the last step, where the"
+            "Credit at the choice step (sweeps/_study/analysis/chain_credit.py): each learned reward of (state,"
+            " action) on every (cue, action) at time 0 against the ground truth (the outcome on the correct choice, 0"
+            " else): Spearman over the pairs, top1 = share of cues whose correct action is paid most (a guess: 1/K),"
+            " gap = mean reward of correct less wrong choices; gap, last step = the same at the last step, where the"
             " action has no effect (a reward that tells the steps apart pays 0 there); IQM [95% CI] over seeds."
             " SIOP's credit and PPO's critic are functions of the state and the chain's states do not show the"
             " choice: no row, by construction.\n"

@@ -9,7 +9,7 @@ seeds, one runner (:mod:`coevo_jax.experiment`). Reported per setting x method,
 beside the uniform-random row: final score and AUC (IQM, 95% CI), env steps to
 the threshold and the share of seeds that reach it (definitions:
 :mod:`coevo_jax.analysis.metrics`), and how many seeds of each coevo arm
-raise the collusion flag (:func:`coevo_jax.analysis.diagnostics.collusion_flag`:
+raise the collusion flag (:func:`_study.analysis.diagnostics.collusion_flag`:
 predicted cumulative internal reward rising while the external return falls).
 The co-evolution diagnostics of seed 0 go to ``diagnostics_<arm>.png``.
 ``--grid`` sweeps HParams of the coevo arms (every grid point x every seed).
@@ -89,7 +89,7 @@ def studies(args) -> list:
 
 def collusion(res, idx) -> np.ndarray:
     """Per run of ``idx``: iterations on which the collusion flag is raised."""
-    from coevo_jax.analysis.diagnostics import collusion_flag
+    from _study.analysis.diagnostics import collusion_flag
 
     n = int(np.isfinite(res.curves["env_steps"][idx[0]]).sum())
     ret, pred = res.curves["episode_return"][idx, :n], res.curves["signal/val_pred_return"][idx, :n]
@@ -97,8 +97,8 @@ def collusion(res, idx) -> np.ndarray:
 
 
 def report(args, results) -> str:
-    from coevo_jax.analysis.diagnostics import plot_coevo_diagnostics
-    from coevo_jax.analysis.tables import study_report
+    from _study.analysis.diagnostics import plot_coevo_diagnostics
+    from _study.analysis.tables import study_report
 
     texts = []
     for res in results:

@@ -39,7 +39,6 @@ import sys
 import numpy as np
 
 from coevo_jax.analysis import metrics
-from coevo_jax.analysis.tables import format_table
 from coevo_jax.config import ConfigError
 from coevo_jax.experiment import Study
 from coevo_jax.analysis.tables import rows_to_csv
@@ -47,6 +46,7 @@ from coevo_jax.files import atomic_write_text
 
 from _study import cli, options
 from _study.admitted import add_admitted_option, chosen_task
+from _study.analysis.tables import format_table
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_TASK = "doorkey5-t60"
@@ -96,7 +96,8 @@ def tail_means(result, label: str) -> dict:
 
 def report(args, results) -> str:
     from coevo_jax.analysis import plots, stats
-    from coevo_jax.controls import random_row
+
+    from _study.random_policy import random_row
 
     result = results[0]
     finals = {a.name: result.scores(a.name) for a in result.study.arms}

@@ -21,7 +21,7 @@ one study per task through the one runner:
 * ``ppo@lr=..,ent=..``: sparse PPO at each other policy lr and entropy
   coefficient that a learned reward was tuned to (one arm per pair): did the
   reward help, or the policy's values?
-* the uniform-random row (:func:`coevo_jax.controls.random_row`);
+* the uniform-random row (:func:`_study.random_policy.random_row`);
 * with ``--ablations``, SIOP's ablations (why it does or does not beat PPO):
   the potential's replay of the last 8 or 256 episodes (default 64), an
   ensemble of 4 potentials combined by mean or by min (default 1), and the
@@ -127,10 +127,10 @@ def best_control(summary: list) -> str | None:
 
 def report(args, results) -> str:
     from coevo_jax.analysis import plots, stats
-    from coevo_jax.analysis.tables import arm_finals, ci, format_table, write_table
 
+    from _study.analysis.tables import arm_finals, ci, format_table, write_table
+    from _study.random_policy import random_row
     from _study.verdict import RULE, verdict_rows
-    from coevo_jax.controls import random_row
 
     admitted = load_admitted(args.admitted)
     rows, finals, notes, verdicts = [], {}, [], []

@@ -8,7 +8,7 @@ time limit and reward, the learner's gamma) follows by dynamic programming
 (:mod:`envs_jax.grid.policy_evaluation`). The signal each arm feeds to PPO is
 ranked against it (Spearman over every reachable (configuration, action) pair
 of every layout, at episode time 0) after each of the run's chunks
-(:mod:`coevo_jax.analysis.credit_quality`):
+(:mod:`_study.analysis.credit_quality`):
 
 * ``ppo``: its GAE(lambda) advantage, in expectation over the policy (exact),
   and the null row: a uniform-random signal per pair (``random``), the floor;
@@ -39,7 +39,6 @@ import sys
 
 import numpy as np
 
-from coevo_jax.analysis.tables import format_table
 from coevo_jax.config import ConfigError
 from coevo_jax.experiment import Study
 from coevo_jax.analysis.tables import rows_to_csv
@@ -47,6 +46,7 @@ from coevo_jax.files import atomic_savez, atomic_write_text
 
 from _study import cli, options
 from _study.admitted import add_admitted_option, chosen_task
+from _study.analysis.tables import format_table
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ARMS = ("ppo", "siop", "siop-shuffled", "coevo-regression", "coevo-ranking", "dense")
@@ -82,9 +82,10 @@ def spearman_curves(result) -> dict:
     """``{"arm: signal": (env steps [S], Spearman [R, S])}`` over the study's snapshots."""
     import jax
 
-    from coevo_jax.analysis.credit_quality import keydoor_models, score_states
-    from coevo_jax.analysis.final_policies import trainer_for
     from coevo_jax.experiment.spec import chunk_length
+
+    from _study.analysis.credit_quality import keydoor_models, score_states
+    from _study.analysis.final_policies import trainer_for
 
     study = result.study
     curves = {}

@@ -19,7 +19,7 @@ the task (``sweeps/admitted_tasks.json``), with the task's StaticConfig override
 
 Reported per task and arm: final success IQM [95% CI], P(> ppo) and P(> rphi)
 [95% CI] (rliable, paired seeds), and the final learned reward's credit at the
-choice against the ground truth (``coevo_jax.analysis.chain_credit``: the gap
+choice against the ground truth (``_study.analysis.chain_credit``: the gap
 between correct and wrong choices at the choice and at the last step, where the
 action has no effect, and top-1). The rule, fixed in advance: a property
 *helps* on a task when the lower end of its arm's P(> rphi) is above 0.5.
@@ -81,9 +81,11 @@ def report(args, results) -> str:
     from chain_credit import credit_curves  # the learned rewards' credit at the choice, per snapshot
 
     from coevo_jax.analysis import stats
-    from coevo_jax.analysis.tables import arm_finals, ci, definitions, rows_to_csv, write_table
-    from coevo_jax.controls import random_row
+    from coevo_jax.analysis.tables import rows_to_csv
     from coevo_jax.files import atomic_write_text
+
+    from _study.analysis.tables import arm_finals, ci, definitions, write_table
+    from _study.random_policy import random_row
 
     admitted = load_admitted(args.admitted)
     rows, helps, withdrawn = [], [], []
@@ -112,7 +114,7 @@ def report(args, results) -> str:
     os.makedirs(args.out, exist_ok=True)
     header = ("coevo-regression's R_phi moved toward IRCR one property at a time, at its tuned values on each task with"
               " the task's StaticConfig overrides; credit: the final learned reward on every (cue, action) at the"
-              " choice and at the last step (coevo_jax.analysis.chain_credit), IQM [95% CI] over seeds\n"
+              " choice and at the last step (sweeps/_study/analysis/chain_credit.py), IQM [95% CI] over seeds\n"
               + definitions(results[0].study))
     table = write_table(os.path.join(args.out, "ircr_ablation.md"), rows, header)
     atomic_write_text(os.path.join(args.out, "ircr_ablation.csv"), rows_to_csv(rows))

@@ -100,9 +100,11 @@ def final_means(curves: dict, runs: np.ndarray, num_iterations: int) -> dict:
 
 def report(args, results) -> str:
     from coevo_jax.analysis import stats
-    from coevo_jax.analysis.tables import arm_finals, ci, definitions, rows_to_csv, write_table
-    from coevo_jax.controls import random_curves, random_row, random_scores
+    from coevo_jax.analysis.tables import rows_to_csv
     from coevo_jax.files import atomic_write_text
+
+    from _study.analysis.tables import arm_finals, ci, definitions, write_table
+    from _study.random_policy import random_curves, random_row, random_scores
 
     task, _ = chosen_task(args)
     door = float(task.env_kwargs.get("door_reward", 1.0))

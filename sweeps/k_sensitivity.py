@@ -222,8 +222,9 @@ def k_plots(result, ks, random_final) -> None:
 
 def report(args, results) -> str:
     from coevo_jax.analysis import stats
-    from coevo_jax.analysis.tables import write_table
-    from coevo_jax.controls import random_row, random_scores
+
+    from _study.analysis.tables import write_table
+    from _study.random_policy import random_row, random_scores
 
     result = results[0]
     ppo_final = result.scores("ppo")["final_success"] if any(a.name == "ppo" for a in result.study.arms) else None

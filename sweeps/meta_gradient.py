@@ -122,7 +122,8 @@ def studies(args) -> list:
 
 def report(args, results) -> str:
     from coevo_jax.analysis import plots
-    from coevo_jax.analysis.tables import study_report
+
+    from _study.analysis.tables import study_report
 
     panels = plots.arm_panels(results, panel=lambda r: f"{r.study.env}, reward every"
                                                        f" {r.study.env_kwargs['reward_freq']} steps")

@@ -64,7 +64,7 @@ def studies(args) -> list:
 
 
 def report(args, results) -> str:
-    from coevo_jax.analysis.tables import study_report
+    from _study.analysis.tables import study_report
 
     texts = []
     for res in results:

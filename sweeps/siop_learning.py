@@ -72,8 +72,8 @@ def studies(args) -> list:
 
 
 def report(args, results) -> str:
-    from coevo_jax.analysis.credit_report import median_iqr, siop_credit_report
-    from coevo_jax.analysis.tables import study_report
+    from _study.analysis.credit_report import median_iqr, siop_credit_report
+    from _study.analysis.tables import study_report
 
     texts = []
     for res in results:

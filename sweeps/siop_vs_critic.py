@@ -57,9 +57,10 @@ import sys
 import numpy as np
 
 from coevo_jax.config import ConfigError, StaticConfig
+from coevo_jax.experiment import Arm, Study
+
 from _study import cli, options
 from _study.admitted import add_admitted_option, load_admitted
-from coevo_jax.experiment import Arm, Study
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 #: setting -> (HParams overrides, StaticConfig overrides, whether it changes PPO's critic)
@@ -148,7 +149,8 @@ def _mean_late(curves: np.ndarray) -> float:
 def regime_rows(res) -> tuple[list, str]:
     """``(rows, verdict)`` of a regime study (module docstring's rule)."""
     from coevo_jax.analysis import stats
-    from coevo_jax.analysis.tables import arm_finals, ci
+
+    from _study.analysis.tables import arm_finals, ci
 
     finals = arm_finals(res)
     summary = {r["arm"]: r for r in res.summary}
@@ -220,8 +222,9 @@ def diagnostics_figure(res, out: str) -> str:
 
 def report(args, results) -> str:
     from coevo_jax.analysis import stats
-    from coevo_jax.analysis.tables import arm_finals, definitions, study_rows, write_table
-    from coevo_jax.controls import random_row
+
+    from _study.analysis.tables import arm_finals, definitions, study_rows, write_table
+    from _study.random_policy import random_row
 
     texts = []
     for res in results:

@@ -12,7 +12,7 @@ one runner (:mod:`coevo_jax.experiment`). Reported per env x method: final
 success and return (IQM, 95% CI), AUC, env steps (agent tokens) until success
 stays >= 0.9 (definitions: :mod:`coevo_jax.analysis.metrics`), beside two
 reference rows: the uniform-random policy (uniform over the legal tokens;
-:func:`coevo_jax.controls.random_row`, scored like every arm) and the scripted
+:func:`_study.random_policy.random_row`, scored like every arm) and the scripted
 expert (its success rate over ``--expert-episodes`` episodes from a reset).
 ``dialogue.txt`` in each study folder holds one sampled episode of the best
 seed of the best method (``env.render``); ``success_curves.png`` the success
@@ -69,9 +69,10 @@ def studies(args) -> list:
 
 def report(args, results) -> str:
     from coevo_jax.analysis import plots
-    from coevo_jax.analysis.tables import arm_finals, study_report
-    from coevo_jax.analysis.text_report import best_dialogue, expert_row
     from coevo_jax.files import atomic_write_text
+
+    from _study.analysis.tables import arm_finals, study_report
+    from _study.analysis.text_report import best_dialogue, expert_row
 
     texts = []
     for res in results:

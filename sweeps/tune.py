@@ -211,11 +211,12 @@ def tuning_record(args, stages, method: str, steps: int, pick: dict) -> dict:
 
 def report(args, stages) -> str:
     from coevo_jax.analysis import stats
-    from coevo_jax.analysis.tables import arm_finals, ci, format_table, rows_to_csv, write_table
-    from coevo_jax.controls import random_row
+    from coevo_jax.analysis.tables import rows_to_csv
     from coevo_jax.files import atomic_write_text
 
     from _study.admitted import admit, write_tuned
+    from _study.analysis.tables import arm_finals, ci, format_table, write_table
+    from _study.random_policy import random_row
 
     task, methods, steps, bases = _setup(args)
     s1, s2, ev = (stage[0] for stage in stages)
@@ -302,7 +303,7 @@ def report(args, stages) -> str:
 def reproduction_section(args, records: dict, picks: dict) -> str:
     """Markdown: per method, this run's pick and evaluation against ``--reproduces``'s (its ``tuning.json``),
     and whether the evaluations' 95% CIs of final success overlap."""
-    from coevo_jax.analysis.tables import format_table
+    from _study.analysis.tables import format_table
 
     path = os.path.join(args.reproduces, "tuning.json")
     if not os.path.exists(path):
@@ -334,8 +335,10 @@ def reproduction_section(args, records: dict, picks: dict) -> str:
 def learned_reward_section(out: str, tuned, methods) -> str:
     """Per R_phi method of the tuning study: what R_phi learned at each configuration
     (:func:`_study.tuning.learned_reward_rows`), as markdown (also ``learned_reward.csv``)."""
-    from coevo_jax.analysis.tables import format_table, rows_to_csv
+    from coevo_jax.analysis.tables import rows_to_csv
     from coevo_jax.files import atomic_write_text
+
+    from _study.analysis.tables import format_table
 
     parts, every = [], []
     for m in methods:

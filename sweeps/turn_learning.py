@@ -19,7 +19,7 @@ on top. Budgets (turns per run): Booking-Turns
 reached 0.85 mean over 16 tuning seeds); raise them with ``--total-steps``.
 One study per env (``--out/<env>``), paired seeds, one runner
 (:mod:`coevo_jax.experiment`). Reported per env x method, beside the
-uniform-random row (:func:`coevo_jax.controls.random_row`) and the scripted
+uniform-random row (:func:`_study.random_policy.random_row`) and the scripted
 expert's success rate: final success and return (IQM, 95% CI), AUC, turns to
 a success rate of 0.8 (fixed in advance) and the share of seeds that get there,
 the dialogues (finished episodes) before that point (median), the final turns
@@ -29,7 +29,7 @@ CI (rliable). ``success_curves.png``: success IQM
 against turns. With a ``siop`` or ``coevo-regression`` arm the study folder
 gets ``turn_credit.txt`` / ``.png``: the per-turn SIOP credit and R_phi of seed
 0's final models on the expert's dialogue and on a failed one
-(:mod:`coevo_jax.analysis.turn_credit`); on ``TextMaze-Turns`` the table adds
+(:mod:`_study.analysis.turn_credit`); on ``TextMaze-Turns`` the table adds
 the Spearman correlation of SIOP's credit with the exact optimal advantage.
 
     python sweeps/turn_learning.py                                   # Booking + TwentyQuestions, 6 methods, 16 seeds
@@ -136,10 +136,11 @@ def dialogue_turns(res, label: str) -> float:
 
 def report(args, results) -> str:
     from coevo_jax.analysis import plots, stats
-    from coevo_jax.analysis.tables import arm_finals, study_report
-    from coevo_jax.analysis.text_report import expert_row
-    from coevo_jax.analysis.turn_credit import maze_credit_spearman, turn_credit_report
-    from coevo_jax.analysis.credit_report import median_iqr
+
+    from _study.analysis.credit_report import median_iqr
+    from _study.analysis.tables import arm_finals, study_report
+    from _study.analysis.text_report import expert_row
+    from _study.analysis.turn_credit import maze_credit_spearman, turn_credit_report
 
     texts = []
     for res in results:

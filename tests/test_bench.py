@@ -1,5 +1,6 @@
-"""sweeps/bench.py and coevo_jax.benchmark: where the PureJaxRL anchor comes from (no PureJaxRL
-code in this repository), the option presets and the scale section's budget (nothing here runs JAX)."""
+"""sweeps/bench.py and _study.bench: where the PureJaxRL anchor comes from (no PureJaxRL
+code in this repository), the option presets and the scale section's budget (nothing here runs JAX,
+but for one tiny measurement in a worker process: the launcher finds its workers beside the studies)."""
 import importlib.util
 import os
 import subprocess
@@ -7,8 +8,8 @@ import sys
 
 import pytest
 
-from coevo_jax.benchmark import launch
-from coevo_jax.benchmark.workers import scale_steps
+from _study.bench import launch
+from _study.bench.workers import scale_steps
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "sweeps", "bench.py")
@@ -43,6 +44,7 @@ def test_present_anchor_and_harness_are_used(tmp_path):
 
 
 def test_defaults_are_beside_the_repository():
+    assert launch.ROOT == ROOT and launch.SWEEPS == os.path.join(ROOT, "sweeps")
     parent = os.path.dirname(ROOT)
     assert os.path.normpath(launch.DEFAULT_PUREJAXRL) == os.path.join(parent, "shared", "anchors", "purejaxrl")
     assert os.path.normpath(launch.DEFAULT_PUREJAXRL_TOOL) == os.path.join(parent, "shared", "tools",
@@ -79,7 +81,7 @@ def test_scale_steps_shrink_with_the_batch_in_whole_iterations():
 def test_scale_section_builds_its_runs_at_the_main_jobs_shape():
     """The scale rows: CartPole at PureJaxRL's settings and KeyDoor at the main job's admitted task's
     shape and tuned ppo values, budgets in whole iterations, each config a valid StaticConfig."""
-    from coevo_jax.benchmark.workers import static_from
+    from _study.bench.workers import static_from
 
     b = _bench()
     cfgs, budget = b.scale_configs(b.parse_args(["--sections", "scale"]))
@@ -105,3 +107,10 @@ def test_budget_stops_measurements():
         raise AssertionError("a spent budget must raise OutOfTime")
     rows, notes = launch.measure_each([{"kind": "probe"}], 10, launch.Budget(0))
     assert rows == [] and notes and "Not measured" in notes[0]
+
+
+def test_a_worker_runs_in_a_fresh_process_from_the_study_helpers():
+    """``python -m _study.bench.workers`` starts with ``sweeps/`` on the child's path (the launcher
+    adds it: the measurements live with the studies, not in the library); here a 64 x 64 probe."""
+    res = launch.run_worker({"kind": "probe", "n": 64}, 300)
+    assert res["n"] == 64 and res["gflops"] > 0 and res["backend"]

@@ -1,4 +1,4 @@
-"""Credit at the choice step of DelayedChain (coevo_jax.analysis.chain_credit): the
+"""Credit at the choice step of DelayedChain (_study.analysis.chain_credit): the
 pairs are the env's own choice observations, and the scores' reference values."""
 import jax
 import numpy as np
@@ -6,10 +6,11 @@ import pytest
 
 import coevo_jax as cj
 import envs_jax
-from coevo_jax.analysis.chain_credit import choice_pairs, choice_rewards, choice_scores
 from coevo_jax.config import StaticConfig
 from coevo_jax.reward_net import make_reward_net
 from coevo_jax.train import Trainer
+
+from _study.analysis.chain_credit import choice_pairs, choice_rewards, choice_scores
 
 
 def test_choice_pairs_are_the_observations_the_env_shows_at_the_choice():
@@ -96,7 +97,7 @@ def test_a_recurrent_policy_is_scored_on_the_episode_history_up_to_the_pair():
     """With the GRU policy R_phi reads the hidden state after the episode's observations: at the
     choice, the cue's first observation from a fresh carry; at the last step, the whole history,
     whose last observation is the pair's own (and shows no cue on the memory chain)."""
-    from coevo_jax.analysis.chain_credit import choice_histories
+    from _study.analysis.chain_credit import choice_histories
 
     env, params = envs_jax.make("DelayedChain", num_choices=3, length=4, hide_cue=1)
     hist = choice_histories(3, 4, 0.75, hide_cue=True)

@@ -1,5 +1,5 @@
 """Turn-level credit against the ground truth: Spearman correlation and the
-potential heat map (:mod:`coevo_jax.credit`), the KeyDoor optimal advantage
+potential heat map (:mod:`_study.analysis.credit`), the KeyDoor optimal advantage
 (:mod:`envs_jax.grid.ground_truth`)."""
 import os
 
@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 import envs_jax
-from coevo_jax import credit as cr
 from envs_jax.grid import ground_truth as gt
+
+from _study.analysis import credit as cr
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
 """Importing the library changes no global state: no environment variable, no JAX lowering rule, no
 matplotlib setting (no backend chosen, pyplot not loaded);
-and its layers import only downwards (statistics and plots below the runner)."""
+its layers import only downwards (statistics and plots below the runner); and the library is only the
+library: no module of ``coevo_jax`` imports the studies' code (``sweeps/``, ``_study``)."""
 import ast
 import glob
 import os
@@ -24,7 +25,7 @@ def lowerings():
 import matplotlib
 mpl = (dict(matplotlib.rcParams), "matplotlib.pyplot" in sys.modules)
 env, rules, started = dict(os.environ), lowerings(), bool(xla_bridge._backends)  # xminigrid starts it
-import coevo_jax, envs_jax, coevo_jax.controls  # noqa: F401
+import coevo_jax, envs_jax  # noqa: F401
 import importlib, pkgutil, coevo_jax.analysis
 for m in pkgutil.iter_modules(coevo_jax.analysis.__path__):
     importlib.import_module(f"coevo_jax.analysis.{{m.name}}")
@@ -66,18 +67,54 @@ def imported_modules(path: str) -> set:
 
 
 def test_layers_import_only_downwards():
-    """The runner (coevo_jax.experiment) and the benchmarks use statistics, plots and the core;
-    nothing below them imports them, and nothing in the library imports the study scripts' helpers."""
-    above = ("coevo_jax.experiment", "coevo_jax.benchmark")
+    """The runner (coevo_jax.experiment) uses statistics, plots and the core; nothing below it
+    imports it, and nothing in the library imports the study scripts' helpers."""
+    above = ("coevo_jax.experiment",)
     wrong = []
     for path in sorted(glob.glob(os.path.join(ROOT, "coevo_jax", "**", "*.py"), recursive=True)):
         module = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
         for name in imported_modules(path):
-            if name.split(".")[0] == "_study" or (
+            if name.split(".")[0] in ("_study", "sweeps") or (
                     name.startswith(above) and not module.startswith(above)):
                 wrong.append(f"{module} imports {name}")
     assert not wrong, wrong
 
+
+WALK = """
+import importlib, os, pkgutil, sys
+sys.path[:0] = [{root!r}, os.path.join({root!r}, "sweeps")]  # the studies' helpers importable: none may be imported
+import coevo_jax
+for m in pkgutil.walk_packages(coevo_jax.__path__, "coevo_jax."):
+    importlib.import_module(m.name)
+sweeps = os.path.join({root!r}, "sweeps") + os.sep
+print("modules", len({{"coevo_jax"}} | {{m for m in sys.modules if m.startswith("coevo_jax.")}}))
+print("study", sorted(m for m, mod in list(sys.modules.items()) if m.split(".")[0] in ("_study", "sweeps")
+                      or (getattr(mod, "__file__", None) or "").startswith(sweeps)))
+"""
+
+
+def core_lines() -> tuple[int, int]:
+    """``(files, lines)`` of the library's Python source (``coevo_jax/**/*.py``)."""
+    paths = glob.glob(os.path.join(ROOT, "coevo_jax", "**", "*.py"), recursive=True)
+    lines = 0
+    for path in paths:
+        with open(path) as f:
+            lines += sum(1 for _ in f)
+    return len(paths), lines
+
+
+def test_the_core_imports_no_study_code(record_property):
+    """Importing every module of ``coevo_jax`` (walked with pkgutil, ``sweeps/`` on the path) loads no
+    module of the studies (``_study``, anything under ``sweeps/``): the library holds only the library.
+    Its size is reported (``record_property`` and the captured output), not asserted."""
+    out = subprocess.run([sys.executable, "-c", WALK.format(root=ROOT)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    modules, study = out.stdout.strip().splitlines()[-2:]
+    assert study == "study []", study
+    files, lines = core_lines()
+    assert modules == f"modules {files}", modules  # the walk reached every file of the package
+    record_property("coevo_jax_lines", lines)
+    print(f"coevo_jax: {lines} lines in {files} files")
 
 def test_the_safe_flag_is_an_explicit_opt_in():
     from coevo_jax.runtime import SAFE_FLAG, use_safe_xla_flags

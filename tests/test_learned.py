@@ -1,6 +1,6 @@
 """Tests of the co-evolving internal reward (coevo_jax/signals/learned.py), of
 the shared reward network (coevo_jax/reward_net.py) and of the co-evolution
-diagnostics (coevo_jax/analysis/diagnostics.py)."""
+diagnostics (sweeps/_study/analysis/diagnostics.py)."""
 import collections
 import math
 import types
@@ -15,11 +15,12 @@ import pytest
 
 import coevo_jax as cj
 import envs_jax
-from coevo_jax.analysis import diagnostics
 from coevo_jax import episodes as ep
 from coevo_jax import reward_net as RN
 from coevo_jax.signals import PolicyView, init_return_scale
 from coevo_jax.signals import learned as L
+
+from _study.analysis import diagnostics
 
 #: what ``update`` reads of the policy: its annealing factor (here 1: no annealing)
 POLICY = PolicyView(None, None, None, jnp.float32(0.0), jnp.float32(1.0))

@@ -132,7 +132,7 @@ def test_expected_gae_limits():
 
 
 def test_placebo_permutation_stays_inside_each_layout():
-    from coevo_jax.analysis.credit_quality import keydoor_models, layout_permutation
+    from _study.analysis.credit_quality import keydoor_models, layout_permutation
 
     models = keydoor_models(5)
     perm = layout_permutation(models)
@@ -147,7 +147,7 @@ def test_placebo_permutation_stays_inside_each_layout():
 def test_dense_shaping_is_the_envs_dense_reward():
     """On every pair of every KeyDoor-5x5 layout (time limit 60, shaping gamma 0.9, not the default): the
     shaping is step_env's ``dense_reward`` less its reward, and ``r`` the reward of a step at time 0."""
-    from coevo_jax.analysis.credit_quality import config_states, dense_shaping, keydoor_models
+    from _study.analysis.credit_quality import config_states, dense_shaping, keydoor_models
 
     env, models = KeyDoor(5), keydoor_models(5)
     params = env.default_params.replace(max_steps_in_episode=60, shaping_gamma=0.9)
@@ -172,7 +172,7 @@ def test_dense_shaping_is_the_envs_dense_reward():
 def test_dense_shaping_telescopes_along_shortest_paths():
     """From every start of every layout, the shaping discounted by its own gamma along a BFS-optimal path
     sums to ``-Phi(start)`` (``Phi(goal) = 0``): it is potential-based."""
-    from coevo_jax.analysis.credit_quality import dense_shaping, keydoor_models
+    from _study.analysis.credit_quality import dense_shaping, keydoor_models
 
     env, models = KeyDoor(5), keydoor_models(5)
     offsets = np.cumsum([0] + [len(m.flat) for m in models])
@@ -198,7 +198,7 @@ def test_dense_shaping_telescopes_along_shortest_paths():
 def test_null_signal_scores_zero():
     """The uniform-random null row: independent draws per run, reproducible, and its Spearman with a fixed
     ``A^pi`` (a random policy's, 1,926 pooled pairs) within 4 SE of 0 per run and on average over 20 runs."""
-    from coevo_jax.analysis.credit_quality import exact_targets, keydoor_models, null_signal, signal_spearmans
+    from _study.analysis.credit_quality import exact_targets, keydoor_models, null_signal, signal_spearmans
 
     models = keydoor_models(5)
     pi = np.random.default_rng(1).dirichlet(np.ones(6), sum(len(m.flat) for m in models))[None]

@@ -134,7 +134,7 @@ def test_default_studies_keep_each_protocol():
     assert arms["siop-ensemble-4-min"].static.ensemble_combine == "min" and arms["siop-beta_ext-0"].fixed["beta_ext"] == 0
     assert arms["siop-replay-256"].static.total_steps == arms["siop"].static.total_steps
     (credit,) = built("credit_quality")
-    from coevo_jax.analysis.credit_quality import arm_signals
+    from _study.analysis.credit_quality import arm_signals
 
     assert credit.save_chunks and credit.num_seeds == 20 and credit.env == "KeyDoor-5x5"
     assert all(arm_signals(a.static.method) for a in credit.arms) and credit.arms[0].name == "ppo"
@@ -284,6 +284,7 @@ def test_staged_script_resumes_after_its_first_stage_finished(tmp_path, monkeypa
     """A tune-then-evaluate script interrupted after its first stage: rerunning the command
     loads the finished stage (no 'holds a finished study' refusal) and goes on to the next."""
     from coevo_jax.analysis import stats
+
     from _study import cli
 
     boot = stats.bootstrap_ci

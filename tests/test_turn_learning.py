@@ -1,5 +1,5 @@
 """sweeps/turn_learning.py (its options and default studies) and the per-turn credit
-pictures of coevo_jax.analysis.turn_credit (dialogues, telescoping credit, text, R_phi,
+pictures of _study.analysis.turn_credit (dialogues, telescoping credit, text, R_phi,
 the exact TextMaze advantage)."""
 import importlib.util
 import os
@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 import envs_jax
-from coevo_jax.analysis import turn_credit as tc
 from xla_options import OPT0
+
+from _study.analysis import turn_credit as tc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -48,8 +49,9 @@ def test_bad_input_is_one_line_and_writes_nothing(argv, msg, tmp_path, capsys):
 
 def test_default_studies_and_help():
     from coevo_jax.config import default_hparams
-    from _study import cli
     from coevo_jax.registry import registered_methods
+
+    from _study import cli
 
     mod = load()
     parser = mod.build_parser()

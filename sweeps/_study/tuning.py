@@ -268,7 +268,7 @@ def learned_reward_rows(result, label: str) -> tuple[list[dict], dict]:
     (mean over seeds), and the mean over seeds of each metric averaged over the second half
     of training. Also ``{"tuning AUC": rho, "held-out corr": rho}``: Spearman's rho of each against
     the ratio, over the configurations. ``([], {})`` when the arm reports no R_phi."""
-    from coevo_jax.credit import spearman
+    from _study.analysis.credit import spearman
 
     if any(m not in result.curves for m in R_PHI_METRICS.values()):
         return [], {}

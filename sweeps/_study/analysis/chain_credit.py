@@ -37,8 +37,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from coevo_jax.credit import spearman
 from envs_jax.chain import choice_credit
+
+from _study.analysis.credit import spearman
 
 #: methods with a learned per-step reward of (state, action) that this module scores
 REWARD_METHODS = ("coevo-regression", "coevo-ranking", "coevo-novelty", "ircr", "meta", "q-advantage", "rrd")

@@ -1,8 +1,8 @@
 """The measurements, each run inside a fresh worker process.
 
-``python -m coevo_jax.benchmark.workers '{"kind": KIND, ...}'`` runs the
+``python -m _study.bench.workers '{"kind": KIND, ...}'`` runs the
 measurement ``KIND`` (a key of :data:`KINDS`) and prints ``RESULT {json}``;
-:func:`coevo_jax.benchmark.launch.run_worker` starts it. Programs are compiled
+:func:`_study.bench.launch.run_worker` starts it. Programs are compiled
 ahead of time (``jit(f).lower(args)`` then ``.compile()``, each timed), so
 compile seconds are always reported apart from execution.
 """

@@ -214,8 +214,9 @@ def turn_credit_report(result, run: int = 0, out: str | None = None, seed: int =
     on :func:`example_dialogues` (reset key ``PRNGKey(seed)``). Writes ``turn_credit.png``
     and ``turn_credit.txt`` to ``out`` (default: the study folder); returns the text
     (``""`` when the study has neither arm)."""
-    from coevo_jax.analysis.final_policies import run_state, trainer_for
     from coevo_jax.files import atomic_write_text
+
+    from _study.analysis.final_policies import run_state, trainer_for
 
     labels = {a.name for a in result.study.arms}
     if siop not in labels and coevo not in labels:
@@ -283,12 +284,12 @@ def maze_cells(obs: np.ndarray) -> np.ndarray:
 def maze_credit_spearman(result, label: str = "siop", key=None) -> np.ndarray:
     """Per run of arm ``label`` (SIOP): Spearman correlation of its raw credit with the exact
     optimal advantage over one rollout of its final policy on ``TextMaze-Turns``. ``[R]``."""
-    from coevo_jax.analysis.credit_report import _credit
-    from coevo_jax.analysis.final_policies import final_rollouts
-    from coevo_jax.credit import spearman
+    from _study.analysis.credit import spearman
+    from _study.analysis.credit_report import _credit
+    from _study.analysis.final_policies import final_rollouts
 
     key = jax.random.PRNGKey(99) if key is None else key
-    from coevo_jax.analysis.final_policies import trainer_for
+    from _study.analysis.final_policies import trainer_for
 
     trainer = trainer_for(result, label)
     states, hp = result.final_states(label), result.hparams(label)

@@ -15,9 +15,10 @@ import os
 import jax
 import numpy as np
 
-from coevo_jax.analysis.final_policies import final_rollouts, run_state, trainer_for
-from coevo_jax.credit import complete_episode, credit_correlation, plot_episode_credit, potential_heatmap
 from envs_jax.grid.ground_truth import keydoor_optimal_advantages
+
+from _study.analysis.credit import complete_episode, credit_correlation, plot_episode_credit, potential_heatmap
+from _study.analysis.final_policies import final_rollouts, run_state, trainer_for
 
 
 def _credit(static, signal_state, traj, hp):

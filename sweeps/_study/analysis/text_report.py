@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from coevo_jax.analysis.final_policies import run_state, trainer_for
+from _study.analysis.final_policies import run_state, trainer_for
 
 
 def expert_success(env, params, episodes: int = 256, seed: int = 0) -> float:

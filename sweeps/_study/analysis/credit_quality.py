@@ -42,9 +42,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from coevo_jax.credit import spearman
 from envs_jax.grid.keydoor import observe
 from envs_jax.grid.policy_evaluation import NUM_ACTIONS, expected_gae, keydoor_layouts, layout_model, policy_advantages
+
+from _study.analysis.credit import spearman
 
 SIGNALS = {"ppo": ("td", "gae", "r", "random"), "siop": ("siop", "siop+r"),
            "siop-shuffled": ("siop", "siop-shuffled+r"), "coevo-regression": ("r_phi", "r_phi+r"),

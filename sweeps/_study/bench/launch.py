@@ -17,7 +17,8 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SWEEPS = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # holds _study
+ROOT = os.path.dirname(SWEEPS)  # the repository
 from coevo_jax.runtime import SAFE_FLAG as SAFE  # noqa: E402  (every child gets the no-hang flag)
 # PureJaxRL's published ppo.py / wrappers.py and the harness that runs them unmodified, beside the repository
 DEFAULT_PUREJAXRL = os.path.join(ROOT, "..", "shared", "anchors", "purejaxrl")
@@ -70,12 +71,12 @@ def anchor_paths(purejaxrl: str | None, tool: str | None) -> tuple[str | None, s
 
 def child_env(extra: dict | None = None) -> dict:
     return {**os.environ, "XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " " + SAFE).strip(),
-            "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **(extra or {})}
+            "PYTHONPATH": os.pathsep.join((ROOT, SWEEPS, os.environ.get("PYTHONPATH", ""))), **(extra or {})}
 
 
 def worker_cmd(cfg: dict) -> list:
-    """The command that runs one measurement of :mod:`coevo_jax.benchmark.workers`."""
-    return [sys.executable, "-m", "coevo_jax.benchmark.workers", json.dumps(cfg)]
+    """The command that runs one measurement of :mod:`_study.bench.workers`."""
+    return [sys.executable, "-m", "_study.bench.workers", json.dumps(cfg)]
 
 
 def run_processes(cmds: list, timeout: float, budget: Budget | None = None, pin: bool = False,
