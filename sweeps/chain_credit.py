@@ -9,7 +9,7 @@ method without its own at PPO's), with the task's ``static_overrides``, on
 paired seeds through the one runner, with the uniform-random row and the dense
 oracle:
 
-* ``ppo`` (sparse), ``dense`` (oracle), ``ircr``, ``rrd``, ``q-advantage``, ``coevo-regression``,
+* ``ppo`` (sparse), ``dense`` (oracle), ``ircr``, ``rrd``, ``q-advantage``, ``hca``, ``coevo-regression``,
   ``coevo-ranking``, ``coevo-novelty``, ``meta`` (learned rewards of (state,
   action)), ``siop`` (a potential of the state);
 * ``coevo-frozen``: coevo-regression with ``reward_lr_ratio = 0`` at its tuned
@@ -56,7 +56,7 @@ from _study.analysis.chain_credit import REWARD_METHODS
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_TASK = "chain-l16-n05"
 METHODS = ("ppo", "dense", "ircr", "coevo-regression", "coevo-ranking", "coevo-novelty", "meta", "siop", "q-advantage",
-           "rrd")
+           "rrd", "hca")
 FROZEN = "coevo-frozen"  # coevo-regression at its tuned values with R_phi never refit
 CREDIT_METHODS = REWARD_METHODS + ("siop",)  # the learned rewards of (state, action), and SIOP's potential
 THRESHOLD = 0.8

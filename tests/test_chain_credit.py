@@ -93,6 +93,34 @@ def test_q_advantage_credit_is_q_less_its_policy_mean_and_memory_pairs_hide_the_
     assert not later[:, :3].any() and choice_pairs(3)[0][:, :3].any()
 
 
+def test_hca_credit_is_a_successful_episodes_hindsight_credit():
+    """hca's score of a pair is (1 - pi(a | x) / h(a | x, Z)) Z at Z = the outcome reward (the return
+    of a success), with the snapshot's policy and the default ratio clip."""
+    env, params = envs_jax.make("DelayedChain", num_choices=3, length=4, outcome_reward=2.0)
+    static = StaticConfig(method="hca", num_envs=2, rollout_len=8, total_steps=16, reward_input="obs")
+    trainer = Trainer(static, env, params)
+    hp = jax.tree.map(lambda x: np.stack([x, x]), cj.default_hparams(static.method))
+    state = jax.vmap(trainer.init)(jax.random.split(jax.random.PRNGKey(0), 2), hp)
+    state = state.replace(signal_state=state.signal_state.replace(params=jax.tree.map(  # a non-uniform h
+        lambda x: x + 0.3 * jax.random.normal(jax.random.PRNGKey(5), x.shape), state.signal_state.params)))
+    from coevo_jax.ppo import policy_outputs
+    from coevo_jax.signals.hca import make_hindsight_net
+
+    net = make_hindsight_net(static, env, params)
+    obs, action = choice_pairs(3)
+    rows = []
+    for i in range(2):
+        h = np.asarray(jax.nn.softmax(net.apply(jax.tree.map(lambda x: x[i], state.signal_state.params), obs,
+                                                np.full(9, 2.0, np.float32))), np.float64)
+        pi = np.asarray(jax.nn.softmax(policy_outputs(trainer.network, jax.tree.map(lambda x: x[i], state.params),
+                                                      obs)[0]), np.float64)
+        ratio = np.minimum(pi[np.arange(9), action] / h[np.arange(9), action], 10.0)
+        rows.append((1.0 - ratio) * 2.0)
+    got = choice_rewards(trainer, state)
+    np.testing.assert_allclose(got, np.stack(rows), rtol=1e-4, atol=1e-6)
+    assert np.abs(got).max() > 1e-3  # h differs from pi somewhere: the check is not 0 = 0
+
+
 def test_a_recurrent_policy_is_scored_on_the_episode_history_up_to_the_pair():
     """With the GRU policy R_phi reads the hidden state after the episode's observations: at the
     choice, the cue's first observation from a fresh carry; at the last step, the whole history,

@@ -22,7 +22,9 @@ Scored per run (:func:`choice_scores`) on those ``K x K`` pairs:
 Which reward (:func:`choice_rewards`): R_phi's ``tanh`` output for the
 co-evolution methods (what the policy is paid, times ``beta_int``), IRCR's
 linear guidance reward, RRD's linear proxy reward, ``q-advantage``'s credit ``Q(h, a) - sum_b pi(b | h)
-Q(h, b)`` under the policy of the same snapshot. On the memory chain
+Q(h, b)`` under the policy of the same snapshot, ``hca``'s credit ``(1 - pi(a | x) / h(a | x, Z)) Z`` of a
+successful episode (``Z = outcome_reward``; a failure's ``Z = 0`` pays no hindsight credit), under the
+same snapshot's policy and the method's default ratio clip. On the memory chain
 (``hide_cue``) the later pairs show no cue, as the env does. On features input (``reward_input="features"``) R_phi
 reads the policy's hidden state of the pair's observation; a recurrent policy's
 (:mod:`coevo_jax.recurrent`) after the episode's observations up to that step
@@ -42,7 +44,7 @@ from envs_jax.chain import choice_credit
 from _study.analysis.credit import spearman
 
 #: methods with a learned per-step reward of (state, action) that this module scores
-REWARD_METHODS = ("coevo-regression", "coevo-ranking", "coevo-novelty", "ircr", "meta", "q-advantage", "rrd")
+REWARD_METHODS = ("coevo-regression", "coevo-ranking", "coevo-novelty", "ircr", "meta", "q-advantage", "rrd", "hca")
 
 
 def choice_pairs(num_choices: int, elapsed: float = 0.0, hide_cue: bool = False):
@@ -75,15 +77,18 @@ def choice_rewards(trainer, states, elapsed: float = 0.0) -> np.ndarray:
     from coevo_jax.ppo import policy_outputs
     from coevo_jax.recurrent import is_recurrent
     from coevo_jax.reward_net import make_reward_net
-    from coevo_jax.signals.q_advantage import action_credit, make_q_net
+    from coevo_jax.signals.hca import HCAParams, hca_credit, make_hindsight_net
+    from coevo_jax.signals.q_advantage import action_credit, make_q_net, taken
 
     static = trainer.static
     if static.method not in REWARD_METHODS:
         raise ValueError(f"method {static.method!r} has no learned reward of (state, action); one of {REWARD_METHODS}")
     k = trainer.env.unwrapped.num_choices
     obs, action = choice_pairs(k, elapsed, bool(trainer.env_params.hide_cue))
-    q_credit = static.method == "q-advantage"
-    net = (make_q_net if q_credit else make_reward_net)(static, trainer.env, trainer.env_params)
+    q_credit, hindsight = static.method == "q-advantage", static.method == "hca"
+    net = (make_q_net if q_credit else make_hindsight_net if hindsight else make_reward_net)(
+        static, trainer.env, trainer.env_params)
+    z = jnp.full(action.shape, float(trainer.env_params.outcome_reward))  # hca: a successful episode's return
     linear = static.method in ("ircr", "rrd")  # IRCR and RRD pay the pre-tanh output
 
     hide = bool(trainer.env_params.hide_cue)
@@ -101,6 +106,10 @@ def choice_rewards(trainer, states, elapsed: float = 0.0) -> np.ndarray:
     def one(policy_params, reward_params):
         logits, features = policy(policy_params)
         x = features if static.reward_input == "features" else jnp.asarray(obs)
+        if hindsight:
+            h = jax.nn.softmax(net.apply(reward_params, x, z))
+            pi_taken = taken(jax.nn.softmax(logits), jnp.asarray(action))
+            return hca_credit(pi_taken, taken(h, jnp.asarray(action)), z, HCAParams().ratio_clip)
         if q_credit:
             return action_credit(net.apply(reward_params, x), jax.nn.softmax(logits), jnp.asarray(action))
         r, pre = net.apply(reward_params, x, jnp.asarray(action))
