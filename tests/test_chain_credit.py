@@ -95,7 +95,7 @@ def test_q_advantage_credit_is_q_less_its_policy_mean_and_memory_pairs_hide_the_
 
 def test_hca_credit_is_a_successful_episodes_hindsight_credit():
     """hca's score of a pair is (1 - pi(a | x) / h(a | x, Z)) Z at Z = the outcome reward (the return
-    of a success), with the snapshot's policy and the default ratio clip."""
+    of a success), h = pi exp(g) / sum pi exp(g) with the snapshot's policy, and the default ratio clip."""
     env, params = envs_jax.make("DelayedChain", num_choices=3, length=4, outcome_reward=2.0)
     static = StaticConfig(method="hca", num_envs=2, rollout_len=8, total_steps=16, reward_input="obs")
     trainer = Trainer(static, env, params)
@@ -110,10 +110,11 @@ def test_hca_credit_is_a_successful_episodes_hindsight_credit():
     obs, action = choice_pairs(3)
     rows = []
     for i in range(2):
-        h = np.asarray(jax.nn.softmax(net.apply(jax.tree.map(lambda x: x[i], state.signal_state.params), obs,
-                                                np.full(9, 2.0, np.float32))), np.float64)
+        g = np.asarray(net.apply(jax.tree.map(lambda x: x[i], state.signal_state.params), obs,
+                                 np.full(9, 2.0, np.float32)), np.float64)
         pi = np.asarray(jax.nn.softmax(policy_outputs(trainer.network, jax.tree.map(lambda x: x[i], state.params),
                                                       obs)[0]), np.float64)
+        h = pi * np.exp(g) / (pi * np.exp(g)).sum(-1, keepdims=True)  # Bayes: the current policy times exp(g)
         ratio = np.minimum(pi[np.arange(9), action] / h[np.arange(9), action], 10.0)
         rows.append((1.0 - ratio) * 2.0)
     got = choice_rewards(trainer, state)

@@ -12,7 +12,7 @@ from scipy.stats import norm
 import coevo_jax as cj
 from coevo_jax.episodes import discounted_to_go
 from coevo_jax.registry import method_spec
-from coevo_jax.signals.hca import HindsightNet, hca_credit, hindsight_loss, hindsight_ratio
+from coevo_jax.signals.hca import HindsightNet, bayes_logits, hca_credit, hindsight_loss, hindsight_ratio
 from coevo_jax.signals.q_advantage import taken
 from test_q_advantage import _chain_episodes
 
@@ -44,6 +44,24 @@ def test_where_the_action_changes_nothing_the_credit_is_zero_and_the_clip_bounds
     assert float(hca_credit(jnp.float32(0.5), jnp.float32(1e-9), jnp.float32(2.0), 10.0)) == pytest.approx(-18.0)
 
 
+def test_bayes_form_follows_the_current_policy():
+    """h = softmax(log pi + g): a flat g (the return says nothing about the action) gives h = pi and credit 0
+    under any policy, not only the one the data came from; a g that favours an action raises h there by
+    exactly its likelihood ratio."""
+    k = jax.random.split(jax.random.key(3), 3)
+    pi = jax.nn.softmax(2.0 * jax.random.normal(k[0], (6, 4)))
+    flat = jnp.broadcast_to(jax.random.normal(k[1], (6, 1)), (6, 4))
+    h = jax.nn.softmax(bayes_logits(pi, flat))
+    np.testing.assert_allclose(h, pi, rtol=1e-5, atol=1e-7)
+    action = jax.random.randint(k[2], (6,), 0, 4)
+    np.testing.assert_allclose(hca_credit(taken(pi, action), taken(h, action), jnp.full((6,), 3.0)), 0.0, atol=1e-5)
+    g = jnp.zeros((6, 4)).at[:, 1].set(jnp.log(3.0))  # P(z | a = 1) three times that of the others
+    h = np.asarray(jax.nn.softmax(bayes_logits(pi, g)))
+    want = np.asarray(pi) * np.array([1.0, 3.0, 1.0, 1.0])
+    np.testing.assert_allclose(h, want / want.sum(-1, keepdims=True), rtol=1e-5)
+    assert float(jax.nn.softmax(bayes_logits(jnp.array([0.5, 0.5, 0.0]), jnp.zeros(3)))[2]) < 1e-29
+
+
 def test_hindsight_loss_counts_only_stored_steps():
     logits = jnp.log(jnp.array([[[0.5, 0.5], [0.25, 0.75], [0.5, 0.5]]]))
     action, mask = jnp.array([[0, 1, 1]]), jnp.array([[1.0, 1.0, 0.0]])
@@ -54,7 +72,8 @@ HIDDEN, LR, STEPS = (32,), 1e-2, 300
 
 
 def test_fitted_hindsight_credit_finds_the_choice_on_both_chains():
-    """h fit by cross-entropy on (obs, return-to-go) -> action of 2048 uniform-random episodes of the
+    """h (Bayes form over the acting uniform policy) fit by cross-entropy on (obs, return-to-go) -> action of
+    2048 uniform-random episodes of the
     4-choice chain (the first action decides the outcome, 0.5-std noise follows): with pi uniform, the
     credit pays the correct choice and charges the wrong ones at the first step and pays (almost)
     nothing at the last step: at the choice at least 5x the last step, on both chains."""
@@ -66,17 +85,18 @@ def test_fitted_hindsight_credit_finds_the_choice_on_both_chains():
         mask = jnp.ones((E, L))
         net = HindsightNet(4, HIDDEN)
         params = net.init(jax.random.key(2), obs[0], z[0])
+        behaviour = jnp.full((E, L, 4), 0.25)  # the random policy that acted
         tx = optax.adam(LR)
         opt = tx.init(params)
 
         def step(carry, _):
             params, opt = carry
-            g = jax.grad(lambda p: hindsight_loss(net.apply(p, obs, z), action, mask))(params)
+            g = jax.grad(lambda p: hindsight_loss(bayes_logits(behaviour, net.apply(p, obs, z)), action, mask))(params)
             upd, opt = tx.update(g, opt)
             return (optax.apply_updates(params, upd), opt), None
 
         params, _ = jax.jit(lambda c: jax.lax.scan(step, c, None, STEPS)[0])((params, opt))
-        h = taken(jax.nn.softmax(net.apply(params, obs, z)), action)
+        h = taken(jax.nn.softmax(bayes_logits(behaviour, net.apply(params, obs, z))), action)
         credit = np.asarray(hca_credit(jnp.full((E, L), 0.25), h, z, 10.0))
         cue = np.argmax(np.asarray(obs[:, 0, :4]), -1)
         right = np.asarray(action[:, 0]) == cue

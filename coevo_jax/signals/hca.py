@@ -2,9 +2,9 @@
 
 Hindsight Credit Assignment (Harutyunyan et al. 2019, "Hindsight Credit
 Assignment", NeurIPS; the return-conditional estimator of their section 4).
-A hindsight model ``h(a | x, z)`` (:class:`HindsightNet`) is fit by
-cross-entropy on a replay of complete episodes to the action taken at each
-step ``x_t`` given the discounted return ``Z_t`` that followed it. By Bayes,
+A hindsight model ``h(a | x, z)`` is fit by cross-entropy on a replay of
+complete episodes to the action taken at each step ``x_t`` given the
+discounted return ``Z_t`` that followed it. By Bayes,
 ``h(a | x, z) = pi(a | x) P(z | x, a) / P(z | x)``: where the action does not
 change the return, ``h = pi``; where it decides it, ``h`` moves toward the
 action that produced the return observed. Each step is paid the paper's
@@ -22,6 +22,17 @@ where it matters, and mean 0 under the policy at every step (no living reward).
 observation (``"obs"``).
 
 Deviations, each for a reason the paper's setting does not have:
+
+* ``h`` is parameterised by that Bayes rule, ``h = softmax(log pi(. | x) + g(x,
+  z, .))`` (:func:`bayes_logits`), with :class:`HindsightNet` learning only the
+  likelihood term ``g ~ log P(z | x, a)``: fit with the probabilities of the
+  policy that acted (stored in the replay), read with the current policy's. The
+  replay holds episodes of earlier policies, and an ``h`` learned directly
+  estimates their mixture: ``pi / h`` then exceeds 1 for whatever action the
+  policy has made likelier, and with ``Z > 0`` its credit turns negative (a
+  directly learned ``h`` trained the policy below the random row on the memory
+  chain, 0.037 vs 0.127). With the Bayes form an action that does not change
+  the return has ``g`` flat and credit 0 under any policy.
 
 * ``Z_t`` of the rollout's steps is the lambda = 1 return within the rollout,
   bootstrapped from the critic where the rollout cuts an episode (PPO's
@@ -68,10 +79,11 @@ from coevo_jax.signals.q_advantage import taken
 
 
 class HindsightNet(nn.Module):
-    """``(x [..., D], z [...]) -> logits [..., A]`` of ``h(a | x, z)``: the return
-    ``z`` joins ``x``'s encoding, then Dense+ReLU per ``hidden`` and a linear
-    head (orthogonal, gain 0.01: ``h`` starts near uniform). ``vocab > 0``:
-    ``x`` holds token ids (one-hot encoded, as R_phi's input)."""
+    """``(x [..., D], z [...]) -> g [..., A]``, the likelihood term of ``h(a | x, z)``
+    (:func:`bayes_logits`): the return ``z`` joins ``x``'s encoding, then
+    Dense+ReLU per ``hidden`` and a linear head (orthogonal, gain 0.01: ``h``
+    starts near ``pi``). ``vocab > 0``: ``x`` holds token ids (one-hot encoded,
+    as R_phi's input)."""
 
     num_actions: int
     hidden: tuple = (64, 64)
@@ -85,6 +97,12 @@ class HindsightNet(nn.Module):
         return nn.Dense(self.num_actions, kernel_init=orthogonal(0.01), name="head")(h)
 
 
+def bayes_logits(probs: jax.Array, g: jax.Array) -> jax.Array:
+    """Logits of ``h(a | x, z) = pi(a | x) exp(g(x, z, a)) / sum_b pi(b | x) exp(g(x, z, b))``:
+    ``probs, g [..., A]`` -> ``[..., A]`` (an action ``pi`` never takes gets ``h < 1e-29``)."""
+    return jnp.log(jnp.maximum(probs, 1e-30)) + g
+
+
 def hindsight_ratio(pi_taken: jax.Array, h_taken: jax.Array, clip: float) -> jax.Array:
     """``min(pi(a_t | x_t) / h(a_t | x_t, Z_t), clip)``: ``[...]`` -> ``[...]``."""
     return jnp.minimum(pi_taken / jnp.maximum(h_taken, 1e-30), clip)
@@ -96,8 +114,8 @@ def hca_credit(pi_taken: jax.Array, h_taken: jax.Array, z: jax.Array, clip: floa
 
 
 def hindsight_loss(logits: jax.Array, action: jax.Array, mask: jax.Array) -> jax.Array:
-    """Masked mean of ``-log h(a_t | x_t, Z_t)``: ``logits [E, L, A]``, ``action,
-    mask [E, L]`` -> ``()`` (0 on an empty buffer)."""
+    """Masked mean of ``-log h(a_t | x_t, Z_t)``: ``logits [E, L, A]`` (:func:`bayes_logits`
+    with the acting policy's probabilities), ``action, mask [E, L]`` -> ``()`` (0 on an empty buffer)."""
     nll = -taken(jax.nn.log_softmax(logits), action)
     return (nll * mask).sum() / jnp.maximum(mask.sum(), 1.0)
 
@@ -135,10 +153,10 @@ def make_hca(static, network, env, env_params) -> Signal:
         return reward_inputs(traj, static.reward_input, obs_ndim)
 
     def fit_data(buf, gamma):
-        """``(x [E, L, D], action [E, L], return-to-go [E, L], mask [E, L])`` of a buffer."""
+        """``(x [E, L, D], action [E, L], return-to-go [E, L], acting probs [E, L, A], mask [E, L])``."""
         mask = buffer_mask(buf)
         z = discounted_to_go(buf.steps["reward"] * mask, buf.length, gamma)
-        return buf.steps["x"], buf.steps["action"], z, mask
+        return buf.steps["x"], buf.steps["action"], z, buf.steps["probs"], mask
 
     def init(key, traj, hp):
         if traj.probs is None:
@@ -147,19 +165,21 @@ def make_hca(static, network, env, env_params) -> Signal:
         x = inputs(traj)
         params = net.init(key, x[0], jnp.zeros(x.shape[1], jnp.float32))
         replay = init_replay(kept, window, traj.action.shape[1],
-                             {"x": x[0, 0], "action": jnp.int32(0), "reward": jnp.float32(0.0)},
+                             {"x": x[0, 0], "action": jnp.int32(0), "reward": jnp.float32(0.0),
+                              "probs": traj.probs[0, 0]},
                              {"full_return": jnp.float32(0.0)}, VAL_EVERY)
         return HCAState(params, init_optimizer(params), replay)
 
     def observe(state: HCAState, traj, hp, key):
-        steps = {"x": inputs(traj), "action": traj.action.astype(jnp.int32), "reward": traj.reward.astype(jnp.float32)}
+        steps = {"x": inputs(traj), "action": traj.action.astype(jnp.int32), "reward": traj.reward.astype(jnp.float32),
+                 "probs": traj.probs}
         replay = add_rollout(state.replay, steps, {"full_return": traj.episode_return.astype(jnp.float32)},
                              traj.episode_done)
         return state.replace(replay=replay), {}
 
     def update(state: HCAState, traj, policy, hp, key):
         buf = state.replay.train
-        x, actions, z, mask = fit_data(buf, hp.ppo.gamma)
+        x, actions, z, probs, mask = fit_data(buf, hp.ppo.gamma)
         step_size = hp.signal.reward_lr_ratio * hp.ppo.lr * policy.lr_frac
         tx = make_optimizer(hp.signal.reward_max_grad_norm, step_size)
         steps = refit_steps(static.reward_steps, static, hp)
@@ -168,7 +188,7 @@ def make_hca(static, network, env, env_params) -> Signal:
             params, opt_state = learner
 
             def loss_fn(p, batch):
-                loss = hindsight_loss(net.apply(p, batch, z), actions, mask)
+                loss = hindsight_loss(bayes_logits(probs, net.apply(p, batch, z)), actions, mask)
                 return loss, {"h_loss": loss}
 
             params, opt_state, ms = fit(loss_fn, params, opt_state, tx, lambda _: x, key, steps=steps)
@@ -182,18 +202,18 @@ def make_hca(static, network, env, env_params) -> Signal:
 
     def rewards(state: HCAState, traj, hp):
         z = rollout_returns(traj, hp.ppo.gamma)
-        h = jax.nn.softmax(net.apply(state.params, inputs(traj), z))
+        h = jax.nn.softmax(bayes_logits(traj.probs, net.apply(state.params, inputs(traj), z)))
         pi_taken, h_taken = taken(traj.probs, traj.action), taken(h, traj.action)
         credit = hca_credit(pi_taken, h_taken, z, hp.signal.ratio_clip)
         val = state.replay.val
-        v_x, v_actions, v_z, v_mask = fit_data(val, hp.ppo.gamma)
+        v_x, v_actions, v_z, v_probs, v_mask = fit_data(val, hp.ppo.gamma)
         metrics = {
             "r_int_mean": credit.mean(),  # mean 0 in expectation under the policy
             "r_int_var": credit.var(),
             "credit_abs_mean": jnp.abs(credit).mean(),
             "ratio_clipped": (pi_taken >= hp.signal.ratio_clip * h_taken).mean(),
             "h_minus_pi_abs_mean": jnp.abs(h_taken - pi_taken).mean(),  # 0: the model sees no action matter
-            "val_h_loss": hindsight_loss(net.apply(state.params, v_x, v_z), v_actions, v_mask),
+            "val_h_loss": hindsight_loss(bayes_logits(v_probs, net.apply(state.params, v_x, v_z)), v_actions, v_mask),
             "episodes_committed": state.replay.committed.astype(jnp.float32),
         }
         episodic = hp.signal.beta_ext * traj.reward + hp.signal.beta_int * credit

@@ -77,7 +77,7 @@ def choice_rewards(trainer, states, elapsed: float = 0.0) -> np.ndarray:
     from coevo_jax.ppo import policy_outputs
     from coevo_jax.recurrent import is_recurrent
     from coevo_jax.reward_net import make_reward_net
-    from coevo_jax.signals.hca import HCAParams, hca_credit, make_hindsight_net
+    from coevo_jax.signals.hca import HCAParams, bayes_logits, hca_credit, make_hindsight_net
     from coevo_jax.signals.q_advantage import action_credit, make_q_net, taken
 
     static = trainer.static
@@ -107,9 +107,10 @@ def choice_rewards(trainer, states, elapsed: float = 0.0) -> np.ndarray:
         logits, features = policy(policy_params)
         x = features if static.reward_input == "features" else jnp.asarray(obs)
         if hindsight:
-            h = jax.nn.softmax(net.apply(reward_params, x, z))
-            pi_taken = taken(jax.nn.softmax(logits), jnp.asarray(action))
-            return hca_credit(pi_taken, taken(h, jnp.asarray(action)), z, HCAParams().ratio_clip)
+            pi = jax.nn.softmax(logits)
+            h = jax.nn.softmax(bayes_logits(pi, net.apply(reward_params, x, z)))
+            a = jnp.asarray(action)
+            return hca_credit(taken(pi, a), taken(h, a), z, HCAParams().ratio_clip)
         if q_credit:
             return action_credit(net.apply(reward_params, x), jax.nn.softmax(logits), jnp.asarray(action))
         r, pre = net.apply(reward_params, x, jnp.asarray(action))
