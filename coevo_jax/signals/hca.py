@@ -31,7 +31,8 @@ Deviations, each for a reason the paper's setting does not have:
   estimates their mixture: ``pi / h`` then exceeds 1 for whatever action the
   policy has made likelier, and with ``Z > 0`` its credit turns negative (a
   directly learned ``h`` trained the policy below the random row on the memory
-  chain, 0.037 vs 0.127). With the Bayes form an action that does not change
+  chain, 0.037 vs 0.127: docs/results/memchain-l16-n05/hca/chain_credit.md at
+  commit 2614c59). With the Bayes form an action that does not change
   the return has ``g`` flat and credit 0 under any policy.
 
 * ``Z_t`` of the rollout's steps is the lambda = 1 return within the rollout,
