@@ -1,10 +1,12 @@
 """Policy networks. Every policy maps observations ``[..., obs]`` to
-``(logits [..., A], value [...], features [..., H])`` where ``features`` is the
-penultimate hidden state of the actor (what learned-reward networks read).
-With ``value_heads = 2`` (methods with a non-episodic bonus stream, see
-:class:`coevo_jax.signals.base.RewardStreams`) ``value`` is ``[..., 2]``: the
-critic of the episodic return and that of the intrinsic return, two heads on
-one critic torso as in Burda et al. (2018).
+``(logits [..., A], value [..., V], features [..., H])`` where ``features`` is the
+penultimate hidden state of the actor (what learned-reward networks read) and
+``V = value_heads`` the critic's heads: 1, or 2 for the methods with a
+non-episodic bonus stream (see :class:`coevo_jax.signals.base.RewardStreams`),
+the critic of the episodic return (head 0) and that of the intrinsic return
+(head 1), two heads on one critic torso as in Burda et al. (2018). A network
+of your own may return ``value [...]`` for one head
+(:func:`coevo_jax.rollout.with_value_heads` adds the axis).
 
 The MLP follows PureJaxRL's PPO actor-critic (separate actor and critic
 torsos, orthogonal init with gain sqrt(2), 0.01 on the policy head).
@@ -100,7 +102,7 @@ def _act(name: str):
 
 
 class ActorCritic(nn.Module):
-    """MLP actor-critic. ``__call__(obs [..., D]) -> (logits [..., A], value [...] or [..., 2], features [..., H])``;
+    """MLP actor-critic. ``__call__(obs [..., D]) -> (logits [..., A], value [..., V], features [..., H])``;
     ``obs`` read through :func:`~coevo_jax.encoding.encode_obs` (``vocab > 0``: token ids, one-hot)."""
 
     num_actions: int
@@ -124,7 +126,7 @@ class ActorCritic(nn.Module):
             v = act(nn.Dense(width, kernel_init=orthogonal(np.sqrt(2)), name=f"critic_{i}")(v))
         value = nn.Dense(self.value_heads, kernel_init=orthogonal(1.0), name="critic_out",
                          dot_general=head_dot_general)(v)
-        return logits, value[..., 0] if self.value_heads == 1 else value, features
+        return logits, value, features
 
 
 def exchange_starts(tokens: jax.Array) -> jax.Array:
@@ -219,7 +221,7 @@ class ExchangeBag(nn.Module):
 
 class BagActorCritic(nn.Module):
     """Bag-of-exchanges actor-critic over dialogue token buffers:
-    ``__call__(obs [..., L] int) -> (logits [..., A], value [...] or [..., 2], features [..., H])``.
+    ``__call__(obs [..., L] int) -> (logits [..., A], value [..., V], features [..., H])``.
 
     :class:`ExchangeBag` encodes the buffer (``encoder``); separate actor and
     critic MLPs (``hidden_sizes``, as :class:`ActorCritic`) read the encoding,
@@ -268,8 +270,7 @@ class BagActorCritic(nn.Module):
         v = _torso(z, self.hidden_sizes, act, "critic")
         value = nn.Dense(self.value_heads, kernel_init=orthogonal(1.0), name="critic_out",
                          dot_general=head_dot_general)(v)
-        value = value[..., 0] if self.value_heads == 1 else value
-        return (logits.reshape(batch + logits.shape[-1:]), value.reshape(batch + value.shape[1:]),
+        return (logits.reshape(batch + logits.shape[-1:]), value.reshape(batch + (self.value_heads,)),
                 features.reshape(batch + features.shape[-1:]))
 
 
@@ -351,9 +352,10 @@ def check_policy_network(network: nn.Module, static: StaticConfig, env, env_para
 
     The contract (every network of this module keeps it): ``network.init(key, obs)`` returns the
     parameters, and ``network.apply(params, obs [..., *obs_shape])`` over any leading batch dims
-    returns ``(logits [..., A], value, features [..., H])``: ``A`` the env's actions, ``value``
-    ``[...]``, or ``[..., 2]`` (the episodic and the intrinsic critic) for a method with an
-    intrinsic reward stream (``static.value_heads == 2``), ``features`` the state the learned
+    returns ``(logits [..., A], value [..., V], features [..., H])``: ``A`` the env's actions,
+    ``V = static.value_heads`` (2, the episodic and the intrinsic critic, for a method with an
+    intrinsic reward stream; else 1, where ``value [...]`` is accepted too: see
+    :func:`coevo_jax.rollout.with_value_heads`), ``features`` the state the learned
     rewards that read the policy's features take (e.g. the last hidden layer of the actor).
     A recurrent policy (``network.recurrent``) is checked against its own contract
     (:func:`coevo_jax.recurrent.check_recurrent_network`)."""
@@ -369,15 +371,21 @@ def check_policy_network(network: nn.Module, static: StaticConfig, env, env_para
     except Exception as e:  # the user's module, whatever it raises: name the input it failed on
         raise ConfigError(f"network: {name} fails on observations {obs.shape} {jnp.dtype(obs.dtype).name} of"
                           f" {env.name}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
-    value = lead + ((2,) if static.value_heads == 2 else ())
-    want = f"(logits {lead + (num_actions,)}, value {value}, features {lead} + (H,))"
+    value = value_shapes(lead, static.value_heads)
+    want = f"(logits {lead + (num_actions,)}, value {' or '.join(map(str, value))}, features {lead} + (H,))"
     shapes = [getattr(x, "shape", None) for x in out] if isinstance(out, (tuple, list)) else None
-    if (shapes is None or len(shapes) != 3 or shapes[0] != lead + (num_actions,) or shapes[1] != value
+    if (shapes is None or len(shapes) != 3 or shapes[0] != lead + (num_actions,) or shapes[1] not in value
             or shapes[2] is None or len(shapes[2]) != len(lead) + 1 or shapes[2][:len(lead)] != lead):
         got = jax.tree.map(lambda x: tuple(x.shape), out)
         raise ConfigError(f"network: {name} must return {want} for observations {obs.shape} of {env.name}"
                           f" (method {static.method!r}: {static.value_heads} value head(s)); it returned {got}")
     return network
+
+
+def value_shapes(lead: tuple, heads: int) -> tuple:
+    """The value shapes a policy may return for leading dims ``lead``: ``lead + (heads,)``, and
+    ``lead`` for one head (:func:`coevo_jax.rollout.with_value_heads` adds its axis)."""
+    return (lead + (heads,),) + ((lead,) if heads == 1 else ())
 
 
 def features_dim(network: nn.Module, params, example_obs: jax.Array) -> int:
@@ -405,7 +413,7 @@ class GRUActorCritic(nn.Module):
     """The recurrent policy (``StaticConfig.network = "gru"``, the contract of
     :mod:`coevo_jax.recurrent`):
     ``apply(params, carry [B, H], obs [B, T, ...], first [B, T]) -> (carry [B, H],
-    (logits [B, T, A], value [B, T] or [B, T, 2], features [B, T, H]))``.
+    (logits [B, T, A], value [B, T, V], features [B, T, H]))``.
 
     An MLP embedding of each observation (``hidden_sizes[0]``, through
     :func:`~coevo_jax.encoding.encode_obs`) feeds a GRU of ``gru_size`` units
@@ -439,7 +447,7 @@ class GRUActorCritic(nn.Module):
         v = _torso(h, tuple(self.hidden_sizes)[1:], act, "critic")
         value = nn.Dense(self.value_heads, kernel_init=orthogonal(1.0), name="critic_out",
                          dot_general=head_dot_general)(v)
-        return carry, (logits, value[..., 0] if self.value_heads == 1 else value, h)
+        return carry, (logits, value, h)
 
 
 def check_recurrent_network(network: nn.Module, static, env, env_params):
@@ -457,13 +465,14 @@ def check_recurrent_network(network: nn.Module, static, env, env_params):
     except Exception as e:  # the user's module, whatever it raises
         raise ConfigError(f"network: recurrent {name} fails on observations {obs.shape} of {env.name}:"
                           f" {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
-    value = (b, t) + ((2,) if static.value_heads == 2 else ())
+    value = value_shapes((b, t), static.value_heads)
     shapes = [getattr(x, "shape", None) for x in out] if isinstance(out, (tuple, list)) else None
-    ok = (shapes is not None and len(shapes) == 3 and shapes[0] == (b, t, num_actions) and shapes[1] == value
+    ok = (shapes is not None and len(shapes) == 3 and shapes[0] == (b, t, num_actions) and shapes[1] in value
           and shapes[2] is not None and len(shapes[2]) == 3 and shapes[2][:2] == (b, t)
           and jax.tree.map(np.shape, new_carry) == jax.tree.map(np.shape, carry))
     if not ok:
         raise ConfigError(f"network: recurrent {name} must return (carry like initialize_carry, (logits"
-                          f" {(b, t, num_actions)}, value {value}, features {(b, t)} + (H,))) for observations"
-                          f" {obs.shape} of {env.name}; it returned {jax.tree.map(np.shape, (new_carry, out))}")
+                          f" {(b, t, num_actions)}, value {' or '.join(map(str, value))}, features {(b, t)} + (H,)))"
+                          f" for observations {obs.shape} of {env.name}; it returned"
+                          f" {jax.tree.map(np.shape, (new_carry, out))}")
     return network

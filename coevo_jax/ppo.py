@@ -15,7 +15,7 @@ from coevo_jax.fit import fit, init_optimizer, make_optimizer  # noqa: F401  (th
 from coevo_jax.packing import PackedWindows
 from coevo_jax.params import grad_clip, hyperparams, param, unit, weight
 from coevo_jax.recurrent import Sequences
-from coevo_jax.rollout import mask_logits
+from coevo_jax.rollout import mask_logits, with_value_heads
 
 
 @hyperparams
@@ -70,18 +70,19 @@ def stream_advantages(streams, traj, hp):
     every ``delta`` subtracts the value the previous one added, and the
     lambda-return telescopes to the discounted bonus across episode ends. The
     advantages add, the intrinsic one times ``streams.intrinsic_coef``.
-    ``traj.value`` / ``traj.next_value`` / ``traj.cont_value`` are ``[T, N]``
-    for one stream, ``[T, N, 2]`` for two. Returns ``(advantages [T, N],
-    targets [T, N] or [T, N, 2])``.
+    ``traj.value`` / ``traj.next_value`` / ``traj.cont_value`` are ``[T, N, V]``,
+    one head per stream (``V = 1`` or 2). Returns ``(advantages [T, N], targets
+    [T, N, V])``.
     """
-    if streams.intrinsic is None:
-        return gae(streams.episodic, traj.value, traj.next_value, traj.terminated, traj.truncated,
-                   hp.ppo.gamma, hp.ppo.gae_lambda)
-    if traj.value.ndim != streams.intrinsic.ndim + 1:
-        raise ValueError("an intrinsic reward stream needs a policy with two value heads (StaticConfig.value_heads"
-                         f" = 2); the trajectory's values have shape {traj.value.shape}")
+    heads = 1 if streams.intrinsic is None else 2  # one per stream
+    if traj.value.shape[-1] != heads:
+        need = "an intrinsic reward stream needs two value heads" if heads == 2 else "one stream needs one value head"
+        raise ValueError(f"{need} (StaticConfig.value_heads = {heads}); the trajectory's values have shape"
+                         f" {traj.value.shape}")
     adv_e, target_e = gae(streams.episodic, traj.value[..., 0], traj.next_value[..., 0], traj.terminated,
                           traj.truncated, hp.ppo.gamma, hp.ppo.gae_lambda)
+    if streams.intrinsic is None:
+        return adv_e, target_e[..., None]
     if traj.cont_value is None:
         raise ValueError("an intrinsic reward stream bootstraps from traj.cont_value (the value of the observation"
                          " after each step's auto-reset); this trajectory has none")
@@ -100,30 +101,31 @@ class PPOBatch(NamedTuple):
     obs: Any  # [B, ...] observations, PackedWindows [B, P] / query [B, T], or Sequences [B, T, ...]
     action: jax.Array  # [B] or [B, T]
     logp: jax.Array  # [B] behaviour log-probabilities
-    value: jax.Array  # [B] critic values at collection time ([B, 2] with two value heads)
+    value: jax.Array  # [B, V] critic values at collection time (or [B, T, V])
     advantage: jax.Array  # [B]
-    target: jax.Array  # [B] value targets (like value)
+    target: jax.Array  # [B, V] value targets (like value)
     legal_mask: Any = None  # [B, A] (or [B, T, A]) bool legal actions, or None (all legal)
 
 
 def policy_outputs(network: nn.Module, params, obs):
-    """``(logits, value, features)`` for plain observations ``[B, ...]``, or
-    ``[B, T, ...]`` for packed windows (``network.score_packed``) and for a
+    """``(logits [B, A], value [B, V], features [B, H])`` for plain observations ``[B, ...]``,
+    or ``[B, T, ...]`` outputs for packed windows (``network.score_packed``) and for a
     recurrent policy's :class:`~coevo_jax.recurrent.Sequences` (replayed from
-    their first carry)."""
+    their first carry); the value through :func:`~coevo_jax.rollout.with_value_heads`."""
     if isinstance(obs, PackedWindows):
-        return network.apply(params, obs, method=network.score_packed)
+        return with_value_heads(network.apply(params, obs, method=network.score_packed))
     if isinstance(obs, Sequences):
-        return network.apply(params, obs.carry, obs.obs, obs.first)[1]
-    return network.apply(params, obs)
+        return with_value_heads(network.apply(params, obs.carry, obs.obs, obs.first)[1])
+    return with_value_heads(network.apply(params, obs))
 
 
 def ppo_loss(params, network: nn.Module, batch: PPOBatch, clip_eps, vf_coef, ent_coef, normalize_advantages=True):
     """Clipped-surrogate PPO loss on a ``[B]`` (or packed ``[B, T]``) batch.
 
     ``loss = -E[min(rho A, clip(rho, 1 +- eps) A)] + vf_coef * value_loss - ent_coef * entropy``
-    with the clipped value loss of PureJaxRL (summed over the value heads when
-    there are two). Returns ``(loss, metrics)``.
+    with the clipped value loss of PureJaxRL, summed over the ``V`` value heads
+    (``batch.value``, ``batch.target`` ``[B, V]``: each head's loss counts in full).
+    Returns ``(loss, metrics)``.
     """
     logits, value, _ = policy_outputs(network, params, batch.obs)
     dist = distrax.Categorical(logits=mask_logits(logits, batch.legal_mask))
@@ -132,9 +134,7 @@ def ppo_loss(params, network: nn.Module, batch: PPOBatch, clip_eps, vf_coef, ent
 
     value_clipped = batch.value + jnp.clip(value - batch.value, -clip_eps, clip_eps)
     value_err = jnp.maximum((value - batch.target) ** 2, (value_clipped - batch.target) ** 2)
-    if value_err.ndim > batch.advantage.ndim:  # two value heads: each head's loss counts in full
-        value_err = value_err.sum(-1)
-    value_loss = 0.5 * value_err.mean()
+    value_loss = 0.5 * value_err.sum(-1).mean()
 
     adv = batch.advantage
     if normalize_advantages:
@@ -176,11 +176,9 @@ def ppo_update(
 
 
 def explained_variance(values: jax.Array, targets: jax.Array) -> jax.Array:
-    """``1 - Var[targets - values] / Var[targets]`` of the critic's episodic head:
-    ``values, targets [T, N]`` or ``[T, N, 2]`` (the first head is read); 0 when
-    the targets do not vary."""
-    if targets.ndim == 3:
-        values, targets = values[..., 0], targets[..., 0]
+    """``1 - Var[targets - values] / Var[targets]`` of the critic's episodic head
+    (head 0 of ``values, targets [T, N, V]``); 0 when the targets do not vary."""
+    values, targets = values[..., 0], targets[..., 0]
     var = targets.var()
     return jnp.where(var > 1e-12, 1.0 - (targets - values).var() / jnp.where(var > 1e-12, var, 1.0), 0.0)
 

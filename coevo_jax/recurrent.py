@@ -15,7 +15,8 @@ Every recurrent policy (:class:`coevo_jax.networks.GRUActorCritic`, or your own
 flax module) has ``recurrent = True`` and two methods beyond
 ``init`` / ``apply``: ``initialize_carry(batch_shape) -> carry [*batch_shape, H]``
 and ``apply(params, carry [B, H], obs [B, T, ...], first [B, T]) -> (carry,
-(logits [B, T, A], value [B, T] or [B, T, 2], features [B, T, H]))``.
+(logits [B, T, A], value [B, T, V], features [B, T, H]))`` (``value [B, T]``
+for one head is accepted too: :func:`coevo_jax.rollout.with_value_heads`).
 """
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ def init_recurrent(network: nn.Module, key: jax.Array, obs: jax.Array):
 
 def step_outputs(network: nn.Module, params, carry, obs, first):
     """One step of every env: ``carry [N, H], obs [N, ...], first [N] -> (carry [N, H],
-    (logits [N, A], value [N] or [N, 2], features [N, H]))``."""
+    (logits [N, A], value, features [N, H]))``: ``value`` as the network returns it
+    (``[N, V]``, or ``[N]``: :func:`coevo_jax.rollout.with_value_heads` makes it ``[N, V]``)."""
     carry, out = network.apply(params, carry, obs[:, None], first[:, None])
     return carry, jax.tree.map(lambda x: x[:, 0], out)

@@ -13,6 +13,11 @@ Three paths:
 * recurrent (:mod:`coevo_jax.recurrent`): the policy's carry runs through the
   steps, reset before every episode's first observation, and the trajectory
   stores the carry each step started from.
+
+Every path passes the policy's outputs through :func:`with_value_heads`, so the
+critic's values (``Trajectory.value``, ``next_value``, ``cont_value``) always
+carry a trailing heads axis ``[T, N, V]``: head 0 the episodic critic, head 1
+(``V = 2``) the intrinsic one.
 """
 from __future__ import annotations
 
@@ -33,32 +38,34 @@ class Trajectory(NamedTuple):
 
     ``next_obs[t]`` is the observation the step produced before any auto-reset
     (``info["final_observation"]``), so ``next_obs[t] == obs[t+1]`` unless the episode
-    ended at ``t``. ``next_value`` is the critic on ``next_obs`` (bootstraps
-    truncated episodes). ``cont_value`` is the critic on the observation the
-    env continues from after step ``t`` (after any auto-reset): ``value[t+1]``
-    for ``t < T - 1`` and the value of the next rollout's first observation at
-    ``T - 1``; it bootstraps the non-episodic (intrinsic) stream, whose return
-    runs on into the next episode. ``episode_*`` fields are set on
+    ended at ``t``. The critic's values are ``[T, N, V]`` with ``V`` its heads
+    (``StaticConfig.value_heads``; head 0 episodic, head 1 intrinsic), see
+    :func:`with_value_heads`. ``next_value`` is the critic on ``next_obs``
+    (bootstraps truncated episodes). ``cont_value`` is the critic on the
+    observation the env continues from after step ``t`` (after any auto-reset):
+    ``value[t+1]`` for ``t < T - 1`` and the value of the next rollout's first
+    observation at ``T - 1``; it bootstraps the non-episodic (intrinsic) stream,
+    whose return runs on into the next episode. ``episode_*`` fields are set on
     ``episode_done`` steps.
     """
 
     obs: jax.Array  # [T, N, ...]
     action: jax.Array  # [T, N] int32
     logp: jax.Array  # [T, N]
-    value: jax.Array  # [T, N]
+    value: jax.Array  # [T, N, V]
     features: jax.Array  # [T, N, H]
     reward: jax.Array  # [T, N] external reward
     dense_reward: jax.Array  # [T, N] hand-designed dense reward (or the external one)
     terminated: jax.Array  # [T, N] bool
     truncated: jax.Array  # [T, N] bool
     next_obs: jax.Array  # [T, N, ...]
-    next_value: jax.Array  # [T, N]
+    next_value: jax.Array  # [T, N, V]
     episode_done: jax.Array  # [T, N] bool
     episode_return: jax.Array  # [T, N]
     episode_length: jax.Array  # [T, N]
     episode_success: jax.Array  # [T, N]
     legal_mask: Any = None  # [T, N, A] bool legal actions at obs[t] (envs with a legal-action mask), else None
-    cont_value: Any = None  # [T, N] critic on the observation after step t, after any auto-reset (see above)
+    cont_value: Any = None  # [T, N, V] critic on the observation after step t, after any auto-reset (see above)
     probs: Any = None  # [T, N, A] the policy's action probabilities at obs[t] (legal actions only), as it acted
     carry: Any = None  # [T, N, H] a recurrent policy's carry before step t (before its reset), else None
     first: Any = None  # [T, N] bool obs[t] starts an episode (a recurrent policy's carry resets), else None
@@ -108,9 +115,25 @@ def sample_action(logits: jax.Array, key: jax.Array, mask: jax.Array | None = No
     return action.astype(jnp.int32), dist.log_prob(action), dist.probs
 
 
+def with_value_heads(outputs):
+    """The policy's outputs ``(logits [..., A], value, features [..., H])`` with ``value [..., V]``.
+
+    The only place the loop looks at the shape of a policy's value: the library's
+    networks return ``value [..., V]`` (``V = StaticConfig.value_heads``), and a network
+    of your own may return ``[...]`` (one value per sample, as ``logits`` without its
+    last axis), which gets a heads axis of 1 here. Every call of the policy in the
+    rollout and the PPO update goes through it, so everything after it reads head 0
+    (episodic) and head 1 (intrinsic) as ``value[..., 0]`` and ``value[..., 1]``.
+    """
+    logits, value, features = outputs
+    if value.ndim == logits.ndim - 1:
+        value = value[..., None]
+    return logits, value, features
+
+
 def policy_step(network: nn.Module, params, obs: jax.Array, key: jax.Array, mask: jax.Array | None = None):
-    """Sample actions. ``obs [N, ...] -> (action [N], logp [N], probs [N, A], value [N], features [N, H])``."""
-    logits, value, features = network.apply(params, obs)
+    """Sample actions. ``obs [N, ...] -> (action [N], logp [N], probs [N, A], value [N, V], features [N, H])``."""
+    logits, value, features = with_value_heads(network.apply(params, obs))
     action, logp, probs = sample_action(logits, key, mask)
     return action, logp, probs, value, features
 
@@ -162,8 +185,8 @@ def rollout(network: nn.Module, params, env, env_params, state: RolloutState, ke
 
     mask = current_legal_mask(env, env_params, state.env_state)
     (state, _), steps = jax.lax.scan(one_step, (state, mask), jax.random.split(key, length))
-    next_value = network.apply(params, steps["next_obs"])[1]
-    last_value = network.apply(params, state.obs)[1]  # the next rollout's first observation
+    next_value = with_value_heads(network.apply(params, steps["next_obs"]))[1]
+    last_value = with_value_heads(network.apply(params, state.obs))[1]  # the next rollout's first observation
     cont_value = jnp.concatenate([steps["value"][1:], last_value[None]], axis=0)
     return state, Trajectory(next_value=next_value, cont_value=cont_value, **steps)
 
@@ -177,11 +200,13 @@ def _rollout_recurrent(network, params, env, env_params, state: RolloutState, ke
     def one_step(carry, step_key):
         ro, mask = carry
         k_act, k_env = jax.random.split(step_key)
-        new_carry, (logits, value, features) = step_outputs(network, params, ro.carry, ro.obs, ro.first)
+        new_carry, out = step_outputs(network, params, ro.carry, ro.obs, ro.first)
+        logits, value, features = with_value_heads(out)
         action, logp, probs = sample_action(logits, k_act, mask)
         obs, env_state, fields = env_step(env, env_params, ro.env_state, action, k_env)
         next_mask = fields.pop("next_legal_mask")
-        next_value = step_outputs(network, params, new_carry, fields["next_obs"], jnp.zeros_like(ro.first))[1][1]
+        next_out = step_outputs(network, params, new_carry, fields["next_obs"], jnp.zeros_like(ro.first))[1]
+        next_value = with_value_heads(next_out)[1]
         done = jnp.logical_or(fields["terminated"], fields["truncated"])
         step = dict(obs=ro.obs, action=action, logp=logp, probs=probs, value=value, features=features,
                     legal_mask=mask, carry=ro.carry, first=ro.first, next_value=next_value, **fields)
@@ -189,7 +214,7 @@ def _rollout_recurrent(network, params, env, env_params, state: RolloutState, ke
 
     mask = current_legal_mask(env, env_params, state.env_state)
     (state, _), steps = jax.lax.scan(one_step, (state, mask), jax.random.split(key, length))
-    last_value = step_outputs(network, params, state.carry, state.obs, state.first)[1][1]
+    last_value = with_value_heads(step_outputs(network, params, state.carry, state.obs, state.first)[1])[1]
     cont_value = jnp.concatenate([steps["value"][1:], last_value[None]], axis=0)
     return state, Trajectory(cont_value=cont_value, **steps)
 
@@ -210,7 +235,13 @@ def _rollout_cached(network, params, env, env_params, state: RolloutState, key, 
     partner's reply), and last the fresh prompts of the envs that auto-reset.
     """
     n = state.obs.shape[0]
-    decode = lambda c: lambda cache, obs: network.apply(params, cache, obs, chunk=c, method=network.decode_step)
+
+    def decode(c):  # ((logits, value [N, V], features), cache) after decoding up to c new tokens
+        def call(cache, obs):
+            out, cache = network.apply(params, cache, obs, chunk=c, method=network.decode_step)
+            return with_value_heads(out), cache
+        return call
+
     cache = network.init_cache(state.obs.shape[:-1], state.obs.shape[-1], chunk=chunk)
     out, cache = decode(state.obs.shape[-1])(cache, state.obs)  # prefill: one causal pass
     reply_group, reset_group = -(-n // REPLY_SHARE), -(-n // RESET_SHARE)

@@ -118,7 +118,8 @@ def ppo_batch(traj: Trajectory, advantages: jax.Array, targets: jax.Array, chunk
     ``obs`` a :class:`~coevo_jax.packing.PackedWindows`) so every step of a
     window is scored in one causal pass; for a recurrent policy's trajectory
     (``traj.carry`` set) each env's window as :class:`~coevo_jax.recurrent.Sequences`
-    (fields ``[N, T]``), replayed from the carry its first step started from."""
+    (fields ``[N, T]``), replayed from the carry its first step started from.
+    ``targets [T, N, V]`` like ``traj.value`` (:func:`~coevo_jax.ppo.stream_advantages`)."""
     fields = (traj.action, traj.logp, traj.value, advantages, targets, traj.legal_mask)
     per_env = lambda x: jnp.swapaxes(x, 0, 1)  # noqa: E731
     if traj.carry is not None:
@@ -301,8 +302,8 @@ def make_train(static: StaticConfig, env, env_params, signal: Signal | None = No
     runs B seeds / hyperparameter settings in one compile.
 
     ``network``: your own policy, a flax module whose ``apply(params, obs [..., *obs_shape])``
-    returns ``(logits [..., A], value [...], features [..., H])``, ``value`` ``[..., 2]`` for a
-    method with an intrinsic reward stream (``static.value_heads == 2``): the contract of
+    returns ``(logits [..., A], value [..., V], features [..., H])``, ``V = static.value_heads`` (2 for a
+    method with an intrinsic reward stream; for 1 ``value [...]`` is accepted too): the contract of
     :class:`~coevo_jax.networks.ActorCritic`, checked before compiling
     (:func:`~coevo_jax.networks.check_policy_network`). Default: the network ``static`` describes.
     """

@@ -3,10 +3,11 @@
 ``TransformerActorCritic(num_actions, vocab_size, max_len=L)`` reads an int32
 buffer ``[..., L]`` (``<pad>`` = 0 after the write position, as the text
 environments of :mod:`envs_jax.text` write it) and returns
-``(logits [..., num_actions], value [...], features [..., d_model])`` at the
-last non-pad position (the write position - 1); ``features`` is the final
-hidden state the policy and value heads read. That is the same contract as the
-library's MLP policy, so every reward source works unchanged on text.
+``(logits [..., num_actions], value [..., V], features [..., d_model])`` at the
+last non-pad position (the write position - 1), ``V = value_heads``; ``features``
+is the final hidden state the policy and value heads read. That is the same
+contract as the library's MLP policy, so every reward source works unchanged
+on text.
 
 Pre-LayerNorm blocks with learned token and position embeddings. Because the
 attention is causal, the output at position ``t`` depends only on tokens
@@ -144,7 +145,7 @@ class TransformerActorCritic(nn.Module):
     num_layers: int = 2
     num_heads: int = 4
     max_len: int = dataclasses.field(kw_only=True)
-    value_heads: int = 1  # 2: critic heads for the episodic and the intrinsic return (value [..., 2])
+    value_heads: int = 1  # V: 2 = critic heads for the episodic and the intrinsic return (value [..., 2])
 
     def setup(self):
         if self.d_model % self.num_heads:
@@ -169,12 +170,8 @@ class TransformerActorCritic(nn.Module):
         return self.tok_embed(toks) + self.pos_embed[jnp.clip(pos, 0, self.max_len - 1)]
 
     def _heads(self, feats):
-        value = self.value_head(feats)
-        return self.policy_head(feats), value[..., 0] if self.value_heads == 1 else value
-
-    def _vshape(self, shape: tuple) -> tuple:
-        """The value's shape for leading ``shape``: ``shape`` or ``shape + (heads,)``."""
-        return shape if self.value_heads == 1 else shape + (self.value_heads,)
+        """``feats [..., d] -> (logits [..., A], value [..., V])``."""
+        return self.policy_head(feats), self.value_head(feats)
 
     def _encode(self, toks: Array, pos: Array, mask: Array | None = None, query: Array | None = None,
                 with_kv: bool = False):
@@ -209,7 +206,7 @@ class TransformerActorCritic(nn.Module):
 
     # -- public
     def __call__(self, obs: Array):
-        """``(logits [..., A], value [...], features [..., d])`` at the last non-pad token."""
+        """``(logits [..., A], value [..., V], features [..., d])`` at the last non-pad token."""
         self._check(obs)
         batch, l = obs.shape[:-1], obs.shape[-1]
         obs2 = obs.reshape(-1, l)
@@ -218,12 +215,12 @@ class TransformerActorCritic(nn.Module):
         logits, value = self._heads(feats)
         return (
             logits.reshape(batch + (self.num_actions,)),
-            value.reshape(self._vshape(batch)),
+            value.reshape(batch + (self.value_heads,)),
             feats.reshape(batch + (self.d_model,)),
         )
 
     def score_sequence(self, obs_final: Array):
-        """Per-position ``(logits [..., L, A], value [..., L], features [..., L, d])``
+        """Per-position ``(logits [..., L, A], value [..., L, V], features [..., L, d])``
         of one causal pass; position ``t`` equals ``__call__`` on the buffer cut
         after token ``t``."""
         self._check(obs_final)
@@ -232,13 +229,13 @@ class TransformerActorCritic(nn.Module):
         logits, value = self._heads(h)
         return (
             logits.reshape(batch + (l, self.num_actions)),
-            value.reshape(self._vshape(batch + (l,))),
+            value.reshape(batch + (l, self.value_heads)),
             h.reshape(batch + (l, self.d_model)),
         )
 
     def score_packed(self, packed: "PackedWindows"):
         """Outputs at the ``T`` query positions of packed token streams (see
-        :func:`coevo_jax.packing.pack_windows`): ``(logits [..., T, A], value [..., T],
+        :func:`coevo_jax.packing.pack_windows`): ``(logits [..., T, A], value [..., T, V],
         features [..., T, d])``, where entry ``t`` equals ``__call__`` on the
         buffer ``obs[t]`` the stream was packed from. One causal pass per stream
         in which a token sees only the earlier tokens of its own episode."""
@@ -251,7 +248,7 @@ class TransformerActorCritic(nn.Module):
         logits, value = self._heads(feats)
         return (
             logits.reshape(batch + (t, self.num_actions)),
-            value.reshape(self._vshape(batch + (t,))),
+            value.reshape(batch + (t, self.value_heads)),
             feats.reshape(batch + (t, self.d_model)),
         )
 
@@ -280,7 +277,7 @@ class TransformerActorCritic(nn.Module):
         to_cache = lambda a: jnp.pad(a.transpose(0, 2, 1, 3), ((0, 0), (0, 0), (0, slack), (0, 0))).reshape(kv_shape)
         cache = {"tokens": obs2.reshape(batch + (l,)), "length": new_len.reshape(batch),
                  "k": tuple(map(to_cache, ks)), "v": tuple(map(to_cache, vs))}
-        out = (logits.reshape(batch + (self.num_actions,)), value.reshape(self._vshape(batch)),
+        out = (logits.reshape(batch + (self.num_actions,)), value.reshape(batch + (self.value_heads,)),
                feats[:, 0].reshape(batch + (self.d_model,)))
         return out, cache
 
@@ -302,7 +299,7 @@ class TransformerActorCritic(nn.Module):
         }
 
     def decode_step(self, cache: dict, obs: Array, chunk: int = 16):
-        """Incremental ``__call__``: ``((logits, value, features), new_cache)``.
+        """Incremental ``__call__``: ``((logits [..., A], value [..., V], features [..., d]), new_cache)``.
 
         Processes the tokens from the cached length (0 when the buffer no longer
         starts with the cached tokens, e.g. after an auto-reset) up to the write
@@ -347,7 +344,7 @@ class TransformerActorCritic(nn.Module):
         }
         out = (
             logits.reshape(batch + (self.num_actions,)),
-            value.reshape(self._vshape(batch)),
+            value.reshape(batch + (self.value_heads,)),
             feats.reshape(batch + (self.d_model,)),
         )
         return out, new_cache

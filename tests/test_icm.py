@@ -38,9 +38,10 @@ def setup():
     key = jax.random.PRNGKey(5)
     obs = jax.random.bernoulli(key, 0.3, (8, 4) + env.observation_space(p).shape).astype(jnp.float32)
     z = jnp.zeros((8, 4))
-    traj = cj.Trajectory(obs=obs, action=jax.random.randint(key, (8, 4), 0, 6), logp=z, value=z,
+    v2 = jnp.zeros((8, 4, 2))  # icm's two value heads
+    traj = cj.Trajectory(obs=obs, action=jax.random.randint(key, (8, 4), 0, 6), logp=z, value=v2,
                          features=jnp.zeros((8, 4, 2)), reward=z, dense_reward=z, terminated=z > 0,
-                         truncated=z > 0, next_obs=jnp.roll(obs, -1, 0), next_value=z, episode_done=z > 0,
+                         truncated=z > 0, next_obs=jnp.roll(obs, -1, 0), next_value=v2, episode_done=z > 0,
                          episode_return=z, episode_length=z, episode_success=z)
     return env, p, static, icm_mod.make_icm(static, None, env, p), traj
 

@@ -25,15 +25,15 @@ def hp_(**kw):
 
 
 def fake_traj(obs, next_obs, reward, terminated, truncated=None, episode_return=None, action=None):
-    """A Trajectory with the fields SIOP/ICM read; the rest zeros. Shapes [T, N, ...]."""
+    """A Trajectory with the fields SIOP/ICM read; the rest zeros (values ``[T, N, 1]``). Shapes [T, N, ...]."""
     T, N = reward.shape
     z = jnp.zeros((T, N), jnp.float32)
     truncated = jnp.zeros((T, N), bool) if truncated is None else truncated
     done = jnp.logical_or(terminated, truncated)
     return Trajectory(
-        obs=obs, action=jnp.zeros((T, N), jnp.int32) if action is None else action, logp=z, value=z,
+        obs=obs, action=jnp.zeros((T, N), jnp.int32) if action is None else action, logp=z, value=z[..., None],
         features=jnp.zeros((T, N, 2)), reward=reward, dense_reward=reward, terminated=terminated, truncated=truncated,
-        next_obs=next_obs, next_value=z, episode_done=done,
+        next_obs=next_obs, next_value=z[..., None], episode_done=done,
         episode_return=z if episode_return is None else episode_return, episode_length=z, episode_success=z,
     )
 

@@ -72,7 +72,7 @@ def _tiny_batch(key, b=8, d=3, a=2):
     action = jax.random.randint(k3, (b,), 0, a)
     logp = jax.nn.log_softmax(logits)[jnp.arange(b), action]
     adv = jnp.linspace(-1.0, 1.0, b)
-    return net, params, PPOBatch(obs, action, logp, value, adv, value + adv)
+    return net, params, PPOBatch(obs, action, logp, value, adv, value + adv[:, None])  # value [b, 1]
 
 
 def test_ppo_loss_at_behaviour_policy_equals_reference():
@@ -95,6 +95,35 @@ def test_ppo_loss_clips_the_ratio():
     _, m = cj.ppo_loss(params, net, shifted, 0.2, 0.0, 0.0, normalize_advantages=False)
     assert float(m["policy_loss"]) == pytest.approx(-1.2, rel=1e-5)
     assert float(m["clip_frac"]) == 1.0
+
+
+def test_value_loss_sums_the_heads():
+    """``value [B, V]``: each head's clipped squared error counts in full (a sum over heads, a
+    mean over samples); one head ``[B, 1]`` is PureJaxRL's loss."""
+    net, params, batch = _tiny_batch(jax.random.PRNGKey(4))
+    two_net = cj.ActorCritic(2, (8,), value_heads=2)
+    two_params = two_net.init(jax.random.PRNGKey(5), batch.obs)
+    value = two_net.apply(two_params, batch.obs)[1]
+    assert value.shape == (8, 2) and batch.value.shape == (8, 1)
+    adv = batch.advantage
+    # targets within the clip range of the behaviour values: the plain squared errors adv^2 and (2 adv)^2
+    two = batch._replace(value=value, target=value + 0.1 * jnp.stack([adv, 2 * adv], -1))
+    _, m = cj.ppo_loss(two_params, two_net, two, 0.2, 0.5, 0.0, normalize_advantages=False)
+    assert float(m["value_loss"]) == pytest.approx(0.5 * float(jnp.mean(0.01 * adv**2 + 0.04 * adv**2)), rel=1e-5)
+    _, m1 = cj.ppo_loss(params, net, batch, 0.2, 0.5, 0.0, normalize_advantages=False)
+    assert float(m1["value_loss"]) == pytest.approx(0.5 * float(jnp.mean(adv**2)), rel=1e-5)
+
+
+def test_explained_variance_reads_head_0():
+    """Hand-made ``[T, N, V]`` values and targets: the episodic head's explained variance,
+    whatever the intrinsic head says (reading head 1 gives another number)."""
+    t0 = jnp.array([[1.0, 2.0], [3.0, 6.0]])
+    v0 = jnp.array([[1.0, 2.0], [3.0, 4.0]])  # errors 0, 0, 0, 2: Var = 0.75; Var[t0] = 3.5
+    values = jnp.stack([v0, jnp.zeros_like(v0)], -1)
+    targets = jnp.stack([t0, jnp.array([[5.0, -1.0], [0.0, 2.0]])], -1)
+    assert float(cj.ppo.explained_variance(values, targets)) == pytest.approx(1.0 - 0.75 / 3.5)
+    assert float(cj.ppo.explained_variance(values[..., :1], targets[..., :1])) == pytest.approx(1.0 - 0.75 / 3.5)
+    assert float(cj.ppo.explained_variance(values[..., 1:], targets[..., 1:])) == pytest.approx(0.0, abs=1e-6)
 
 
 def test_ppo_update_reduces_loss_on_fixed_batch():

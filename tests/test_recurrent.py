@@ -13,6 +13,7 @@ from flax import struct
 
 import coevo_jax as cj
 import envs_jax
+from coevo_jax.networks import GRUActorCritic
 from coevo_jax.ppo import policy_outputs
 from coevo_jax.recurrent import Sequences
 from coevo_jax.rollout import rollout
@@ -86,7 +87,7 @@ def test_replay_equals_rollout_and_carry_resets_at_episode_starts():
     assert np.abs(np.asarray(traj.carry[0])).max() > 0  # ... so its first carry is not the zero carry
 
     # the update's replay: each env's window from the carry its first step started from
-    batch = ppo_batch(traj, traj.value, traj.value)
+    batch = ppo_batch(traj, traj.value[..., 0], traj.value)
     assert isinstance(batch.obs, Sequences) and batch.action.shape == (4, 8)
     logits, value, features = policy_outputs(tr.network, state.params, batch.obs)
     t_major = lambda x: np.swapaxes(np.asarray(x), 0, 1)  # noqa: E731
@@ -114,7 +115,7 @@ def test_next_value_continues_the_episode():
     carry = tr.network.apply(state.params, traj.carry[0, n][None], traj.obs[: t + 1, n][None],
                              traj.first[: t + 1, n][None])[0]
     want = tr.network.apply(state.params, carry, traj.next_obs[t, n][None, None], np.zeros((1, 1), bool))[1][1]
-    np.testing.assert_allclose(float(want[0, 0]), float(traj.next_value[t, n]), atol=1e-6)
+    np.testing.assert_allclose(float(want[0, 0, 0]), float(traj.next_value[t, n, 0]), atol=1e-6)  # value [..., 1]
 
 
 def test_vmap_equals_solo_with_a_learned_reward_on_the_hidden_state():
@@ -152,6 +153,36 @@ def test_bad_configurations_are_refused_before_compiling():
     static = cj.StaticConfig(method="ppo", num_envs=4, rollout_len=8, num_minibatches=2, total_steps=64)
     with pytest.raises(cj.ConfigError, match="recurrent NoFeatures must return"):
         Trainer(static, env, params, network=NoFeatures())
+
+
+class ScalarValueGRU(GRUActorCritic):
+    """The library's GRU returning one value per sample (``value [B, T]``), as a user's recurrent policy may."""
+
+    @nn.compact
+    def __call__(self, carry, obs, first):
+        carry, (logits, value, features) = super().__call__(carry, obs, first)
+        return carry, (logits, value[..., 0], features)
+
+
+@pytest.mark.parametrize("method, heads, scalar", [("ppo", 1, False), ("ppo", 1, True), ("icm", 2, False)])
+def test_recurrent_values_carry_a_heads_axis(method, heads, scalar):
+    """The recurrent rollout's ``value``, ``next_value``, ``cont_value`` are ``[T, N, V]`` and the
+    update's replay ``[N, T, V]``, also from a network that returns ``value [B, T]`` (abstract values:
+    nothing compiles)."""
+    tr = gru_trainer(method)
+    if scalar:
+        tr = Trainer(tr.static, tr.env, tr.env_params, network=ScalarValueGRU(tr.network.num_actions, (16, 16), 16))
+    hp = cj.default_hparams(method)
+
+    def shapes(state):
+        _, traj = rollout(tr.network, state.params, tr.env, tr.env_params, state.rollout, jax.random.PRNGKey(1), 8)
+        replay = policy_outputs(tr.network, state.params, ppo_batch(traj, traj.value[..., 0], traj.value).obs)[1]
+        return traj.value, traj.next_value, traj.cont_value, replay, tr.iteration(state, hp)[1]["value_loss"]
+
+    state = jax.eval_shape(tr.init, jax.random.PRNGKey(0), hp)
+    value, next_value, cont_value, replay, loss = jax.eval_shape(shapes, state)
+    assert value.shape == next_value.shape == cont_value.shape == (8, 4, heads)
+    assert replay.shape == (4, 8, heads) and loss.shape == ()
 
 
 def test_memory_solves_recall_where_a_memoryless_policy_cannot():

@@ -78,7 +78,7 @@ def synthetic_trajectory(seed: int, obs_shape, num_actions: int, heads: int, hid
     done = rng.random((T, N)) < 0.3
     term = done & (rng.random((T, N)) < 0.6)
     reward = np.where(term, rng.uniform(0.2, 1.0, (T, N)), 0.0).astype(f32)
-    vshape = (T, N) if heads == 1 else (T, N, heads)
+    vshape = (T, N, heads)  # values [T, N, V]
     traj = Trajectory(
         obs=obs[:-1], action=rng.integers(0, num_actions, (T, N)).astype(np.int32),
         logp=np.full((T, N), -np.log(num_actions), f32), value=(0.1 * rng.standard_normal(vshape)).astype(f32),
@@ -94,10 +94,9 @@ def synthetic_trajectory(seed: int, obs_shape, num_actions: int, heads: int, hid
 
 
 def episodic_view(traj: Trajectory) -> Trajectory:
-    """The trajectory as a one-critic policy sees it (the first value head)."""
-    if traj.value.ndim == 2:
-        return traj
-    return traj._replace(value=traj.value[..., 0], next_value=traj.next_value[..., 0], cont_value=traj.cont_value[..., 0])
+    """The trajectory as a one-critic policy sees it (the first value head, values ``[T, N, 1]``)."""
+    return traj._replace(value=traj.value[..., :1], next_value=traj.next_value[..., :1],
+                         cont_value=traj.cont_value[..., :1])
 
 
 def signal_pass(signal, network, key, traj, params, opt_state, hp):

@@ -26,10 +26,9 @@ def critic_traj(seed, T=12, N=3, heads=1):
     rng = np.random.default_rng(seed)
     ends = rng.random((T, N)) < 0.25
     term = ends & (rng.random((T, N)) < 0.5)
-    vshape = (T + 1, N) + ((heads,) if heads > 1 else ())
-    v = rng.standard_normal(vshape).astype(np.float32)
-    v_final = rng.standard_normal(vshape[:1] and (T,) + vshape[1:]).astype(np.float32)
-    done = ends[..., None] if heads > 1 else ends
+    v = rng.standard_normal((T + 1, N, heads)).astype(np.float32)  # values [T, N, V]
+    v_final = rng.standard_normal((T, N, heads)).astype(np.float32)
+    done = ends[..., None]
     obs = np.zeros((T, N, 1), np.float32)
     traj = fake_traj(obs, obs, jnp.asarray(rng.standard_normal((T, N)), jnp.float32), jnp.asarray(term),
                      jnp.asarray(ends & ~term))
@@ -58,7 +57,8 @@ def test_credit_telescopes_per_episode(seed):
     gamma = 0.9
     credit = np.asarray(credit_of(traj, gamma=gamma))
     done = np.asarray(jnp.logical_or(traj.terminated, traj.truncated))
-    v, v_next, term = np.asarray(traj.value), np.asarray(traj.next_value), np.asarray(traj.terminated)
+    v, v_next = np.asarray(traj.value[..., 0]), np.asarray(traj.next_value[..., 0])  # the one head
+    term = np.asarray(traj.terminated)
     checked = {"terminated": 0, "other": 0}
     for n in range(done.shape[1]):
         for start, stop in segments(done[:, n]):
@@ -82,8 +82,10 @@ def test_zero_or_constant_critic():
 
 def test_reads_the_episodic_head_of_two():
     two = critic_traj(3, heads=2)
-    one = two._replace(value=two.value[..., 0], next_value=two.next_value[..., 0])
+    one = two._replace(value=two.value[..., :1], next_value=two.next_value[..., :1])
     np.testing.assert_array_equal(np.asarray(credit_of(two)), np.asarray(credit_of(one)))
+    swapped = two._replace(value=two.value[..., ::-1], next_value=two.next_value[..., ::-1])
+    assert not np.allclose(np.asarray(credit_of(swapped)), np.asarray(credit_of(two)))  # head 1 would differ
 
 
 @pytest.mark.parametrize("beta_int", [1.0, 0.5])
@@ -97,8 +99,8 @@ def test_advantages_are_ppos_with_the_critic_counted_one_plus_beta_times(beta_in
     def both(traj, hp):
         adv, _ = stream_advantages(SIGNAL.rewards((), traj, hp)[1], traj, hp)
         c = 1.0 + hp.signal.beta_int
-        want, _ = gae(traj.reward, c * traj.value, c * traj.next_value, traj.terminated, traj.truncated, hp.ppo.gamma,
-                      hp.ppo.gae_lambda)
+        want, _ = gae(traj.reward, c * traj.value[..., 0], c * traj.next_value[..., 0], traj.terminated,
+                      traj.truncated, hp.ppo.gamma, hp.ppo.gae_lambda)
         return adv, want
 
     adv, want = both(traj, hp)
@@ -198,7 +200,7 @@ def test_critic_agreement_and_explained_variance_by_hand():
 
     traj = diag_traj()
     v = jnp.arange(12.0).reshape(6, 2) / 10
-    traj = traj._replace(value=v)
+    traj = traj._replace(value=v[..., None])  # one head
     same = pot.critic_agreement(v, traj)
     assert float(same["potential_critic_corr"]) == pytest.approx(1.0, abs=1e-6)
     assert float(same["potential_critic_msgap"]) == 0.0

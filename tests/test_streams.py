@@ -20,7 +20,7 @@ jit0 = functools.partial(jax.jit, compiler_options=OPT0)  # semantic checks: com
 
 
 def traj_of(reward, terminated, truncated, value, next_value, obs=None, next_obs=None, action=None, cont_value=None):
-    """A Trajectory with the given ``[T, N]`` fields (values may be ``[T, N, 2]``); the rest zeros
+    """A Trajectory with the given ``[T, N]`` fields (values ``[T, N, V]``); the rest zeros
     (``cont_value`` defaults to ``next_value``)."""
     T, N = reward.shape
     z = jnp.zeros((T, N), jnp.float32)
@@ -99,7 +99,7 @@ def test_constant_bonus_has_zero_intrinsic_advantage():
     np.testing.assert_allclose(adv, 0.0, atol=1e-4)
     assert targets.shape == (T, N, 2)
     # the same bonus in the episodic stream, with the episodic critic at its own fixed point
-    one = traj_of(jnp.zeros((T, N)), term, trunc, v_int, v_int)
+    one = traj_of(jnp.zeros((T, N)), term, trunc, v_int[..., None], v_int[..., None])
     adv_ep, _ = stream_advantages(base.RewardStreams(bonus), one, hp)
     assert float(jnp.abs(adv_ep[term]).min()) > 1.0  # terminating forfeits the bonus's future
 
@@ -122,10 +122,14 @@ def test_two_streams_add_and_one_stream_is_plain_gae():
     np.testing.assert_allclose(adv3, a_e + 0.3 * a_i, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(stream_advantages(base.RewardStreams(r_e[..., 0], r_i[..., 0], 0.0), traj, hp)[0],
                                   a_e)
-    one = traj_of(r_e[..., 0], term, trunc, v[..., 0], nv[..., 0])
-    np.testing.assert_array_equal(stream_advantages(base.RewardStreams(r_e[..., 0]), one, hp)[0], a_e)
+    one = traj_of(r_e[..., 0], term, trunc, v[..., :1], nv[..., :1])
+    adv1, tgt1 = stream_advantages(base.RewardStreams(r_e[..., 0]), one, hp)
+    np.testing.assert_array_equal(adv1, a_e)
+    np.testing.assert_array_equal(tgt1, t_e[..., None])  # targets keep the heads axis, [T, N, 1]
     with pytest.raises(ValueError, match="two value heads"):
         stream_advantages(base.RewardStreams(r_e[..., 0], r_i[..., 0]), one, hp)
+    with pytest.raises(ValueError, match="one stream needs one value head"):
+        stream_advantages(base.RewardStreams(r_e[..., 0]), traj, hp)
 
 
 def test_intrinsic_return_runs_into_the_next_episode():
@@ -218,7 +222,7 @@ def test_policy_has_a_critic_head_per_stream(method, heads):
     net = cj.make_policy_network(static, env, p)
     obs = jnp.zeros((5,) + env.observation_space(p).shape)
     _, value, _ = jax.eval_shape(lambda o: net.apply(net.init(jax.random.PRNGKey(0), o), o), obs)
-    assert value.shape == ((5,) if heads == 1 else (5, heads))
+    assert value.shape == (5, heads)
 
 
 # ----------------------------------------------------------------------------- the dense oracle
@@ -238,7 +242,7 @@ def test_ppo_and_dense_share_one_program_and_read_their_reward_exactly():
     k1, k2 = jax.random.split(jax.random.PRNGKey(3))
     reward = jax.random.normal(k1, (16, 4)) * 1e-3
     dense = reward + jax.random.normal(k2, (16, 4))
-    traj = traj_of(reward, *random_ends(k2, (16, 4)), jnp.zeros((16, 4)), jnp.zeros((16, 4)))
+    traj = traj_of(reward, *random_ends(k2, (16, 4)), jnp.zeros((16, 4, 1)), jnp.zeros((16, 4, 1)))
     traj = traj._replace(dense_reward=dense)
     signal = make_external(cj.StaticConfig(), None, None, None)
     rewards = jax.jit(lambda hp: signal.rewards((), traj, hp)[1].episodic)

@@ -406,10 +406,11 @@ def test_transformer_shapes_and_score_sequence():
     prefixes = np.where(np.arange(L)[None, :] <= np.arange(L)[:, None], final[None, :], PAD).astype(np.int32)
     prefixes = np.concatenate([prefixes, prefixes[:2]])  # [L + 2, L] = [2, (L + 2) // 2, L]
     logits, value, feats = jit0(model.apply)(mp, jnp.asarray(prefixes.reshape(2, -1, L)))
-    assert logits.shape == (2, (L + 2) // 2, A) and value.shape == logits.shape[:2] and feats.shape == logits.shape[:2] + (32,)
+    assert logits.shape == (2, (L + 2) // 2, A) and value.shape == logits.shape[:2] + (1,)  # value [..., V]
+    assert feats.shape == logits.shape[:2] + (32,)
     logits, value, feats = (x.reshape((L + 2,) + x.shape[2:])[:L] for x in (logits, value, feats))
     s_logits, s_value, s_feats = jit0(functools.partial(model.apply, method=model.score_sequence))(mp, jnp.asarray(final))
-    assert s_logits.shape == (L, A) and s_value.shape == (L,) and s_feats.shape == (L, 32)
+    assert s_logits.shape == (L, A) and s_value.shape == (L, 1) and s_feats.shape == (L, 32)
     np.testing.assert_allclose(logits[:n], s_logits[:n], atol=1e-5, rtol=1e-4)
     np.testing.assert_allclose(value[:n], s_value[:n], atol=1e-5, rtol=1e-4)
     np.testing.assert_allclose(feats[:n], s_feats[:n], atol=1e-5, rtol=1e-4)
@@ -521,7 +522,7 @@ def test_packed_windows_score_every_step_like_the_per_step_policy():
         p_logits, p_value, p_feats = score_packed(mp, packed)
         f_logits, f_value, f_feats = score_steps(mp, traj.obs)
         np.testing.assert_allclose(p_logits, jnp.swapaxes(f_logits, 0, 1), atol=1e-5, rtol=1e-4)
-        np.testing.assert_allclose(p_value, f_value.T, atol=1e-5, rtol=1e-4)
+        np.testing.assert_allclose(p_value, jnp.swapaxes(f_value, 0, 1), atol=1e-5, rtol=1e-4)
         np.testing.assert_allclose(p_feats, jnp.swapaxes(f_feats, 0, 1), atol=1e-5, rtol=1e-4)
     assert int(jnp.sum(second.obs[0] != PAD)) > int(jnp.sum(first.obs[0] != PAD))  # mid-episode start
 
@@ -534,10 +535,11 @@ def test_packed_ppo_loss_and_gradient_equal_the_flat_update():
 
     w = windows("TwentyQuestions")
     model, mp, traj = w.model, w.mp, w.seed0(w.second)
-    adv = jax.random.normal(jax.random.PRNGKey(1), traj.value.shape)
+    adv = jax.random.normal(jax.random.PRNGKey(1), traj.action.shape)
+    target = traj.value + adv[..., None]  # [T, N, 1]
     grad = jit0(jax.value_and_grad(lambda p, b: ppo_loss(p, model, b, 0.2, 0.5, 0.01)[0]))
-    loss_p, g_p = grad(mp, ppo_batch(traj, adv, traj.value + adv, w.env.max_tokens_per_step))
-    loss_f, g_f = grad(mp, ppo_batch(traj, adv, traj.value + adv, None))
+    loss_p, g_p = grad(mp, ppo_batch(traj, adv, target, w.env.max_tokens_per_step))
+    loss_f, g_f = grad(mp, ppo_batch(traj, adv, target, None))
     assert abs(float(loss_p) - float(loss_f)) < 1e-5
     for a, b in zip(jax.tree.leaves(g_p), jax.tree.leaves(g_f)):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-3)

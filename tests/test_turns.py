@@ -289,7 +289,7 @@ def test_exchange_starts_and_bag_network_outputs():
     assert isinstance(net, BagActorCritic)
     p = random_params(net, obs)
     logits, value, feats = jax.eval_shape(net.apply, p, obs.reshape(3, 1, -1))
-    assert logits.shape == (3, 1, env.num_actions) and value.shape == (3, 1) and feats.shape == (3, 1, 32)
+    assert logits.shape == (3, 1, env.num_actions) and value.shape == (3, 1, 1) and feats.shape == (3, 1, 32)
     assert features_dim(net, p, obs) == 32
     two = BagActorCritic(env.num_actions, env.vocab_size, embed_dim=16, hidden_sizes=(32,), value_heads=2)
     assert jax.eval_shape(two.apply, random_params(two, obs), obs)[1].shape == (3, 2)

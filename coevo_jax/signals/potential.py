@@ -354,12 +354,9 @@ def replay_fields(traj):
 
 
 def episodic_values(traj) -> tuple[jax.Array, jax.Array]:
-    """``(V(obs), V(next_obs))`` ``[T, N]`` of the critic's episodic head (the first of
-    two) at collection time, under ``stop_gradient``."""
-    value, next_value = traj.value, traj.next_value
-    if value.ndim == traj.reward.ndim + 1:
-        value, next_value = value[..., 0], next_value[..., 0]
-    return jax.lax.stop_gradient(value), jax.lax.stop_gradient(next_value)
+    """``(V(obs), V(next_obs))`` ``[T, N]`` of the critic's episodic head (head 0 of
+    ``traj.value``, ``traj.next_value`` ``[T, N, V]``) at collection time, under ``stop_gradient``."""
+    return jax.lax.stop_gradient(traj.value[..., 0]), jax.lax.stop_gradient(traj.next_value[..., 0])
 
 
 def heldout_return_fit(phi: jax.Array, phi_next: jax.Array, traj, gamma) -> dict:

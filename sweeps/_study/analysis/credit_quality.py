@@ -107,8 +107,7 @@ def network_outputs(trainer, params, obs: np.ndarray):
 
     def one(p):
         logits, value, features = policy_outputs(trainer.network, p, jnp.asarray(obs))
-        value = value if value.ndim == 1 else value[..., 0]
-        return jax.nn.softmax(logits, -1), value, features
+        return jax.nn.softmax(logits, -1), value[..., 0], features
 
     return jax.device_get(jax.jit(jax.vmap(one))(params))
 
