@@ -125,7 +125,8 @@ def rollout_returns(traj, gamma) -> jax.Array:
     """``Z [T, N]``: each step's discounted return within the rollout (lambda = 1),
     bootstrapped from the critic's ``next_value`` where an episode is truncated
     or the rollout ends (:func:`~coevo_jax.ppo.gae`'s target at lambda = 1)."""
-    return gae(traj.reward, traj.value, traj.next_value, traj.terminated, traj.truncated, gamma, 1.0)[1]
+    value, next_value = traj.value[..., 0], traj.next_value[..., 0]  # the critic's (only) head
+    return gae(traj.reward, value, next_value, traj.terminated, traj.truncated, gamma, 1.0)[1]
 
 
 @struct.dataclass
