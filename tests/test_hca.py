@@ -19,7 +19,7 @@ from test_q_advantage import _chain_episodes
 
 def test_exact_hindsight_credit_is_the_advantage_and_has_mean_zero_under_the_policy():
     """A one-step bandit, returns Z | a ~ N(mu_a, 1) (overlapping), h(a | z) by Bayes: the Monte-Carlo
-    mean of (1 - pi / h) Z for each action is mu_a - sum_b pi_b mu_b (the paper's Theorem 2); a formula
+    mean of (1 - pi / h) Z for each action is mu_a - sum_b pi_b mu_b (the paper's identity); a formula
     with h / pi, or without Z, misses it."""
     pi, mu = np.array([0.5, 0.3, 0.2]), np.array([1.0, 0.0, -0.5])
     rng = np.random.default_rng(0)

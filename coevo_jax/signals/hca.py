@@ -13,8 +13,8 @@ return-HCA advantage
     c_t = (1 - pi(a_t | x_t) / h(a_t | x_t, Z_t)) * Z_t,
 
 whose mean over ``Z`` given ``(x, a)`` is ``Q(x, a) - V(x)`` when the returns
-of the actions overlap in support (their Theorem 2 with a return-conditional
-``h``): 0 at steps where the action changes nothing, the action's advantage
+of the actions overlap in support (the paper's return-conditional identity,
+``Q(x, a) = E_Z[h(a | x, Z) / pi(a | x) Z]``): 0 at steps where the action changes nothing, the action's advantage
 where it matters, and mean 0 under the policy at every step (no living reward).
 ``pi(a_t | x_t)`` is the policy's probability when it acted
 (``Trajectory.probs``). ``x_t`` is the policy's features
@@ -34,7 +34,6 @@ Deviations, each for a reason the paper's setting does not have:
   chain, 0.037 vs 0.127: docs/results/memchain-l16-n05/hca/chain_credit.md at
   commit 2614c59). With the Bayes form an action that does not change
   the return has ``g`` flat and credit 0 under any policy.
-
 * ``Z_t`` of the rollout's steps is the lambda = 1 return within the rollout,
   bootstrapped from the critic where the rollout cuts an episode (PPO's
   batches end mid-episode; the paper's episodes are complete); the hindsight
