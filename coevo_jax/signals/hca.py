@@ -55,12 +55,10 @@ iteration; gated like R_phi's (``min_refit_episodes``). The replay is R_phi's
 """
 from __future__ import annotations
 
-from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from flax import struct
 
 from coevo_jax.encoding import encode_obs, obs_vocab
 from coevo_jax.episodes import (
@@ -75,7 +73,7 @@ from coevo_jax.registry import MethodSpec, register_method
 from coevo_jax.reward_net import reward_inputs
 from coevo_jax.signals.base import REFIT_STEPS, RewardStreams, Signal, SignalParams, float_metrics
 from coevo_jax.signals.learned import LEARNED_STATIC_CHECKS, RewardNetParams, check_learned_static
-from coevo_jax.signals.q_advantage import taken
+from coevo_jax.signals.q_advantage import ReplayModelState, taken
 
 
 class HindsightNet(nn.Module):
@@ -128,15 +126,6 @@ def rollout_returns(traj, gamma) -> jax.Array:
     return gae(traj.reward, value, next_value, traj.terminated, traj.truncated, gamma, 1.0)[1]
 
 
-@struct.dataclass
-class HCAState:
-    """The hindsight model's parameters and Adam state, and the episode replay."""
-
-    params: Any
-    opt_state: Any
-    replay: EpisodeReplay
-
-
 def make_hindsight_net(static, env, env_params) -> HindsightNet:
     """The hindsight model for ``static`` (``reward_hidden``, ``reward_input``) and ``env``."""
     vocab = obs_vocab(env, env_params) if static.reward_input == "obs" else 0
@@ -169,16 +158,16 @@ def make_hca(static, network, env, env_params) -> Signal:
                              {"x": x[0, 0], "action": jnp.int32(0), "reward": jnp.float32(0.0),
                               "probs": traj.probs[0, 0]},
                              {"full_return": jnp.float32(0.0)}, VAL_EVERY)
-        return HCAState(params, init_optimizer(params), replay)
+        return ReplayModelState(params, init_optimizer(params), replay)
 
-    def observe(state: HCAState, traj, hp, key):
+    def observe(state: ReplayModelState, traj, hp, key):
         steps = {"x": inputs(traj), "action": traj.action.astype(jnp.int32), "reward": traj.reward.astype(jnp.float32),
                  "probs": traj.probs}
         replay = add_rollout(state.replay, steps, {"full_return": traj.episode_return.astype(jnp.float32)},
                              traj.episode_done)
         return state.replace(replay=replay), {}
 
-    def update(state: HCAState, traj, policy, hp, key):
+    def update(state: ReplayModelState, traj, policy, hp, key):
         buf = state.replay.train
         x, actions, z, probs, mask = fit_data(buf, hp.ppo.gamma)
         step_size = hp.signal.reward_lr_ratio * hp.ppo.lr * policy.lr_frac
@@ -201,7 +190,7 @@ def make_hca(static, network, env, env_params) -> Signal:
         metrics["buffer_size"] = buf.valid.sum().astype(jnp.float32)
         return state.replace(params=params, opt_state=opt_state), metrics
 
-    def rewards(state: HCAState, traj, hp):
+    def rewards(state: ReplayModelState, traj, hp):
         z = rollout_returns(traj, hp.ppo.gamma)
         h = jax.nn.softmax(bayes_logits(traj.probs, net.apply(state.params, inputs(traj), z)))
         pi_taken, h_taken = taken(traj.probs, traj.action), taken(h, traj.action)

@@ -94,8 +94,9 @@ def q_loss(q: jax.Array, action: jax.Array, target: jax.Array, mask: jax.Array) 
 
 
 @struct.dataclass
-class QAdvantageState:
-    """The return model's parameters and Adam state, and the episode replay."""
+class ReplayModelState:
+    """A model fit on the episode replay (q-advantage's return model, hca's hindsight
+    model): its parameters and Adam state, and the replay."""
 
     params: Any
     opt_state: Any
@@ -133,15 +134,15 @@ def make_q_advantage(static, network, env, env_params) -> Signal:
         replay = init_replay(kept, window, traj.action.shape[1],
                              {"x": x[0, 0], "action": jnp.int32(0), "reward": jnp.float32(0.0)},
                              {"full_return": jnp.float32(0.0)}, VAL_EVERY)
-        return QAdvantageState(params, init_optimizer(params), replay)
+        return ReplayModelState(params, init_optimizer(params), replay)
 
-    def observe(state: QAdvantageState, traj, hp, key):
+    def observe(state: ReplayModelState, traj, hp, key):
         steps = {"x": inputs(traj), "action": traj.action.astype(jnp.int32), "reward": traj.reward.astype(jnp.float32)}
         replay = add_rollout(state.replay, steps, {"full_return": traj.episode_return.astype(jnp.float32)},
                              traj.episode_done)
         return state.replace(replay=replay), {}
 
-    def update(state: QAdvantageState, traj, policy, hp, key):
+    def update(state: ReplayModelState, traj, policy, hp, key):
         buf = state.replay.train
         x, actions, target, mask = fit_data(buf, hp.ppo.gamma)
         step_size = hp.signal.reward_lr_ratio * hp.ppo.lr * policy.lr_frac
@@ -164,7 +165,7 @@ def make_q_advantage(static, network, env, env_params) -> Signal:
         metrics["buffer_size"] = buf.valid.sum().astype(jnp.float32)
         return state.replace(params=params, opt_state=opt_state), metrics
 
-    def rewards(state: QAdvantageState, traj, hp):
+    def rewards(state: ReplayModelState, traj, hp):
         q = net.apply(state.params, inputs(traj))
         credit = action_credit(q, traj.probs, traj.action)
         val = state.replay.val
