@@ -55,7 +55,6 @@ iteration; gated like R_phi's (``min_refit_episodes``). The replay is R_phi's
 """
 from __future__ import annotations
 
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
