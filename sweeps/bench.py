@@ -15,7 +15,7 @@ Sections (--sections; the measurements are in sweeps/_study/bench, each in fresh
   methods  cost of one training iteration of every registered method relative to ppo
            (KeyDoor-5x5, 8 runs vmapped); compiled memory of the meta-gradient update.
   text     agent tokens/s of the transformer policy on Booking: rollout and full iteration.
-  sweep    coevo_jax.experiment.run_study at --sweep-runs runs, one worker vs one per core.
+  sweep    coevo_jax.experiment.run_study at --sweep-runs runs, one device vs one per core (one process).
   scale    ONE compiled jit(vmap(train)) per row for --scale-runs runs on CartPole-v1
            (PureJaxRL settings) and the main job's task (KeyDoor-5x5, k_sensitivity.py's
            PPO sizes): env steps/s, compile seconds apart, compiled memory per run, peak
@@ -138,16 +138,15 @@ def section_text(args):
 
 def section_sweep(args):
     cpu = launch.probe(args.budget)["backend"] == "cpu"
-    procs = [args.processes] if args.processes else sorted({1, os.cpu_count() or 1}) if cpu else [1]
-    cfgs = [{"kind": "sweep", "runs": runs, "processes": p, "total_steps": args.sweep_steps}
-            for runs in args.sweep_runs for p in procs if p == 1 or runs >= p]
+    devs = [args.processes] if args.processes else sorted({1, os.cpu_count() or 1}) if cpu else [1]
+    cfgs = [{"kind": "sweep", "runs": runs, "devices": d, "total_steps": args.sweep_steps}
+            for runs in args.sweep_runs for d in devs if d == 1 or runs >= d]
     rows, notes = launch.measure_each(cfgs, args.timeout, args.budget, log)
     print(f"\n### Study runner (`coevo_jax.experiment.run_study`, PPO on KeyDoor-5x5, 8 envs x 16 steps,"
           f" {args.sweep_steps:,} steps per run, 4 checkpointed chunks, no compile cache)\n")
-    table(["runs", "worker processes", "env steps/s (compiled chunks)", "env steps/s (wall, incl. compile)",
-           "compile s (summed over workers)", "wall s",
-           "peak RSS MB per process", "compiled MB per run"],
-          [[c["runs"], r["processes"], f"{r['env_steps'] / r['exec_s']:,.0f}", f"{r['env_steps'] / r['wall_s']:,.0f}",
+    table(["runs", "devices (one process)", "env steps/s (compiled chunks)", "env steps/s (wall, incl. compile)",
+           "compile s", "wall s", "peak RSS MB", "compiled MB per run"],
+          [[c["runs"], r["devices"], f"{r['env_steps'] / r['exec_s']:,.0f}", f"{r['env_steps'] / r['wall_s']:,.0f}",
             f"{r['compile_s']:.1f}", f"{r['wall_s']:.1f}", f"{r['peak_mb']:,.0f}",
             f"{r['mb_per_run']:.2f}"]
            for c, r in rows], notes)
@@ -211,8 +210,8 @@ def build_parser():
     add("--sweep-steps", type=int, default=4096, help="env steps per run in the sweep section (default 4096)")
     add("--scale-runs", default="1,64,512,4096", help="batch sizes of the scale section (default 1,64,512,4096)")
     add("--scale-budget", type=int, default=2 ** 21, help="env steps per scale row, runs x steps per run (2097152)")
-    add("--processes", type=int, default=0, help="processes of the split ppo rows and the sweep section (default:"
-        " one per core on CPU, 1 on accelerators)")
+    add("--processes", type=int, default=0, help="processes of the split ppo rows, CPU devices of the sweep section"
+        " (default: one per core on CPU, 1 on accelerators)")
     add("--timeout", type=float, default=900, help="seconds before a measurement is abandoned (default 900; ppo"
         " rows add 1 s per 10,000 env steps)")
     add("--deadline", type=float, help="seconds for the whole run: later measurements are skipped (default: none)")

@@ -2,13 +2,15 @@
 
 One tiny configuration (a 4-step DelayedChain with noise rewards on every
 step, 4 envs x 8 steps, 4 iterations in 2 chunks, a 2-point grid x 2 seeds)
-is run several ways -- in one process, over 2 worker processes, sharded over 4
-forced host devices, stopped and resumed -- and every way must give the same
-curves. One grid point (``vf_coef = 3e38``)
+is run several ways -- on one device, split over 2 and 4 forced host devices
+(killed with -9 and resumed), stopped and resumed, over two hosts -- and every
+way must give the same curves. One grid point (``vf_coef = 3e38``)
 overflows the loss to non-finite values, so those runs must be flagged as
 diverged while the others equal their solo runs. All runs share JAX's
 persistent compilation cache, so each program is compiled once per machine
 (JAX lets only ``jax.distributed`` process 0 write to it: process 1 compiles).
+The runs on several devices happen in subprocesses (a process chooses its CPU
+device count before its first computation).
 """
 from __future__ import annotations
 
@@ -18,9 +20,11 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 import jax
 import numpy as np
@@ -41,7 +45,7 @@ CACHE = os.environ.get("COEVO_JAX_TEST_COMPILE_CACHE", os.path.join(tempfile.get
 STATIC = cj.StaticConfig(method="ppo", num_envs=4, rollout_len=8, total_steps=4 * 8 * 4, hidden_sizes=(16, 16),
                          num_minibatches=2, update_epochs=2)
 BAD_VF = 3e38  # inside HParams' range, but the value loss times 3e38 overflows: the run diverges
-# an envs_jax task: the worker processes started here import no gymnax (seconds each); noise rewards on every
+# an envs_jax task: the subprocesses started here import no gymnax (seconds each); noise rewards on every
 # step give the value loss a magnitude that BAD_VF overflows
 ENV, ENV_KWARGS = "DelayedChain", {"length": 4}
 CONFIG = Study(ENV, (Arm(STATIC, {"vf_coef": (0.5, BAD_VF)}),), num_seeds=2, num_chunks=2, threshold=1.0,
@@ -67,8 +71,9 @@ import jax
 """ + FEW_BOOTSTRAP_SAMPLES + """
 from coevo_jax.experiment import Study, run_study
 config = Study.from_json(json.loads(open({cfg!r}).read()))
-res = run_study(config, {out!r}, processes=1, max_parallel=8, progress=False, compile_cache={cache!r})
-print("devices", len(jax.local_devices()), res.info["devices_per_process"])
+res = run_study(config, {out!r}, devices={devices}, max_parallel={max_parallel}, progress=False,
+                compile_cache={cache!r})
+print("devices", len(jax.local_devices()), res.info["devices_per_host"])
 """
 
 
@@ -97,19 +102,22 @@ def workdir(tmp_path_factory):
     return str(tmp_path_factory.mktemp("sweeps"))
 
 
+def _devices_job(workdir, name, config, devices, max_parallel):
+    """``run_study`` of ``config`` on ``devices`` host devices in a subprocess (its own output folder)."""
+    cfg = os.path.join(workdir, f"{name}_config.json")
+    with open(cfg, "w") as f:
+        f.write(config_text(config))
+    out = os.path.join(workdir, name)
+    script = SHARDED_SCRIPT.format(root=ROOT, cfg=cfg, out=out, cache=CACHE, devices=devices,
+                                   max_parallel=max_parallel)
+    return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True), out
+
+
 @pytest.fixture(scope="module")
 def sharded_job(workdir):
     """Start the 4-device run in a subprocess first, so its compile overlaps the in-process tests."""
-    cfg = os.path.join(workdir, "sharded_config.json")
-    with open(cfg, "w") as f:
-        f.write(config_text(SHARDED_CONFIG))
-    out = os.path.join(workdir, "sharded")
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
-                        " --xla_cpu_enable_concurrency_optimized_scheduler=false").strip()
-    script = SHARDED_SCRIPT.format(root=ROOT, cfg=cfg, out=out, cache=CACHE)
-    proc = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc, out = _devices_job(workdir, "sharded", SHARDED_CONFIG, 4, 8)
     yield proc, out
     if proc.poll() is None:
         proc.kill()
@@ -118,7 +126,7 @@ def sharded_job(workdir):
 @pytest.fixture(scope="module")
 def reference(workdir, sharded_job):
     """The uninterrupted in-process sweep (2 runs per batch)."""
-    return run_study(CONFIG, os.path.join(workdir, "reference"), processes=1, max_parallel=2, progress=False,
+    return run_study(CONFIG, os.path.join(workdir, "reference"), max_parallel=2, progress=False,
                      compile_cache=CACHE)
 
 
@@ -182,36 +190,39 @@ def test_output_folder_contents(reference):
     assert not [f for f in os.listdir(out) if ".tmp" in f]  # no half-written files left
 
 
-def test_two_worker_processes_killed_and_resumed_equal_one_process(reference, workdir, monkeypatch):
-    # the workers' XLA flags only change speed, not results (single-threaded Eigen gives the same bits);
-    # using this process's flags lets process 0 (device 0, as here) reuse the reference's program from the cache
-    monkeypatch.setenv("COEVO_JAX_WORKER_XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
-    out = os.path.join(workdir, "two_procs")
-    monkeypatch.setenv("COEVO_JAX_SIGKILL_AFTER_CHUNKS", "1")  # each worker dies as under kill -9
-    with pytest.raises(StudyError, match="exit -9") as e:
-        run_study(CONFIG, out, processes=2, max_parallel=4, progress=False, compile_cache=CACHE)
-    # the launcher stops the other worker as soon as one dies, so only the dead one surely saved a chunk
-    dead = re.search(r"worker (\d+) failed", str(e.value)).group(1)
-    assert glob.glob(os.path.join(out, "checkpoints", f"w{dead}", "a*_b*", "1"))  # orbax step 1 of its batch
-    assert not os.path.exists(os.path.join(out, "FINISHED"))
-    monkeypatch.delenv("COEVO_JAX_SIGKILL_AFTER_CHUNKS")
-    res = run_study(CONFIG, out, processes=2, max_parallel=4, progress=False, compile_cache=CACHE)
-    assert res.info["processes_per_host"] == 2 and set(res.info["workers"]) == {"0", "1"}
-    # the two workers were the two processes of one jax.distributed job
-    assert [w["processes"] for w in res.info["workers"].values()] == [2, 2]
-    _assert_same_curves(res.curves, reference.curves)
+def test_two_devices_killed_and_resumed_equal_one_device(reference, workdir):
+    """The whole batch of 4 runs split over 2 devices (2 each, the reference's per-device shape), the
+    process killed with -9 once a checkpoint is on disk, then the same call again: it resumes to the
+    reference's results."""
+    proc, out = _devices_job(workdir, "two_devices", CONFIG, 2, 4)
+    step1 = os.path.join(out, "checkpoints", "a0_b0", "1")  # orbax renames a step's folder when complete
+    deadline = time.time() + 600
+    while not os.path.isdir(step1) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert proc.returncode == -9 and os.path.isdir(step1) and not os.path.exists(os.path.join(out, "FINISHED"))
+    proc, out = _devices_job(workdir, "two_devices", CONFIG, 2, 4)
+    text, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0 and "devices 2 2" in text, text[-2000:]
+    res = load_result(out)
+    assert res.info["devices_per_host"] == 2
+    # as on 4 devices (below): the outcome bit for bit, per-minibatch diagnostics to rounding
+    _assert_same_curves({k: res.curves[k] for k in ("episode_return", "env_steps", "diverged")},
+                        {k: reference.curves[k] for k in ("episode_return", "env_steps", "diverged")})
+    _assert_same_curves(res.curves, reference.curves, exact=False)
 
 
 def test_stop_and_resume_equals_uninterrupted_and_mismatch_is_refused(reference, workdir):
     out = os.path.join(workdir, "resume")
-    assert run_study(CONFIG, out, processes=1, max_parallel=2, stop_after_chunks=1, progress=False,
+    assert run_study(CONFIG, out, max_parallel=2, stop_after_chunks=1, progress=False,
                      compile_cache=CACHE) is None
     assert not os.path.exists(os.path.join(out, "FINISHED"))
-    assert os.path.isdir(os.path.join(out, "checkpoints", "w0", "a0_b0", "1"))  # orbax step 1 of batch 0
+    assert os.path.isdir(os.path.join(out, "checkpoints", "a0_b0", "1"))  # orbax step 1 of batch 0
     # a different config is refused (one line, naming the mismatch) and nothing is touched
     other = dataclasses.replace(CONFIG, num_seeds=3)
     with pytest.raises(StudyError, match="different config") as e:
-        run_study(other, out, processes=1, max_parallel=2, progress=False, compile_cache=CACHE)
+        run_study(other, out, max_parallel=2, progress=False, compile_cache=CACHE)
     assert "\n" not in str(e.value)
     # a checkpoint whose stored hash does not match is refused by the worker too
     forged = os.path.join(workdir, "forged")
@@ -219,9 +230,9 @@ def test_stop_and_resume_equals_uninterrupted_and_mismatch_is_refused(reference,
     with open(os.path.join(forged, "config.json"), "w") as f:
         f.write(config_text(other))
     with pytest.raises(StudyError, match="different config"):
-        run_study(other, forged, processes=1, max_parallel=2, progress=False, compile_cache=CACHE)
+        run_study(other, forged, max_parallel=2, progress=False, compile_cache=CACHE)
     # rerunning the same command resumes and ends exactly where the uninterrupted run did
-    res = run_study(CONFIG, out, processes=1, max_parallel=2, progress=False, compile_cache=CACHE)
+    res = run_study(CONFIG, out, max_parallel=2, progress=False, compile_cache=CACHE)
     _assert_same_curves(res.curves, reference.curves)
     assert os.path.exists(os.path.join(out, "FINISHED"))
     # the state snapshot saved before the interruption and the one after it equal the uninterrupted run's
@@ -237,7 +248,7 @@ def test_sharded_over_four_devices_equals_unsharded(reference, sharded_job):
     assert proc.returncode == 0, text[-2000:]
     assert "devices 4 4" in text
     res = load_result(out)
-    assert res.info["devices_per_process"] == 4
+    assert res.info["devices_per_host"] == 4
     sharded = {k: v[SHARDED_AS_REFERENCE] for k, v in res.curves.items()}
     # the learning outcome is bit-identical; the SPMD-partitioned program may sum a few
     # per-minibatch diagnostics (approx_kl, policy_loss) in another order (seen: 1e-9 to 1.1e-8 absolute)
@@ -252,14 +263,14 @@ sys.path.insert(0, {root!r})
 from coevo_jax.experiment import Study, run_study
 import json
 config = Study.from_json(json.loads(open({cfg!r}).read()))
-res = run_study(config, {out!r}, processes=1, max_parallel=2, progress=False, compile_cache={cache!r},
+res = run_study(config, {out!r}, max_parallel=2, progress=False, compile_cache={cache!r},
                 distributed=dict(coordinator_address="localhost:{port}", num_processes=2, process_id={pid}))
 print("host", {pid}, "wrote results" if res is not None else "left the results to process 0")
 """
 
 
-def test_two_hosts_with_jax_distributed_equal_one_process(reference, workdir, monkeypatch):
-    """Host 1 in a subprocess, host 0 in this process, each starting its one worker process."""
+def test_two_hosts_with_jax_distributed_equal_one_process(reference, workdir):
+    """Two hosts, each a subprocess (``jax.distributed`` starts before a process's first computation)."""
     import socket
 
     with socket.socket() as sock:
@@ -269,28 +280,28 @@ def test_two_hosts_with_jax_distributed_equal_one_process(reference, workdir, mo
     with open(cfg, "w") as f:
         f.write(config_text(CONFIG))
     out = os.path.join(workdir, "multihost")
-    monkeypatch.setenv("COEVO_JAX_WORKER_XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))  # cached programs
-    host1 = subprocess.Popen([sys.executable, "-c", MULTIHOST_SCRIPT.format(
-        root=ROOT, cfg=cfg, out=out, cache=CACHE, port=port, pid=1)], stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True)
+    hosts = [subprocess.Popen([sys.executable, "-c", MULTIHOST_SCRIPT.format(
+        root=ROOT, cfg=cfg, out=out, cache=CACHE, port=port, pid=pid)], stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True) for pid in (0, 1)]
     try:
-        res = run_study(CONFIG, out, processes=1, max_parallel=2, progress=False, compile_cache=CACHE,
-                        distributed=dict(coordinator_address=f"localhost:{port}", num_processes=2, process_id=0))
-    except BaseException:
-        host1.kill()
-        raise
-    text = host1.communicate(timeout=900)[0]
-    assert host1.returncode == 0 and "host 1 left the results to process 0" in text, text[-1500:]
-    assert res is not None
-    assert res.info["num_hosts"] == 2 and [w["processes"] for w in res.info["workers"].values()] == [2, 2]
-    _assert_same_curves(res.curves, reference.curves)
-    _assert_same_curves(load_result(out).curves, reference.curves)
+        texts = [h.communicate(timeout=900)[0] for h in hosts]
+    finally:
+        for h in hosts:
+            h.kill()
+    assert [h.returncode for h in hosts] == [0, 0], texts[0][-1500:] + texts[1][-1500:]
+    assert "host 0 wrote results" in texts[0] and "host 1 left the results to process 0" in texts[1]
+    res = load_result(out)
+    assert res.info["num_hosts"] == 2 and set(res.info["hosts"]) == {"0", "1"}
+    # one device per host: as on several devices of one host, the outcome bit for bit, diagnostics to rounding
+    _assert_same_curves({k: res.curves[k] for k in ("episode_return", "env_steps", "diverged")},
+                        {k: reference.curves[k] for k in ("episode_return", "env_steps", "diverged")})
+    _assert_same_curves(res.curves, reference.curves, exact=False)
 
 
 # ----------------------------------------------------------------------------- refusals
 def test_finished_folder_is_refused_without_overwrite(reference):
     with pytest.raises(StudyError, match="finished study; pass --overwrite"):
-        run_study(CONFIG, reference.out, processes=1, progress=False)
+        run_study(CONFIG, reference.out, progress=False)
     assert check_out(reference.out, config_text(CONFIG), overwrite=True) == "wipe"
     assert os.path.exists(os.path.join(reference.out, "FINISHED"))  # check_out writes nothing
 
@@ -333,9 +344,8 @@ def test_arms_differing_only_in_hparam_values_share_one_compiled_program(referen
     job) runs the program compiled for the first (0 s compiling) and gives its own runs' results."""
     twin = Study(ENV, (Arm(STATIC, fixed={"vf_coef": 0.5}), Arm(STATIC, fixed={"vf_coef": 0.5}, label="twin")),
                  num_seeds=2, num_chunks=2, threshold=1.0, threshold_metric="episode_return", env_kwargs=ENV_KWARGS)
-    res = run_study(twin, os.path.join(workdir, "twin"), processes=1, max_parallel=2, progress=False,
-                    compile_cache=CACHE)
-    compile_s = res.info["workers"]["0"]["compile_s"]
+    res = run_study(twin, os.path.join(workdir, "twin"), max_parallel=2, progress=False, compile_cache=CACHE)
+    compile_s = res.info["hosts"]["0"]["compile_s"]
     assert compile_s["twin"] == 0.0 and compile_s["ppo"] > 0.0
     ppo, copy = (res.runs["label"] == "ppo"), (res.runs["label"] == "twin")
     for name in ("episode_return", "loss"):
@@ -456,9 +466,10 @@ def test_chunk_length_and_batch_size():
     assert chunk_length(4, 2) == 2
     assert chunk_length(12, 5) == 2  # divisors of 12 nearest 12/5 = 2.4 in log ratio: 2 (0.18) beats 3 (0.22)
     assert chunk_length(7, 3) == 1  # a prime count: 1 (log ratio 0.85 to 7/3) beats 7 (1.10)
-    assert batch_size(10, 2, 3, 1) == 3  # 5 runs per worker in 2 batches of 3 (the last padded)
-    assert batch_size(10, 2, 3, 4) == 4  # rounded up to the device count
-    assert batch_size(4, 1, None, 1) == 4
+    assert batch_size(5, 3, 1) == 3  # 5 runs in 2 batches of 3 (the last padded)
+    assert batch_size(10, 3, 1) == 3  # 4 batches: 3, 3, 3, 1
+    assert batch_size(10, 3, 4) == 4  # rounded up to the device count
+    assert batch_size(4, None, 1) == 4
 
 
 def test_a_checkpoint_cut_short_by_a_kill_is_discarded_not_fatal(tmp_path, capsys):
@@ -467,16 +478,16 @@ def test_a_checkpoint_cut_short_by_a_kill_is_discarded_not_fatal(tmp_path, capsy
     from coevo_jax.experiment import checkpoint
 
     record = checkpoint.BatchRecord("abc", 2, (0, 1))
-    state = {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}
-    sharding = None
+    state = {"w": jax.numpy.arange(6, dtype=np.float32).reshape(2, 3)}
+    sharding = state["w"].sharding
     mngr = checkpoint.manager(str(tmp_path / "ck"))
     meta = record.meta(["loss"], 4)
-    checkpoint.save(mngr, 1, state, np.ones((1, 2, 4), np.float32), meta, host_local=True)
-    got = checkpoint.restore(mngr, record, state, True, sharding)
+    checkpoint.save(mngr, 1, state, np.ones((1, 2, 4), np.float32), meta)
+    got = checkpoint.restore(mngr, record, state, sharding)
     assert got[3] == 1 and np.array_equal(got[0]["w"], state["w"]) and got[1].shape == (1, 2, 4)
     os.remove(tmp_path / "ck" / "1" / "meta" / "metadata")  # the kill's damage
     mngr = checkpoint.manager(str(tmp_path / "ck"))
-    assert checkpoint.restore(mngr, record, state, True, sharding) is None
+    assert checkpoint.restore(mngr, record, state, sharding) is None
     assert "is incomplete" in capsys.readouterr().err and not (tmp_path / "ck" / "1").exists()
-    checkpoint.save(mngr, 1, state, np.ones((1, 2, 4), np.float32), meta, host_local=True)  # the rerun saves again
-    assert checkpoint.restore(checkpoint.manager(str(tmp_path / "ck")), record, state, True, sharding)[3] == 1
+    checkpoint.save(mngr, 1, state, np.ones((1, 2, 4), np.float32), meta)  # the rerun saves again
+    assert checkpoint.restore(checkpoint.manager(str(tmp_path / "ck")), record, state, sharding)[3] == 1

@@ -215,7 +215,7 @@ def test_ppo_learning_end_to_end_refuse_replot(tmp_path, monkeypatch, capsys, co
     monkeypatch.setitem(mod.TASKS, "cartpole", {**mod.TASKS["cartpole"], "static": tiny})
     out = str(tmp_path / "ppo")
     monkeypatch.setenv("COEVO_JAX_COMPILE_CACHE", compile_cache)
-    argv = ["--tasks", "cartpole", "--num-seeds", "2", "--total-steps", "32", "--num-chunks", "1", "--processes", "1",
+    argv = ["--tasks", "cartpole", "--num-seeds", "2", "--total-steps", "32", "--num-chunks", "1", "--devices", "1",
             "--quiet", "--out", out]
     assert mod.main(argv) == 0
     text = capsys.readouterr().out
@@ -295,7 +295,7 @@ def test_staged_script_resumes_after_its_first_stage_finished(tmp_path, monkeypa
     mod = load("ppo_learning")
     tiny = dict(num_envs=2, rollout_len=8, total_steps=32, update_epochs=1, num_minibatches=1, hidden_sizes=(8,))
     monkeypatch.setitem(mod.TASKS, "cartpole", {**mod.TASKS["cartpole"], "static": tiny})
-    argv = ["--tasks", "cartpole", "--num-seeds", "2", "--total-steps", "32", "--num-chunks", "1", "--processes", "1",
+    argv = ["--tasks", "cartpole", "--num-seeds", "2", "--total-steps", "32", "--num-chunks", "1", "--devices", "1",
             "--quiet", "--out", str(tmp_path / "staged")]
     monkeypatch.setenv("COEVO_JAX_COMPILE_CACHE", compile_cache)
     seen = []

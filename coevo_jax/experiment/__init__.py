@@ -3,14 +3,15 @@ run by one runner (:func:`run_study`); its scores and tables come from
 :mod:`coevo_jax.analysis` (one definition of each metric).
 
 Files, one idea each: ``spec`` (what to run), ``plan`` (runs -> batches ->
-chunks, run keys), ``worker`` (compile and run one share), ``checkpoint``
-(orbax save / restore / refuse), ``launcher`` (``jax.distributed`` worker
-processes, progress), ``folder`` (the output folder), ``results`` (merge,
-summary, files), ``runner`` (the entry point).
+chunks, run keys), ``worker`` (compile and run the arms over the
+devices), ``checkpoint`` (orbax save / restore / refuse / read), ``progress``
+(the progress bar), ``folder`` (the output folder), ``results`` (merge,
+summary, files), ``runner`` (devices, hosts, the entry point).
 """
 from coevo_jax.experiment.plan import build_plan
 from coevo_jax.experiment.results import StudyResult, load_result, rebuild_outputs
-from coevo_jax.experiment.runner import run_study
+from coevo_jax.experiment.runner import run_study, start_devices
 from coevo_jax.experiment.spec import Arm, Study, StudyError
 
-__all__ = ["Arm", "Study", "StudyError", "StudyResult", "build_plan", "load_result", "rebuild_outputs", "run_study"]
+__all__ = ["Arm", "Study", "StudyError", "StudyResult", "build_plan", "load_result", "rebuild_outputs", "run_study",
+           "start_devices"]

@@ -1,9 +1,11 @@
-"""Orbax checkpoints of one batch of runs: save after each chunk, restore, refuse a mismatch.
+"""Orbax checkpoints of one batch of runs, the runner's one storage format: save after
+each chunk, restore, refuse a mismatch, read a finished batch back.
 
 A checkpoint holds the batched :class:`~coevo_jax.train.TrainState`, the
 metric curves so far (``[metrics, B, iterations]``) and a JSON record of what
 it is (config hash, batch size, run indices, metric names). A checkpoint of
-another config or another batch layout is refused, never resumed.
+another config or another batch layout is refused, never resumed. A batch's
+folder keeps its last step (and, for a study with ``save_chunks``, every step).
 """
 from __future__ import annotations
 
@@ -28,19 +30,18 @@ class BatchRecord:
                 "chunk_len": chunk_len}
 
 
-def manager(path: str):
-    """An orbax ``CheckpointManager`` keeping the latest step of ``path``; with
-    ``jax.distributed`` each host writes its own batches, alone."""
-    import jax
+def _open(path: str, **options):
+    """An orbax ``CheckpointManager`` of ``path`` (synchronous saves; under ``jax.distributed``
+    every host writes its devices' part of each save)."""
     import orbax.checkpoint as ocp
 
-    mp = ocp.options.MultiprocessingOptions()
-    if jax.process_count() > 1:
-        mp = ocp.options.MultiprocessingOptions(primary_host=jax.process_index(),
-                                                active_processes={jax.process_index()})
-    os.makedirs(path, exist_ok=True)  # (orbax cannot create it itself when active_processes is set)
-    return ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(
-        max_to_keep=1, enable_async_checkpointing=False, create=False, multiprocessing_options=mp))
+    return ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(enable_async_checkpointing=False,
+                                                                            **options))
+
+
+def manager(path: str, keep_all: bool = False):
+    """An orbax ``CheckpointManager`` of ``path`` keeping the latest step (``keep_all``: every step)."""
+    return _open(path, max_to_keep=None if keep_all else 1)
 
 
 def check_record(meta: dict, record: BatchRecord, where: str) -> None:
@@ -50,14 +51,15 @@ def check_record(meta: dict, record: BatchRecord, where: str) -> None:
                          f" != {record.config_hash}); refusing to resume it: rerun with --overwrite or a new --out")
     if meta.get("batch") != record.batch or tuple(meta.get("runs", ())) != record.runs:
         raise StudyError(f"checkpoint {where} holds runs {meta.get('runs')} in batches of {meta.get('batch')}, not"
-                         f" {list(record.runs)} in batches of {record.batch} (another --processes/--max-parallel or"
-                         " device count); rerun with the original ones or --overwrite")
+                         f" {list(record.runs)} in batches of {record.batch} (another --devices/--max-parallel or"
+                         " host count); rerun with the original ones or --overwrite")
 
 
-def restore(mngr, record: BatchRecord, state_abstract, host_local: bool, sharding):
-    """``(state, curves [M, B, I_done], names, chunks_done)`` from the latest
-    complete checkpoint, or ``None`` when there is none. A step that cannot be read
-    (a save cut short by a kill) is deleted, with a warning, and the one before it tried."""
+def restore(mngr, record: BatchRecord, state_abstract, curves_sharding):
+    """``(state, curves [M, B, I_done], names, chunks_done)`` from the latest complete
+    checkpoint (placed as ``state_abstract`` and ``curves_sharding``), or ``None`` when there is
+    none. A step that cannot be read (a save cut short by a kill) is deleted, with a warning,
+    and the one before it tried."""
     import jax
     import orbax.checkpoint as ocp
 
@@ -65,18 +67,16 @@ def restore(mngr, record: BatchRecord, state_abstract, host_local: bool, shardin
         try:
             meta = mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
             check_record(meta, record, str(mngr.directory))
-            curves_abs = jax.ShapeDtypeStruct((len(meta["names"]), record.batch, step * meta["chunk_len"]), np.float32)
-            target = (state_abstract if not host_local
-                      else jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), state_abstract))
-            got = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
-                                                             curves=ocp.args.StandardRestore(curves_abs)))
+            curves_abs = jax.ShapeDtypeStruct((len(meta["names"]), record.batch, step * meta["chunk_len"]), np.float32,
+                                              sharding=curves_sharding)
+            got = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(state_abstract),
+                                                             curves=ocp.args.StandardRestore({"curves": curves_abs})))
         except StudyError:
             raise
         except Exception as e:  # noqa: BLE001 (whatever orbax raises on a partial step)
             _discard(mngr, step, e)
             continue
-        state = jax.device_put(got["state"], sharding) if host_local else got["state"]
-        return state, np.asarray(got["curves"]), meta["names"], step
+        return got["state"], got["curves"]["curves"], meta["names"], step
     return None
 
 
@@ -92,12 +92,65 @@ def _discard(mngr, step: int, error: Exception) -> None:
     mngr.reload()
 
 
-def save(mngr, chunks_done: int, state, curves: np.ndarray, meta: dict, host_local: bool) -> None:
-    """Checkpoint the batch after ``chunks_done`` chunks (synchronously)."""
+def save(mngr, chunks_done: int, state, curves, meta: dict) -> None:
+    """Checkpoint the batch after ``chunks_done`` chunks (synchronously; ``state=None``: curves only)."""
+    import orbax.checkpoint as ocp
+
+    items = {"curves": ocp.args.StandardSave({"curves": curves}), "meta": ocp.args.JsonSave(meta)}
+    mngr.save(chunks_done, args=ocp.args.Composite(
+        **items, **({} if state is None else {"state": ocp.args.StandardSave(state)})))
+    mngr.wait_until_finished()
+
+
+def finished(path: str, num_chunks: int) -> bool:
+    """Whether the batch folder ``path`` holds a checkpoint after its last chunk."""
+    return os.path.isdir(os.path.join(path, str(num_chunks)))
+
+
+def read(path: str, step: int | None = None, state_shape=None) -> dict:
+    """Step ``step`` (default: the last) of the batch folder ``path`` as NumPy: ``{"meta", "curves"
+    [M, B, I], "state"}`` (the state only given ``state_shape``, the abstract state of one run)."""
     import jax
     import orbax.checkpoint as ocp
 
-    mngr.save(chunks_done, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(jax.device_get(state) if host_local else state),
-        curves=ocp.args.StandardSave(curves), meta=ocp.args.JsonSave(meta)))
-    mngr.wait_until_finished()
+    with _open(path, read_only=True) as mngr:
+        step = mngr.latest_step() if step is None else step
+        if step not in mngr.all_steps():
+            raise StudyError(f"{path} holds no checkpoint after chunk {step} (steps: {sorted(mngr.all_steps())})")
+        if state_shape is not None and not os.path.isdir(os.path.join(path, str(step), "state")):
+            raise StudyError(f"{path} kept no state after chunk {step} (run the study with save_final=True, or"
+                             " save_chunks=True for every chunk)")
+        meta = mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        shape = (len(meta["names"]), meta["batch"], step * meta["chunk_len"])
+        args = {"curves": ocp.args.StandardRestore({"curves": np.zeros(shape, np.float32)})}
+        if state_shape is not None:
+            target = jax.tree.map(lambda x: np.zeros((meta["batch"],) + x.shape, x.dtype), state_shape)
+            args["state"] = ocp.args.StandardRestore(target)
+        got = mngr.restore(step, args=ocp.args.Composite(**args))
+    return {"meta": meta, "curves": np.asarray(got["curves"]["curves"]),
+            "state": jax.device_get(got["state"]) if state_shape is not None else None}
+
+
+def read_arm(folders, num_runs: int, step: int | None = None, state_shape=None):
+    """One arm's batches (``folders``) at ``step``, placed by run index: ``(names, curves [M, R, I],
+    state leaves [R, ...] or None)``; :class:`StudyError` unless they hold every run once."""
+    import jax
+
+    names, curves, leaves, seen = None, None, None, np.zeros(num_runs, int)
+    for path in folders:
+        got = read(path, step, state_shape)
+        runs = np.asarray(got["meta"]["runs"])
+        names = names or list(got["meta"]["names"])
+        block = got["curves"][:, :len(runs)]
+        curves = np.full((len(names), num_runs, block.shape[-1]), np.nan, np.float32) if curves is None else curves
+        curves[:, runs] = block
+        if state_shape is not None:
+            parts = jax.tree.leaves(got["state"])
+            leaves = leaves or [np.zeros((num_runs,) + x.shape[1:], x.dtype) for x in parts]
+            for leaf, x in zip(leaves, parts):
+                leaf[runs] = x[:len(runs)]
+        seen[runs] += 1
+    if not (seen == 1).all():
+        raise StudyError(f"checkpoints {', '.join(folders) or '(none)'} hold runs {np.nonzero(seen != 1)[0].tolist()}"
+                         " not exactly once; rerun with --overwrite")
+    return names, curves, leaves

@@ -1,10 +1,9 @@
-"""How a study is cut: runs -> worker shares -> batches -> chunks, and each run's key.
+"""How a study is cut: runs -> batches -> chunks, and each run's key.
 
 Run ``r`` of an arm is grid point ``r // num_seeds``, seed ``r % num_seeds``.
-Workers (``jax.distributed`` processes) take contiguous shares of each arm's
-runs; a worker cuts its share into batches of the same compiled shape on every
-worker (so one compiled program serves all of a worker's batches). A run's key
-comes from its seed index alone, never from the layout.
+An arm's runs are cut into consecutive batches of one compiled shape (so one
+compiled program serves all its batches). A run's key comes from its seed index
+alone, never from the layout.
 """
 from __future__ import annotations
 
@@ -99,28 +98,15 @@ def run_keys(base_seed: int, seed_index: np.ndarray):
     return jax.vmap(lambda i: jax.random.fold_in(base, i))(np.asarray(seed_index, np.uint32))
 
 
-def worker_share(num_runs: int, worker: int, num_workers: int) -> np.ndarray:
-    """Contiguous run indices of ``worker`` (``np.array_split`` of ``[0, num_runs)``)."""
-    return np.array_split(np.arange(num_runs), num_workers)[worker]
+def batch_size(num_runs: int, cap: int | None, num_devices: int) -> int:
+    """Runs per compiled batch of one arm: at most ``cap`` rounded up to a multiple of
+    ``num_devices``, balanced so the last batch is nearly full."""
+    cap = num_runs if cap is None else max(1, min(cap, num_runs))
+    batches = math.ceil(num_runs / cap)
+    return int(math.ceil(math.ceil(num_runs / batches) / num_devices) * num_devices)
 
 
-def batch_size(num_runs: int, num_workers: int, cap: int | None, num_devices: int) -> int:
-    """Runs per compiled batch of one arm: the same on every worker, at most
-    ``cap`` rounded up to a multiple of ``num_devices``, balanced so the last
-    batch is nearly full."""
-    largest = max(1, math.ceil(num_runs / num_workers))
-    cap = largest if cap is None else max(1, min(cap, largest))
-    batches = math.ceil(largest / cap)
-    b = math.ceil(largest / batches)
-    return int(math.ceil(b / num_devices) * num_devices)
-
-
-def batches_of(share: np.ndarray, b: int) -> list[np.ndarray]:
-    """A worker's run indices cut into consecutive batches of at most ``b``."""
-    return [share[i:i + b] for i in range(0, len(share), b)]
-
-
-def worker_batches(plan: ArmPlan, worker: int, num_workers: int, cap: int | None, num_devices: int):
-    """``(b, [runs of each batch])`` of ``worker`` for one arm."""
-    b = batch_size(plan.num_runs, num_workers, cap, num_devices)
-    return b, batches_of(worker_share(plan.num_runs, worker, num_workers), b)
+def arm_batches(plan: ArmPlan, cap: int | None, num_devices: int):
+    """``(b, [run indices of each batch])`` of one arm: consecutive runs in batches of at most ``b``."""
+    b = batch_size(plan.num_runs, cap, num_devices)
+    return b, [np.arange(i, min(i + b, plan.num_runs)) for i in range(0, plan.num_runs, b)]

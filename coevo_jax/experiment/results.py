@@ -3,7 +3,8 @@
 The output folder holds ``config.json`` (everything needed to rerun),
 ``summary.csv``, ``curves.npz`` (every metric ``[runs, iterations]`` under
 ``metric/``, per-run metadata under ``run/``), PNG plots, ``run_info.json``
-(timings, memory), ``checkpoints/`` and, last, ``FINISHED``.
+(timings, memory), ``checkpoints/`` (orbax, one folder per batch: its curves,
+and its runs' states with ``save_final`` / ``save_chunks``) and, last, ``FINISHED``.
 """
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ import numpy as np
 
 from coevo_jax.analysis import metrics
 from coevo_jax.analysis.tables import csv_to_rows, rows_to_csv
+from coevo_jax.experiment import checkpoint
 from coevo_jax.experiment.folder import FINISHED_MARK, read_json
-from coevo_jax.experiment.plan import ArmPlan, arm_hparams, build_plan, worker_batches
+from coevo_jax.experiment.plan import ArmPlan, arm_hparams, build_plan
 from coevo_jax.experiment.spec import Study, StudyError
 from coevo_jax.files import atomic_savez, atomic_write_text
 
@@ -63,85 +65,65 @@ class StudyResult:
 
     def final_states(self, label: str):
         """The stacked final :class:`~coevo_jax.train.TrainState` of arm ``label``'s runs
-        (a study run with ``save_final=True``)."""
-        ai, arm = self.arm(label)
-        with np.load(os.path.join(self.out, "final_states.npz")) as z:
-            leaves = [z[k] for k in sorted((k for k in z.files if k.startswith(f"a{ai}/")),
-                                           key=lambda k: int(k.split("/")[1]))]
-        return self._states(arm, leaves)
+        (a study run with ``save_final=True`` or ``save_chunks=True``)."""
+        return self.chunk_states(label, None)
 
-    def chunk_states(self, label: str, chunk: int):
+    def chunk_states(self, label: str, chunk: int | None):
         """The stacked :class:`~coevo_jax.train.TrainState` of arm ``label``'s runs after
-        ``chunk`` of their chunks (``1 .. num_chunks``; a study run with ``save_chunks=True``)."""
-        import glob
-
+        ``chunk`` of their chunks (``1 .. num_chunks``, ``None``: the last; a study run with
+        ``save_chunks=True``)."""
         ai, arm = self.arm(label)
         num_runs = len(arm.settings()) * self.study.num_seeds
-        paths = glob.glob(os.path.join(self.out, "checkpoints", "w*", f"a{ai}_b*_c{chunk}.npz"))
-        leaves, covered = None, np.zeros(num_runs, bool)
-        for path in paths:
-            with np.load(path) as z:
-                keys = sorted((k for k in z.files if k.startswith("state/")), key=lambda k: int(k[6:]))
-                leaves = leaves or [np.zeros((num_runs,) + z[k].shape[1:], z[k].dtype) for k in keys]
-                for leaf, k in zip(leaves, keys):
-                    leaf[z["runs"]] = z[k]
-                covered[z["runs"]] = True
-        if not covered.all():
-            raise StudyError(f"{self.out} holds no state of every {label!r} run after chunk {chunk}"
-                             " (was the study run with save_chunks=True, and has it that many chunks?)")
+        _, _, leaves = checkpoint.read_arm(batch_folders(self.out, ai), num_runs, chunk,
+                                           state_shape(self.study, arm))
         return self._states(arm, leaves)
 
     def _states(self, arm, leaves: list):
         """Stacked TrainState leaves ``[runs, ...]`` of ``arm`` back into a TrainState."""
         import jax
 
-        from coevo_jax.train import Trainer
-
-        shape = jax.eval_shape(Trainer(arm.static, *self.study.make_env()).init, jax.random.PRNGKey(0),
-                               arm_hparams(arm))
-        return jax.tree.unflatten(jax.tree.structure(shape), leaves)
+        return jax.tree.unflatten(jax.tree.structure(state_shape(self.study, arm)), leaves)
 
 
-def merge_batches(out: str, plans: list[ArmPlan], num_workers: int, cap, num_devices: int):
-    """Every worker's per-batch files assembled per arm: ``[(blocks {metric: [R, I]},
-    diverged [R], final-state leaves or None)]``."""
+def state_shape(study: Study, arm):
+    """The abstract :class:`~coevo_jax.train.TrainState` of one run of ``arm``."""
+    import jax
+
+    from coevo_jax.train import Trainer
+
+    return jax.eval_shape(Trainer(arm.static, *study.make_env()).init, jax.random.PRNGKey(0), arm_hparams(arm))
+
+
+def batch_folders(out: str, arm_index: int) -> list[str]:
+    """The checkpoint folders of arm ``arm_index``'s batches."""
+    import glob
+
+    return sorted(glob.glob(os.path.join(out, "checkpoints", f"a{arm_index}_b*")))
+
+
+def merge_batches(out: str, plans: list[ArmPlan]) -> list[dict]:
+    """Every batch's curves from its last checkpoint, per arm: ``[{metric: [R, I]}]``."""
     per_arm = []
     for ai, plan in enumerate(plans):
-        blocks, div, leaves = {}, np.zeros(plan.num_runs, bool), None
-        for w in range(num_workers):
-            for bi, runs in enumerate(worker_batches(plan, w, num_workers, cap, num_devices)[1]):
-                path = os.path.join(out, "checkpoints", f"w{w}", f"a{ai}_b{bi}.npz")
-                with np.load(path) as z:
-                    if not np.array_equal(z["runs"], runs):
-                        raise StudyError(f"{path} holds runs {z['runs'].tolist()} but the layout expects"
-                                         f" {runs.tolist()}; rerun with --overwrite")
-                    for j, name in enumerate(str(x) for x in z["names"]):
-                        blocks.setdefault(name, np.full((plan.num_runs, plan.num_iterations), np.nan, np.float32))
-                        blocks[name][runs] = z["curves"][j]
-                    div[runs] = z["diverged"]
-                    state = sorted((k for k in z.files if k.startswith("state/")), key=lambda k: int(k[6:]))
-                    if state:
-                        leaves = leaves or [np.zeros((plan.num_runs,) + z[k].shape[1:], z[k].dtype) for k in state]
-                        for leaf, k in zip(leaves, state):
-                            leaf[runs] = z[k]
-        per_arm.append((blocks, div, leaves))
+        names, curves, _ = checkpoint.read_arm(batch_folders(out, ai), plan.num_runs)
+        per_arm.append(dict(zip(names, curves)))
     return per_arm
 
 
 def assemble(study: Study, plans: list[ArmPlan], per_arm) -> tuple[dict, dict]:
     """``(curves {metric: [runs, I]}, runs {column: [runs]})`` over all arms, arm after arm."""
     total, iters = sum(p.num_runs for p in plans), max(p.num_iterations for p in plans)
-    names = sorted({n for blocks, _, _ in per_arm for n in blocks})
+    names = sorted({n for blocks in per_arm for n in blocks})
     curves = {n: np.full((total, iters), np.nan, np.float32) for n in names}
     parts, start = [], 0  # per arm: {column: [its runs]}
     fields = dict.fromkeys(f for p in plans for f in p.hp.as_dict())  # hp/<field>: NaN in arms without the field
-    for ai, (plan, (blocks, div, _)) in enumerate(zip(plans, per_arm)):
+    for ai, (plan, blocks) in enumerate(zip(plans, per_arm)):
         n, r = plan.num_runs, np.arange(plan.num_runs)
         for name, arr in blocks.items():
             curves[name][start:start + n, :arr.shape[1]] = arr
         parts.append({"arm": np.full(n, ai), "label": np.full(n, plan.arm.name),
                       "method": np.full(n, plan.arm.static.method), "setting": r // study.num_seeds,
-                      "seed": r % study.num_seeds, "diverged": div,
+                      "seed": r % study.num_seeds, "diverged": blocks["diverged"][:, -1] > 0,
                       **{f"hp/{f}": np.asarray(plan.hp.as_dict().get(f, np.full(len(plan.settings), np.nan)),
                                                np.float64)[r // study.num_seeds] for f in fields}})
         start += n
@@ -169,16 +151,13 @@ def summary_rows(study: Study, plans: list[ArmPlan], curves: dict, runs: dict) -
     return rows
 
 
-def write_outputs(out: str, study: Study, plans, curves, runs, per_arm, info) -> list[dict]:
-    """``curves.npz``, ``final_states.npz`` (``save_final``), ``summary.csv``,
+def write_outputs(out: str, study: Study, plans, curves, runs, info) -> list[dict]:
+    """``curves.npz``, ``summary.csv``,
     the default plots, ``run_info.json``; then ``FINISHED``. Returns the rows."""
     from coevo_jax.analysis import plots
 
     atomic_savez(os.path.join(out, "curves.npz"), **{f"metric/{k}": v for k, v in curves.items()},
                  **{f"run/{k}": v for k, v in runs.items()})
-    if study.save_final:
-        atomic_savez(os.path.join(out, "final_states.npz"),
-                     **{f"a{ai}/{i}": x for ai, (_, _, leaves) in enumerate(per_arm) for i, x in enumerate(leaves)})
     rows = summary_rows(study, plans, curves, runs)
     atomic_write_text(os.path.join(out, "summary.csv"), rows_to_csv(rows))
     plots.study_default_plots(out, study, plans, curves, runs)

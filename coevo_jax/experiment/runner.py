@@ -1,16 +1,17 @@
-"""``run_study``: validate, prepare the folder, run the workers, merge, write.
+"""``run_study``: validate, prepare the folder, run the arms, merge, write.
 
-Parallelism, outermost first: ``jax.distributed`` processes (P per host, one
-per core on CPU, 1 on accelerators; each runs its share of every arm, process 0
-merges), devices (inside a process the batch axis is sharded over the local
-devices). One process on one host runs in this process. Rerunning the same
-call on the same folder resumes every batch from its last checkpoint, with
-results identical to an uninterrupted run.
+A batch's runs are split over devices, each running its own slice
+(:mod:`~coevo_jax.experiment.worker`): this process's local devices, and with
+``jax.distributed`` (one process per host, each making the same calls) the
+devices of every host; host 0 writes the results. On CPU the local devices are
+host devices made by the ``devices`` option before JAX starts its CPU backend
+(the study scripts: ``--devices``, one per core).
+Rerunning the same call on the same folder resumes every batch from its last
+checkpoint, with results identical to an uninterrupted run.
 """
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from typing import Mapping
@@ -19,11 +20,11 @@ import numpy as np
 
 from coevo_jax.config import ConfigError
 from coevo_jax.experiment.folder import check_out, prepare_out, read_json, wait_prepared
-from coevo_jax.experiment.launcher import Progress, fmt_time, free_port, launch_workers
 from coevo_jax.experiment.plan import build_plan
+from coevo_jax.experiment.progress import Progress, fmt_time
 from coevo_jax.experiment.results import StudyResult, assemble, merge_batches, write_outputs
 from coevo_jax.experiment.spec import Study, StudyError, config_hash, config_text
-from coevo_jax.experiment.worker import default_compile_cache, run_worker
+from coevo_jax.experiment.worker import default_compile_cache, run_arms, set_compile_cache
 from coevo_jax.files import atomic_write_text
 
 
@@ -32,119 +33,134 @@ def _positive(name: str, v) -> None:
         raise ConfigError(f"{name}={v!r} must be an integer >= 1")
 
 
-def _layout(out: str, action: str, plans, processes, max_parallel, num_hosts: int) -> dict:
-    """The processes / max_parallel / hosts the checkpoints were (or will be) written with
-    (processes: one per available core on CPU, 1 on GPU/TPU, unless given or resumed)."""
+def start_devices(devices: int | None = None, distributed: Mapping | None = None) -> list:
+    """Join ``jax.distributed`` (``distributed``: ``initialize``'s ``coordinator_address``,
+    ``num_processes``, ``process_id``) and return this process's first ``devices`` local
+    devices (default: all). On CPU, ``devices`` host devices are made when JAX's CPU backend
+    has not started yet; both must come before the first JAX computation of the process."""
     import jax
 
+    _positive("devices", devices)
+    if distributed and not jax.distributed.is_initialized():
+        try:
+            jax.distributed.initialize(**distributed)
+        except RuntimeError as e:
+            raise StudyError(f"distributed: {str(e).splitlines()[0]} (start it before any JAX computation)") from None
+    if devices is not None and jax.config.jax_num_cpu_devices != devices:
+        try:
+            jax.config.update("jax_num_cpu_devices", devices)
+        except RuntimeError:  # the CPU backend is running already: use its devices
+            pass
+    local = jax.local_devices()
+    if devices is not None and len(local) < devices:
+        raise ConfigError(f"devices={devices}: this process has {len(local)} {local[0].platform} device(s) (on CPU,"
+                          " choose the count before the first JAX computation of the process)")
+    return local[:devices] if devices else local
+
+
+def barrier(name: str, timeout_s: int = 24 * 3600) -> None:
+    """Wait for every ``jax.distributed`` process (a no-op without it): the coordination
+    service's barrier, which needs no collective on the devices."""
+    import jax
+
+    if jax.process_count() <= 1:
+        return
+    from jax._src import distributed  # the public API has no barrier without a device computation
+
+    distributed.global_state.client.wait_at_barrier(name, timeout_s * 1000)
+
+
+def _layout(out: str, action: str, layout: dict) -> None:
+    """Refuse to resume checkpoints written with another batch layout (devices, max_parallel, hosts)."""
     saved = read_json(os.path.join(out, "checkpoints", "layout.json")) if action == "resume" else None
-    if saved:
-        processes = saved["processes"] if processes is None else processes
-        max_parallel = saved["max_parallel"] if max_parallel is None else max_parallel
-    if processes is None:
-        processes = len(os.sched_getaffinity(0)) if jax.default_backend() == "cpu" else 1
-    processes = int(min(processes, max(1, math.ceil(max(p.num_runs for p in plans) / num_hosts))))
-    layout = {"processes": processes, "max_parallel": max_parallel, "num_hosts": num_hosts}
     if saved and saved != layout:
         raise StudyError(f"checkpoints in {out} were written with layout {saved}, not {layout}; rerun with"
-                         f" --processes {saved['processes']} --max-parallel {saved['max_parallel']}, or --overwrite")
-    return layout
+                         f" --devices {saved.get('devices')} --max-parallel {saved.get('max_parallel')}, or"
+                         " --overwrite")
 
 
-def run_study(study: Study, out: str, *, overwrite: bool = False, processes: int | None = None,
+def run_study(study: Study, out: str, *, overwrite: bool = False, devices: int | None = None,
               max_parallel: int | None = None, stop_after_chunks: int | None = None, progress: bool = True,
               compile_cache: str | bool | None = True, distributed: Mapping | None = None,
               log=print) -> StudyResult | None:
     """Run (or resume) ``study`` into the folder ``out``.
 
-    ``processes``: ``jax.distributed`` worker processes on this host (default one
-    per core on CPU); ``max_parallel``: runs resident at once on this host;
-    ``stop_after_chunks``: stop every worker after that many chunks (rerun to
-    resume); ``compile_cache``: JAX's persistent compilation cache folder
-    (``True``: the default folder; ``False``: off); ``distributed``: several
-    hosts, as ``jax.distributed.initialize``'s ``coordinator_address``,
-    ``num_processes`` (hosts) and ``process_id`` (this host), every host with
-    the same ``processes`` and a shared ``out``. Everything is validated before
-    anything compiles or is written. Returns the :class:`StudyResult`, or
-    ``None`` when stopped early or on hosts other than host 0.
+    ``devices``: local devices to split each batch over (default: all; on CPU
+    see :func:`start_devices`); ``max_parallel``: runs resident at once on this
+    host; ``stop_after_chunks``: stop after that many chunks (rerun to resume);
+    ``compile_cache``: JAX's persistent compilation cache folder (``True``: the
+    default folder; ``False``: off); ``distributed``: several hosts, one
+    process each, as ``jax.distributed.initialize``'s ``coordinator_address``,
+    ``num_processes`` (hosts) and ``process_id`` (this host), sharing ``out``.
+    Everything is validated before anything compiles or is written. Returns the
+    :class:`StudyResult`, or ``None`` when stopped early or on hosts other than host 0.
     """
     import jax
 
     t_start = time.time()
-    _positive("processes", processes)
     _positive("max_parallel", max_parallel)
     if stop_after_chunks is not None and stop_after_chunks < 0:
         raise ConfigError(f"stop_after_chunks={stop_after_chunks!r} must be >= 0")
     text = config_text(study)
-    study = Study.from_json(json.loads(text))  # exactly what the workers will read back
+    local = start_devices(devices, distributed)
+    study = Study.from_json(json.loads(text))  # exactly what a resumed run will read back
     plans = build_plan(study)
-    host, num_hosts = (distributed["process_id"], distributed["num_processes"]) if distributed else (0, 1)
+    host, num_hosts = jax.process_index(), jax.process_count()
     out = os.path.abspath(out)
     action = check_out(out, text, overwrite) if host == 0 else "new"  # the other hosts wait for host 0's folder
-    layout = _layout(out, action, plans, processes, max_parallel, num_hosts)
-    processes = layout["processes"]
+    layout = {"devices": len(local), "max_parallel": max_parallel, "num_hosts": num_hosts}
+    _layout(out, action, layout)
     if host == 0:
         prepare_out(out, text, action)
         atomic_write_text(os.path.join(out, "checkpoints", "layout.json"), json.dumps(layout))
     else:
         wait_prepared(out, text)
-    cap = None if max_parallel is None else max(1, max_parallel // processes)
-    num_workers = processes * num_hosts
-    worker_ids = [host * processes + i for i in range(processes)]
     total_runs = sum(p.num_runs for p in plans)
     total_steps = sum(p.num_runs * p.num_iterations * p.arm.static.steps_per_iteration for p in plans)
     prog = Progress(total_runs, sum(p.num_runs * p.num_iterations for p in plans), total_steps, enabled=progress)
     if progress:
         log(f"{study.name}: {total_runs} runs ({', '.join(f'{p.arm.name} x{p.num_runs}' for p in plans)})"
-            f" on {study.env}, {total_steps:,} env steps; {num_workers} worker process(es)"
-            f"{'' if num_hosts == 1 else f' over {num_hosts} hosts'}, backend {jax.default_backend()}"
+            f" on {study.env}, {total_steps:,} env steps; {len(local)} {local[0].platform} device(s)"
+            f"{'' if num_hosts == 1 else f' on each of {num_hosts} hosts'}"
             f"{'; resuming from checkpoints' if action == 'resume' else ''}; output {out}")
     cache = default_compile_cache() if compile_cache is True else (compile_cache or None)
-    flags = os.environ.get("XLA_FLAGS", "").split()
-    if num_workers == 1 and all(f in flags for f in study.xla_flags.split()):
-        def show(d):
-            prog.set(0, d)
-            prog.show()
-
-        run_worker(out, 0, 1, cap, stop_after_chunks, show, cache)
-    else:
-        coordinator = distributed["coordinator_address"] if distributed else f"127.0.0.1:{free_port()}"
-        launch_workers(out, worker_ids, {
-            "coordinator": coordinator, "num_processes": num_workers, "max_parallel": cap,
-            "stop_after_chunks": stop_after_chunks, "compile_cache": cache, "config_hash": config_hash(text)},
-            prog, study.xla_flags)
-    # the workers' last barrier: when this host's workers have exited, every host's have finished or stopped
-    workers = {w: read_json(os.path.join(out, "checkpoints", f"w{w}", "progress.json"), {})
-               for w in range(num_workers)}
+    prev_cache = set_compile_cache(cache) if cache else None
+    try:
+        everywhere = [d for h in range(num_hosts) for d in [d for d in jax.devices() if d.process_index == h][
+            :len(local)]] if num_hosts > 1 else local
+        status = run_arms(out, study, plans, config_hash(text), everywhere, max_parallel, stop_after_chunks,
+                           prog.set)
+    finally:
+        if cache:
+            set_compile_cache(prev_cache)
+    barrier("coevo_jax_study_done")  # every host's info file is written
     prog.close()
-    if host != 0 or any(d.get("status") != "done" for d in workers.values()):
+    hosts = {h: read_json(os.path.join(out, "checkpoints", f"host{h}.json"), {}) for h in range(num_hosts)}
+    if status != "done":
         if progress:
-            log(f"stopped early ({stop_after_chunks} chunk(s) per worker); rerun the same command to resume"
-                if host == 0 else f"host {host}: share done; host 0 merges and writes the results")
+            log(f"stopped early ({stop_after_chunks} chunk(s)); rerun the same command to resume")
         return None
-    devices = int(workers[0].get("devices", 1))
-    per_arm = merge_batches(out, plans, num_workers, cap, devices)
+    per_arm = merge_batches(out, plans)  # (every host reads: orbax's reads are collective)
+    if host != 0:
+        if progress:
+            log(f"host {host}: done; host 0 writes the results")
+        return None
     curves, runs = assemble(study, plans, per_arm)
     wall = time.time() - t_start
-    new_steps = sum(d.get("env_steps", 0) - d.get("env_steps_resumed", 0) for d in workers.values())
-    compile_s = sum(sum(d.get("compile_s", {}).values()) for d in workers.values())
-    info = {"wall_s": wall, "backend": jax.default_backend(), "num_hosts": num_hosts,
-            "processes_per_host": processes, "devices_per_process": devices, "max_parallel": max_parallel,
-            "total_runs": total_runs, "total_env_steps": total_steps, "env_steps_this_call": new_steps,
-            "env_steps_per_s_wall": new_steps / wall if wall > 0 else float("nan"), "compile_s_total": compile_s,
-            "workers": {str(w): {k: d.get(k) for k in ("compile_s", "exec_s", "peak_rss_mb", "memory", "devices",
-                                                       "processes")} for w, d in workers.items()}}
-    rows = write_outputs(out, study, plans, curves, runs, per_arm, info)
+    new_steps = hosts[0].get("env_steps", 0) - hosts[0].get("env_steps_resumed", 0)  # every host ran every batch
+    compile_s = sum(hosts[0].get("compile_s", {}).values())
+    info = {"wall_s": wall, "backend": jax.default_backend(), "num_hosts": num_hosts, "devices_per_host": len(local),
+            "max_parallel": max_parallel, "total_runs": total_runs, "total_env_steps": total_steps,
+            "env_steps_this_call": new_steps, "env_steps_per_s_wall": new_steps / wall if wall > 0 else float("nan"),
+            "compile_s_total": compile_s,
+            "hosts": {str(h): {k: d.get(k) for k in ("compile_s", "exec_s", "peak_rss_mb", "memory")}
+                      for h, d in hosts.items()}}
+    rows = write_outputs(out, study, plans, curves, runs, info)
     if progress:
         mem = sorted({f"{arm}: {m['compiled_bytes_per_run'] / 2**20:.2f} MiB/run (batch {m['batch']})"
-                      for d in workers.values() for arm, m in (d.get("memory") or {}).items()})
-        peak = max((d.get("peak_rss_mb") or 0) for d in workers.values())
-        programs = {}  # seconds each compiled program took, the slowest worker's (arms that reuse one count 0)
-        for d in workers.values():
-            for arm, sec in (d.get("compile_s") or {}).items():
-                programs[arm] = max(programs.get(arm, 0.0), sec)
-        compiled = ", ".join(f"{arm} {sec:.0f} s" for arm, sec in programs.items() if sec > 0)
+                      for d in hosts.values() for arm, m in (d.get("memory") or {}).items()})
+        peak = max((d.get("peak_rss_mb") or 0) for d in hosts.values())
+        compiled = ", ".join(f"{arm} {sec:.0f} s" for arm, sec in hosts[0].get("compile_s", {}).items() if sec > 0)
         log(f"done in {fmt_time(wall)}: {new_steps / wall:,.0f} env steps/s overall; compiling {compile_s:.0f} s"
-            f" summed over workers ({compiled}); peak RSS per process {peak:.0f} MiB; compiled memory"
-            f" {'; '.join(mem)}")
+            f" ({compiled}); peak RSS {peak:.0f} MiB; compiled memory {'; '.join(mem)}")
     return StudyResult(out, study, curves, runs, rows, info)

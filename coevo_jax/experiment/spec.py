@@ -20,11 +20,11 @@ import numpy as np
 
 from coevo_jax.config import ConfigError, StaticConfig
 
-CONFIG_VERSION = 2
+CONFIG_VERSION = 3
 
 
 class StudyError(RuntimeError):
-    """A study that cannot start or continue (bad output folder, mismatched checkpoint, failed worker)."""
+    """A study that cannot start or continue (bad output folder, mismatched checkpoint)."""
 
 
 def _py(x):
@@ -89,13 +89,10 @@ class Study:
     ``steps_to_threshold`` waits for (``None``: not reported).
     ``num_chunks``: checkpointed chunks per run (the chunk length is the
     divisor of the iteration count nearest ``iterations / num_chunks``).
-    ``save_final``: keep every run's final :class:`~coevo_jax.train.TrainState`
+    ``save_final``: keep every run's final :class:`~coevo_jax.train.TrainState` (in its last checkpoint)
     (for reports that evaluate the trained policies). ``save_chunks``: also keep
     every run's state after each chunk (for reports over training;
     :meth:`~coevo_jax.experiment.results.StudyResult.chunk_states`).
-    ``xla_flags``: extra ``XLA_FLAGS`` for the processes that run it (part of
-    the config: flags can change low-order bits; runs then always happen in
-    worker subprocesses).
     """
 
     env: str
@@ -109,7 +106,6 @@ class Study:
     name: str = "study"
     save_final: bool = False
     save_chunks: bool = False
-    xla_flags: str = ""
 
     def make_env(self):
         """``(env, env_params)`` of the study; :class:`ConfigError` for an unknown name or bad kwargs."""

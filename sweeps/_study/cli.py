@@ -3,8 +3,8 @@
 A script is a function ``studies(args) -> [Study, ...]`` plus a function
 ``report(args, results) -> str`` (the printed tables; it may write figures
 into the results folders). :func:`main` parses the options, runs every study
-through :func:`~coevo_jax.experiment.runner.run_study` (resuming, worker
-processes, progress, output layout and metrics come with it), and turns any
+through :func:`~coevo_jax.experiment.runner.run_study` (resuming, devices,
+hosts, progress, output layout and metrics come with it), and turns any
 :class:`ConfigError` / :class:`StudyError` into one line on stderr and exit 2.
 With several studies, study ``s`` writes to ``--out/<s.name>``. A script whose
 studies depend on earlier results (tune, then evaluate) uses :func:`staged_main`.
@@ -40,8 +40,9 @@ def study_parser(prog: str, doc: str, default_out: str) -> OneLineParser:
                    help="also write the report to DIR/<script>.md with its command, commit and machine, figures"
                         " in DIR/<script>/ (e.g. docs/results; default: print only)")
     g = p.add_argument_group("execution (none of these changes the results)")
-    g.add_argument("--processes", type=int, default=None, metavar="P",
-                   help="jax.distributed worker processes on this host, >= 1 (default: one per core on CPU, 1 on GPU)")
+    g.add_argument("--devices", type=int, default=None, metavar="D",
+                   help="devices to split each batch of runs over, >= 1 (default: on CPU one host device per core,"
+                        " else every local device)")
     g.add_argument("--max-parallel", type=int, default=None, metavar="N",
                    help="at most N runs resident at once on this host, >= 1 (default: all runs of an arm)")
     g.add_argument("--no-compile-cache", action="store_true",
@@ -52,13 +53,13 @@ def study_parser(prog: str, doc: str, default_out: str) -> OneLineParser:
     g.add_argument("--host-index", type=int, default=None, metavar="I",
                    help="multi-host: this host's index, 0 .. N-1 (default: 0)")
     g.add_argument("--stop-after-chunks", type=int, default=None, metavar="C",
-                   help="stop each worker after C chunks (to test resuming); default: run to the end")
+                   help="stop after C chunks (to test resuming); default: run to the end")
     return p
 
 
 def execution_kwargs(args) -> dict:
     """``run_study`` keyword arguments from the shared options (validated)."""
-    for name, low in (("max_parallel", 1), ("processes", 1), ("num_hosts", 1), ("stop_after_chunks", 0)):
+    for name, low in (("max_parallel", 1), ("devices", 1), ("num_hosts", 1), ("stop_after_chunks", 0)):
         v = getattr(args, name)
         if v is not None and v < low:
             raise ConfigError(f"--{name.replace('_', '-')}={v} must be >= {low}")
@@ -70,8 +71,28 @@ def execution_kwargs(args) -> dict:
             raise ConfigError(f"--host-index={args.host_index} must be in [0, --num-hosts={args.num_hosts})")
         dist = {"coordinator_address": args.coordinator, "num_processes": args.num_hosts,
                 "process_id": args.host_index}
-    return {"max_parallel": args.max_parallel, "processes": args.processes, "distributed": dist,
+    return {"max_parallel": args.max_parallel, "devices": args.devices, "distributed": dist,
             "compile_cache": not args.no_compile_cache, "stop_after_chunks": args.stop_after_chunks}
+
+
+def start_devices(args) -> list:
+    """This process's devices, made before its first JAX computation: ``--devices``, by default on
+    CPU one host device per core (unless ``XLA_FLAGS`` or an earlier computation chose them), each
+    running its programs on one thread (``--xla_cpu_multi_thread_eigen=false`` unless set)."""
+    import jax
+
+    from coevo_jax.experiment import runner
+
+    kw = execution_kwargs(args)
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_cpu_multi_thread_eigen" not in flags:  # one thread per CPU device: the devices are the parallelism
+        os.environ["XLA_FLAGS"] = (flags + " --xla_cpu_multi_thread_eigen=false").strip()
+    if kw["devices"] is None and jax.config.jax_num_cpu_devices == -1 and "device_count" not in flags:
+        try:
+            jax.config.update("jax_num_cpu_devices", len(os.sched_getaffinity(0)))
+        except RuntimeError:  # JAX runs already (a script called in-process): its devices as they are
+            pass
+    return runner.start_devices(kw["devices"], kw["distributed"])
 
 
 def run_studies(args, studies: list, last: bool = True) -> list | None:
@@ -131,6 +152,8 @@ def staged_main(parser: OneLineParser, stages, report, argv=None) -> int:
     t0 = time.time()
     done = []
     try:
+        if not args.replot:
+            start_devices(args)
         for name, low in (("num_seeds", 1), ("num_chunks", 1), ("seed", 0), ("total_steps", 1)):
             v = getattr(args, name, None)
             if isinstance(v, int) and v < low:
@@ -154,7 +177,7 @@ def staged_main(parser: OneLineParser, stages, report, argv=None) -> int:
         return 0
     runs, compile_s = (sum(r.info.get(k, 0) for stage in done for r in stage)
                        for k in ("total_runs", "compile_s_total"))
-    print(f"\n{runs} runs in {time.time() - t0:.0f} s (compiling {compile_s:.0f} s summed over workers);"
+    print(f"\n{runs} runs in {time.time() - t0:.0f} s (compiling {compile_s:.0f} s);"
           f" results in {args.out}")
     return 0
 

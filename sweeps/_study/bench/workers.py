@@ -263,13 +263,13 @@ def sweep(cfg):
     static = cj.StaticConfig(method="ppo", num_envs=8, rollout_len=16, total_steps=cfg["total_steps"])
     study = Study(env="KeyDoor-5x5", arms=(Arm(static),), num_seeds=cfg["runs"], num_chunks=4, name="bench")
     with tempfile.TemporaryDirectory() as out:
-        res = run_study(study, out, processes=cfg.get("processes"), compile_cache=False, progress=False)
-    workers = res.info["workers"].values()
-    mem = [m["compiled_bytes_per_run"] for w in workers for m in (w.get("memory") or {}).values()]
+        res = run_study(study, out, devices=cfg.get("devices"), compile_cache=False, progress=False)
+    hosts = res.info["hosts"].values()
+    mem = [m["compiled_bytes_per_run"] for w in hosts for m in (w.get("memory") or {}).values()]
     return {"wall_s": res.info["wall_s"], "env_steps": res.info["env_steps_this_call"],
-            "processes": res.info["processes_per_host"], "exec_s": max(w["exec_s"] for w in workers),
+            "devices": res.info["devices_per_host"], "exec_s": max(w["exec_s"] for w in hosts),
             "compile_s": res.info["compile_s_total"],
-            "peak_mb": max([w["peak_rss_mb"] or 0.0 for w in workers] + [peak_mb()]),
+            "peak_mb": max([w["peak_rss_mb"] or 0.0 for w in hosts] + [peak_mb()]),
             "mb_per_run": max(mem) / 2 ** 20 if mem else float("nan")}
 
 
