@@ -379,6 +379,12 @@ def test_bad_configs_rejected_before_anything_is_written(tmp_path):
         with pytest.raises(ConfigError, match=msg):
             run_study(config, out, progress=False)
         assert not os.path.exists(out)
+    # this process's CPU backend runs with its devices already: more cannot be made now, and it says so
+    with pytest.raises(ConfigError, match=r"devices=2: this process has 1 cpu device\(s\)"):
+        run_study(CONFIG, out, devices=2, progress=False)
+    with pytest.raises(ConfigError, match="devices=0 must be an integer >= 1"):
+        run_study(CONFIG, out, devices=0, progress=False)
+    assert not os.path.exists(out)
 
 
 # ----------------------------------------------------------------------------- the main job's CLI

@@ -388,3 +388,18 @@ def test_compare_methods_best_control_is_the_control_with_the_highest_final_succ
             {"arm": "frozen-rphi", "final_success_iqm": 0.5}, {"arm": "siop-shuffled", "final_success_iqm": 0.1}]
     assert mod.best_control(rows) == "frozen-rphi"  # ppo is higher, but it is not a control
     assert mod.best_control(rows[:1]) is None
+
+
+def test_cold_start_children_get_a_fresh_shell_environment(monkeypatch):
+    """The cold-start timing runs the README's commands without the caller's PYTHONPATH, XLA flags,
+    virtualenv or compile-cache folder: in the fresh venv, with the empty cache it names."""
+    import cold_start
+
+    for k, v in (("PYTHONPATH", "/elsewhere"), ("XLA_FLAGS", "--xla_dump_to=x"), ("VIRTUAL_ENV", "/old"),
+                 ("COEVO_JAX_COMPILE_CACHE", "/warm"), ("COEVO_JAX_WORKER_CPU", "0")):
+        monkeypatch.setenv(k, v)
+    env = cold_start.clean_env("/fresh/venv", "/fresh/cache", pip_cache=True)
+    assert not {"PYTHONPATH", "XLA_FLAGS", "COEVO_JAX_WORKER_CPU", "PIP_NO_CACHE_DIR"} & set(env)
+    assert env["VIRTUAL_ENV"] == "/fresh/venv" and env["PATH"].startswith("/fresh/venv/bin")
+    assert env["COEVO_JAX_COMPILE_CACHE"] == "/fresh/cache"
+    assert cold_start.clean_env("/v", "/c", pip_cache=False)["PIP_NO_CACHE_DIR"] == "1"
