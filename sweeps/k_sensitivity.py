@@ -230,7 +230,8 @@ def report(args, results) -> str:
     ppo_final = result.scores("ppo")["final_success"] if any(a.name == "ppo" for a in result.study.arms) else None
     random = random_scores(result.study)
     ks = tuple(sorted({int(k) for a in result.study.arms for k in a.grid.get("k", ())}))
-    k_plots(result, ks, random["final_success"])
+    if ks:  # (only reference lines, e.g. --methods ppo,dense: nothing varies with K)
+        k_plots(result, ks, random["final_success"])
     rows = []
     for r in [random_row(result.study, scores=random)] + result.summary:
         swept = r["arm"] not in REFERENCE_METHODS + ("random",)
