@@ -3,8 +3,9 @@
 One process per host runs :func:`run_arms`, every host making the same calls.
 For each arm it compiles ``init`` and one chunk of
 ``jit(shard_map(vmap(Trainer.run_chunk)))`` for its batch shape: the batch's
-runs are split over the devices and each device runs its slice as its own program (a refit gated on the batch asks only about the
-device's runs), so a run's numbers do not depend on the other devices' runs. A
+runs are split over the devices and each device runs its slice as its own
+program (a refit gated on the batch asks only about the device's runs), so a
+run's numbers do not depend on the other devices' runs. A
 program compiled before, by this or an earlier study, comes from JAX's
 persistent compilation cache. Per batch: :func:`~checkpoint.restore` or
 ``init``, then chunks with an orbax checkpoint after each; a batch is finished
