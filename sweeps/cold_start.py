@@ -27,6 +27,8 @@ import sys
 import tempfile
 import time
 
+from _study.publish import git_commit
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET_S = 300.0
 
@@ -81,7 +83,7 @@ def main(argv=None) -> int:
         return 1
     info = json.load(open(os.path.join(repo, "results", "k_sensitivity", "run_info.json")))
     first = sum(s for c, _, s in rows if c == "1")
-    lines = [f"Cold start on a fresh clone of {info_commit(repo)}, a fresh virtualenv and an empty JAX compilation"
+    lines = [f"Cold start on a fresh clone of {git_commit(repo)}, a fresh virtualenv and an empty JAX compilation"
              f" cache (pip's download cache: {'off' if args.no_pip_cache else 'the machine’s'}).", "",
              "| command | step | seconds |", "|---|---|---|"]
     lines += [f"| {c} | {step} | {s:.0f} |" for c, step, s in rows]
@@ -100,7 +102,6 @@ def main(argv=None) -> int:
     text = "\n".join(lines)
     print(text)
     if args.publish:
-        sys.path.insert(0, os.path.join(ROOT, "sweeps"))
         from _study.publish import command_line, write_report
 
         path = write_report(args.publish, "cold_start", "Cold start: the README's two commands on a fresh machine",
@@ -108,12 +109,6 @@ def main(argv=None) -> int:
                             wall_s=time.time() - t_start, repo=ROOT)
         print(f"\nreport published to {path}")
     return 0
-
-
-def info_commit(repo: str) -> str:
-    """The clone's commit, short."""
-    return subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=repo, capture_output=True, text=True,
-                          timeout=30).stdout.strip()
 
 
 if __name__ == "__main__":

@@ -72,17 +72,13 @@ class StudyResult:
         """The stacked :class:`~coevo_jax.train.TrainState` of arm ``label``'s runs after
         ``chunk`` of their chunks (``1 .. num_chunks``, ``None``: the last; a study run with
         ``save_chunks=True``)."""
-        ai, arm = self.arm(label)
-        num_runs = len(arm.settings()) * self.study.num_seeds
-        _, _, leaves = checkpoint.read_arm(batch_folders(self.out, ai), num_runs, chunk,
-                                           state_shape(self.study, arm))
-        return self._states(arm, leaves)
-
-    def _states(self, arm, leaves: list):
-        """Stacked TrainState leaves ``[runs, ...]`` of ``arm`` back into a TrainState."""
         import jax
 
-        return jax.tree.unflatten(jax.tree.structure(state_shape(self.study, arm)), leaves)
+        ai, arm = self.arm(label)
+        num_runs = len(arm.settings()) * self.study.num_seeds
+        shape = state_shape(self.study, arm)
+        _, _, leaves = checkpoint.read_arm(batch_folders(self.out, ai), num_runs, chunk, shape)
+        return jax.tree.unflatten(jax.tree.structure(shape), leaves)
 
 
 def state_shape(study: Study, arm):
