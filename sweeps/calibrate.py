@@ -63,6 +63,11 @@ CANDIDATES = {
     # ... with the recurrent policy: learned rewards read its hidden state, which can remember the cue
     "memchain-l16-n05-gru": ("DelayedChain", {"length": 16, "noise_std": 0.5, "hide_cue": 1}, 131_072, 16, 64,
                              {"network": "gru", "buffer_episodes": 256, "reward_steps": 8}),
+    # the memory chain's easier settings, the recurrent policy's learning check: no distractor noise
+    "memchain-l4-n0-gru": ("DelayedChain", {"length": 4, "noise_std": 0.0, "hide_cue": 1}, 32_768, 16, 64,
+                           {"network": "gru", "buffer_episodes": 256, "reward_steps": 8}),
+    "memchain-l16-n0-gru": ("DelayedChain", {"length": 16, "noise_std": 0.0, "hide_cue": 1}, 131_072, 16, 64,
+                            {"network": "gru", "buffer_episodes": 256, "reward_steps": 8}),
     # the seeds' running example: a dialogue paid only at its end, one utterance per action
     # (sweeps/turn_learning.py's policy and budget)
     "booking-turns": ("Booking-Turns", {}, 32_768, 16, 32,
