@@ -14,7 +14,20 @@ the task (``sweeps/admitted_tasks.json``), with the task's StaticConfig override
 * ``rphi-minmax``: the decomposition of the return min-max normalised over the
   buffer (``minmax_target = 1``), IRCR's normalisation;
 * ``rphi-as-ircr``: all three (what remains is R_phi's network head, tanh
-  against IRCR's linear output, its anti-collusion terms and its tuned values);
+  against IRCR's linear output, its anti-collusion terms, its refit period and
+  its tuned values);
+
+then, from ``rphi-as-ircr``, the remaining differences one at a time, each on
+top of the one before:
+
+* ``as-ircr-no-anchor``: without R_phi's anti-collusion terms (the external-reward
+  anchor, the drift and the extreme-output penalties: ``anchor_weight``,
+  ``drift_weight``, ``extreme_weight`` 0), which IRCR does not have;
+* ``as-ircr-k1``: also refit every iteration (``k = 1``), as IRCR does;
+* ``as-ircr-ircr-values``: also at IRCR's tuned values on the task (its policy's
+  ``lr``, ``ent_coef``, ``gae_lambda``; ``reward_lr_ratio = ircr_lr_ratio``;
+  IRCR's ``beta_int`` and ``normalize_int``): what is left is the network head
+  (tanh against linear) and the loss's form;
 * ``ircr`` at its own tuned values, and tuned ``ppo``.
 
 Reported per task and arm: final success IQM [95% CI], P(> ppo) and P(> rphi)
@@ -22,7 +35,9 @@ Reported per task and arm: final success IQM [95% CI], P(> ppo) and P(> rphi)
 choice against the ground truth (``_study.analysis.chain_credit``: the gap
 between correct and wrong choices at the choice and at the last step, where the
 action has no effect, and top-1). The rule, fixed in advance: a property
-*helps* on a task when the lower end of its arm's P(> rphi) is above 0.5.
+*helps* on a task when the lower end of its arm's P(> reference) is above 0.5,
+the reference being ``rphi`` for the first three properties and
+``rphi-as-ircr`` for the later ones.
 
     python sweeps/ircr_ablation.py                      # both chains, 20 seeds
     python sweeps/ircr_ablation.py --tasks chain-l16-n05 --num-seeds 8
@@ -42,14 +57,20 @@ from _study.admitted import add_admitted_option, load_admitted
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_TASKS = ("chain-l16-n05", "memchain-l16-n05")
-BASE = "rphi"
-#: label -> HParams overrides of coevo-regression's tuned values (module docstring)
+BASE, AS_IRCR = "rphi", "rphi-as-ircr"
+_AS_IRCR = {"beta_ext": 0.0, "per_step_weight": 1.0, "minmax_target": 1.0}
+_NO_ANCHOR = {**_AS_IRCR, "anchor_weight": 0.0, "drift_weight": 0.0, "extreme_weight": 0.0}
+#: label -> (reference arm, HParams overrides of coevo-regression's tuned values) (module docstring);
+#: "as-ircr-ircr-values" also takes IRCR's tuned values on the task (:func:`ircr_values`)
 ABLATIONS = {
-    "rphi": {},
-    "rphi-replaced": {"beta_ext": 0.0},
-    "rphi-per-step": {"per_step_weight": 1.0},
-    "rphi-minmax": {"minmax_target": 1.0},
-    "rphi-as-ircr": {"beta_ext": 0.0, "per_step_weight": 1.0, "minmax_target": 1.0},
+    BASE: (None, {}),
+    "rphi-replaced": (BASE, {"beta_ext": 0.0}),
+    "rphi-per-step": (BASE, {"per_step_weight": 1.0}),
+    "rphi-minmax": (BASE, {"minmax_target": 1.0}),
+    AS_IRCR: (BASE, _AS_IRCR),
+    "as-ircr-no-anchor": (AS_IRCR, _NO_ANCHOR),
+    "as-ircr-k1": (AS_IRCR, {**_NO_ANCHOR, "k": 1}),
+    "as-ircr-ircr-values": (AS_IRCR, {**_NO_ANCHOR, "k": 1}),
 }
 THRESHOLD = 0.8
 
@@ -63,6 +84,16 @@ def build_parser():
     return p
 
 
+def ircr_values(task) -> dict:
+    """IRCR's tuned values on ``task`` as coevo-regression's fields: the policy's, its lr ratio, and
+    IRCR's ``beta_int`` and ``normalize_int`` (its class defaults where not tuned)."""
+    from coevo_jax.config import default_hparams
+
+    ircr = {**default_hparams("ircr").as_dict(), **task.hparams("ircr")}
+    return {**{f: ircr[f] for f in ("lr", "ent_coef", "gae_lambda", "beta_int", "normalize_int")},
+            "reward_lr_ratio": ircr["ircr_lr_ratio"]}
+
+
 def studies(args) -> list:
     admitted = load_admitted(args.admitted)
     out = []
@@ -71,7 +102,9 @@ def studies(args) -> list:
         if task.env != "DelayedChain":
             raise ConfigError(f"--tasks: {name} runs on {task.env}; the credit's ground truth is DelayedChain's")
         arms = [task.arm("ppo"), task.arm("ircr")]
-        arms += [task.arm("coevo-regression", label, over) for label, over in ABLATIONS.items()]
+        arms += [task.arm("coevo-regression", label, {**over, **(ircr_values(task) if label == "as-ircr-ircr-values"
+                                                                else {})})
+                 for label, (_, over) in ABLATIONS.items()]
         out.append(Study(task.env, tuple(arms), args.num_seeds, env_kwargs=dict(task.env_kwargs), base_seed=args.seed,
                          num_chunks=1, threshold=args.threshold, name=name, save_chunks=True))
     return out
@@ -98,12 +131,12 @@ def report(args, results) -> str:
             arm = r["arm"]
             row = {"task": study.name, "arm": arm, "seeds": r["n_seeds"],
                    "final success IQM [95% CI]": ci(r, "final_success")}
-            for ref in ("ppo", BASE):
+            for ref in ("ppo", BASE, AS_IRCR):
                 text = "-"
                 if arm in finals and arm not in ("ppo", ref):
                     poi = stats.probability_of_improvement(finals[arm], finals[ref])
                     text = stats.improvement_text(poi)
-                    if ref == BASE and arm in ABLATIONS and poi["ci_low"] > 0.5:
+                    if ABLATIONS.get(arm, (None,))[0] == ref and poi["ci_low"] > 0.5:
                         helps.append(f"{arm} on {study.name}")
                 row[f"P(> {ref}) [95% CI]"] = text
             c = credit.get(arm)
@@ -118,8 +151,8 @@ def report(args, results) -> str:
               + definitions(results[0].study))
     table = write_table(os.path.join(args.out, "ircr_ablation.md"), rows, header)
     atomic_write_text(os.path.join(args.out, "ircr_ablation.csv"), rows_to_csv(rows))
-    verdict = ("rule (fixed in advance): a property helps on a task when the lower end of its arm's P(> rphi) is above"
-               " 0.5; " + (f"helps: {', '.join(helps)}" if helps else "no property helps on any task"))
+    verdict = ("rule (fixed in advance): a property helps on a task when the lower end of its arm's P(> reference) is"
+               f" above 0.5 (reference: {BASE} for the first three properties, {AS_IRCR} for the later ones); " + (f"helps: {', '.join(helps)}" if helps else "no property helps on any task"))
     notes = f"\nwithdrawn from the comparisons (it cannot rank methods; the credit still shows): {'; '.join(withdrawn)}"
     return f"{header}\n{table}\n{verdict}" + (notes if withdrawn else "")
 
