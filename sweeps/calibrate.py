@@ -60,6 +60,9 @@ CANDIDATES = {
     # the memory chain: the cue shown only at the choice, so a reward for "action = cue" can only pay there
     "memchain-l16-n05": ("DelayedChain", {"length": 16, "noise_std": 0.5, "hide_cue": 1}, 131_072, 16, 64,
                          {"reward_input": "obs", "buffer_episodes": 256, "reward_steps": 8}),
+    # harder: twice as long, twice the noise (tuned PPO solves memchain-l16-n05: 0.84 > 0.8)
+    "memchain-l32-n1": ("DelayedChain", {"length": 32, "noise_std": 1.0, "hide_cue": 1}, 131_072, 16, 64,
+                        {"reward_input": "obs", "buffer_episodes": 256, "reward_steps": 8}),
     # ... with the recurrent policy: learned rewards read its hidden state, which can remember the cue
     "memchain-l16-n05-gru": ("DelayedChain", {"length": 16, "noise_std": 0.5, "hide_cue": 1}, 131_072, 16, 64,
                              {"network": "gru", "buffer_episodes": 256, "reward_steps": 8}),
