@@ -460,8 +460,8 @@ def test_k_sensitivity_default_config_has_at_least_300_runs():
         f: v for f, v in task.hparams("coevo-ranking").items() if f != "k"}
     assert arms["siop-norm"].fixed["normalize_int"] == 1.0 and "normalize_int" not in arms["siop"].fixed
     swept = [a for a in config.arms if a.grid]
-    assert all(tuple(a.grid["k"]) == (1, 4, 16, 64) and a.static.refit_steps_per_k for a in swept)
-    assert not arms["ppo"].static.refit_steps_per_k and config.threshold == 0.8
+    assert all(tuple(a.grid["k"]) == (1, 4, 16, 64) and a.static.signal.refit_steps_per_k for a in swept)
+    assert arms["ppo"].static.signal is None and config.threshold == 0.8  # (ppo has no refit)
     # every K refits at least twice within the default budget
     assert all(a.static.num_iterations >= 2 * 64 for a in config.arms)
 
