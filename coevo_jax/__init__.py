@@ -1,6 +1,8 @@
 """coevo-jax: learned rewards and turn-level credit assignment in JAX.
 
-Public API (``__all__``): the configs (:class:`StaticConfig`, :class:`HParams`
+Public API (``__all__``): the configs (:class:`StaticConfig` =
+``static_config(method, **flat fields)``, whose ``signal`` holds the method's
+static options, a :class:`StaticOptions`; :class:`HParams`
 = ``HParams(ppo=PPOParams(...), signal=<the method's params class>)``,
 :func:`default_hparams` and their validation), the training loop
 (:func:`make_train`, :class:`Trainer`, :class:`TrainState`), its parts
@@ -10,17 +12,19 @@ Public API (``__all__``): the configs (:class:`StaticConfig`, :class:`HParams`
 interface (:class:`Signal`, :class:`RewardStreams`, :class:`PolicyView`) and the
 methods (:func:`registered_methods`, :func:`method_spec`, :func:`make_signal`).
 Adding or removing a method is :mod:`coevo_jax.registry`'s (``register_method``);
-its hyperparameters are a class declared with :func:`coevo_jax.params.hyperparams`.
+its hyperparameters are a class declared with :func:`coevo_jax.params.hyperparams`,
+its static options (if any) a frozen dataclass subclass of :class:`StaticOptions`.
 Importing ``signals`` registers every built-in method (each module calls
 ``register_method``).
 """
-from coevo_jax.registry import method_spec, registered_methods
+from coevo_jax.registry import StaticOptions, method_spec, registered_methods
 from coevo_jax.config import (
     ConfigError,
     HParams,
     StaticConfig,
     default_hparams,
     hparam_fields,
+    static_config,
     validate_hparams,
     validate_static,
 )
@@ -34,7 +38,7 @@ from coevo_jax.train import TrainState, Trainer, make_train
 
 __all__ = [
     "ActorCritic", "ConfigError", "HParams", "PPOBatch", "PPOParams", "PolicyView", "RewardStreams", "Signal",
-    "SignalParams", "StaticConfig", "TrainState", "Trainer", "Trajectory", "default_hparams", "gae", "hparam_fields",
-    "make_policy_network", "make_signal", "make_train", "method_spec", "ppo_loss", "ppo_update", "registered_methods",
-    "rollout", "validate_hparams", "validate_static",
+    "SignalParams", "StaticConfig", "StaticOptions", "TrainState", "Trainer", "Trajectory", "default_hparams", "gae",
+    "hparam_fields", "make_policy_network", "make_signal", "make_train", "method_spec", "ppo_loss", "ppo_update",
+    "registered_methods", "rollout", "static_config", "validate_hparams", "validate_static",
 ]

@@ -23,7 +23,7 @@ import numpy as np
 from coevo_jax import params
 from coevo_jax.params import ConfigError, declarations
 from coevo_jax.ppo import PPOParams
-from coevo_jax.registry import method_spec, registered_methods
+from coevo_jax.registry import StaticOptions, method_spec, registered_methods
 
 if TYPE_CHECKING:
     from coevo_jax.signals.base import SignalParams
@@ -34,9 +34,13 @@ class StaticConfig:
     """Shapes, loop lengths and method choice (hashable; not traced).
 
     One iteration collects ``num_envs * rollout_len`` env steps, then runs
-    ``update_epochs`` x ``num_minibatches`` PPO steps. The method-specific
-    fields below are checked by their method's ``MethodSpec`` (``static_checks``,
-    ``check_static``) only when that method runs.
+    ``update_epochs`` x ``num_minibatches`` PPO steps. The fields here are the
+    ones every method uses; ``signal`` holds the method's own static options
+    (its ``MethodSpec.static`` class, e.g.
+    :class:`~coevo_jax.reward_net.RewardNetStatic`: code reads
+    ``static.signal.reward_steps``). Users, JSON and the CLI name every field
+    flat (names are unique across the core and each method's class):
+    :func:`static_config` and :meth:`replace` route them, :meth:`as_dict` lists them.
     """
 
     method: str = "ppo"
@@ -64,36 +68,13 @@ class StaticConfig:
     # transformer PPO update: score each env's rollout window in one causal pass
     # (minibatches are then whole envs: num_envs must be divisible by num_minibatches)
     packed_update: bool = True
-    # learned internal reward (co-evolution and meta-gradient)
-    reward_hidden: tuple = (64, 64)
-    action_embed_dim: int = 16
-    reward_steps: int = 4  # gradient steps per refit
-    # complete episodes kept for the refit: None = enough for two rollouts of time-limited episodes, at least 32
-    # (episodes.replay_episodes)
-    buffer_episodes: int | None = None
-    # steps of an episode R_phi's buffer keeps (padded): None = the env's time limit (every step is decomposed);
-    # a length shorter than the time limit is refused (episodes.episode_window)
-    max_episode_len: int | None = None
-    reward_input: str = "features"  # what R_phi and RND read: "features" (policy hidden state) or "obs"
-    # potential (SIOP)
-    potential_hidden: tuple = (64, 64)
-    potential_steps: int = 4  # Adam steps per refit, each on minibatch_size transitions drawn from the replay
-    potential_layernorm: bool = False
-    potential_buffer_episodes: int = 64  # complete episodes in the potential's replay
-    potential_episode_len: int | None = None  # steps of a replayed episode kept: None = the env's time limit
-    ensemble_size: int = 1
-    ensemble_combine: str = "mean"  # or "min"
-    # compute-matched K: a refit takes reward_steps x K (potential_steps x K) steps, so R_phi / Phi get the same
-    # gradient steps per env step whatever the update period K (hp.k; a traced count, fit.fit_traced_steps).
-    # A refit with fewer than hp.min_refit_episodes complete episodes in its buffer takes none: the metric
-    # refit_steps (cumulative) is the steps a run took
-    refit_steps_per_k: bool = False
-    credit_nstep: int = 1  # > 1: each step's credit spread back over n steps (policy invariance exact only at 1)
-    # ICM
-    icm_feature_dim: int = 32
-    # meta-gradient
-    meta_inner_steps: int = 1
-    meta_truncate: int = 0  # stop gradients through the first `meta_truncate` inner steps
+    # the method's static options: an instance of its spec's class (MethodSpec.static, declared beside the code
+    # that reads it, e.g. reward_net.RewardNetStatic); None: that class's defaults (None for a method without one)
+    signal: StaticOptions | None = None
+
+    def __post_init__(self):
+        if self.signal is None:
+            object.__setattr__(self, "signal", _default_signal(self.method))
 
     @property
     def value_heads(self) -> int:
@@ -114,7 +95,70 @@ class StaticConfig:
         return self.steps_per_iteration // self.num_minibatches
 
     def replace(self, **changes) -> "StaticConfig":
-        return dataclasses.replace(self, **changes)
+        """A copy with ``changes``, flat names routed to the core fields or to ``signal``
+        (:func:`static_config`). A ``method`` with another static options class starts
+        from that class's defaults; :class:`ConfigError` for a name the method does not have."""
+        method = changes.get("method", self.method)
+        core, own = _route_static(changes, method)
+        cls = _static_class(method)
+        keep = cls is not None and type(self.signal) is cls
+        signal = core.pop("signal", self.signal if keep else _default_signal(method))
+        if own:
+            signal = dataclasses.replace(signal or _default_signal(method), **own)
+        return dataclasses.replace(self, **core, signal=signal)
+
+    def as_dict(self) -> dict[str, Any]:
+        """``{field: value}`` with flat names: the core fields, then ``signal``'s (none when it is ``None``)."""
+        core = {n: getattr(self, n) for n in core_static_fields()}
+        return {**core, **(_fields_of(self.signal) if self.signal is not None else {})}
+
+
+def static_config(method: str = "ppo", **fields) -> StaticConfig:
+    """``method``'s :class:`StaticConfig`: the defaults, then ``fields`` (flat names: core
+    fields, or fields of the method's static options class, which land in ``signal``).
+
+    A name of another method's static options is a :class:`ConfigError` naming it, the
+    method and the method's fields; a name no method has lists the method's fields."""
+    return StaticConfig(method=method).replace(**fields)
+
+
+def core_static_fields() -> tuple[str, ...]:
+    """The fields every method has: ``StaticConfig``'s own, without ``signal``."""
+    return tuple(f.name for f in dataclasses.fields(StaticConfig) if f.name != "signal")
+
+
+def _static_class(method: str) -> type | None:
+    """``method``'s static options class (``MethodSpec.static``); ``None`` for none or an unregistered method."""
+    return method_spec(method).static if method in registered_methods() else None
+
+
+def _default_signal(method: str) -> StaticOptions | None:
+    cls = _static_class(method)
+    return None if cls is None else cls()
+
+
+def static_fields(method: str | None = None) -> tuple[str, ...]:
+    """The flat names of ``method``'s static options (``MethodSpec.static``'s fields); ``None``:
+    every registered method's, each name once."""
+    methods = registered_methods() if method is None else (method,)
+    classes = [_static_class(m) for m in methods]
+    return tuple(dict.fromkeys(f.name for c in classes if c is not None for f in dataclasses.fields(c)))
+
+
+def _route_static(flat: dict, method: str) -> tuple[dict, dict]:
+    """``flat`` split into ``(core fields, fields of method's static options)``; :class:`ConfigError`
+    for a name in neither (naming the methods that have it, if any)."""
+    core, own = (*core_static_fields(), "signal"), static_fields(method)
+    for name in flat:
+        if name in core or name in own:
+            continue
+        owners = [m for m in registered_methods() if name in static_fields(m)]
+        if owners:
+            raise ConfigError(f"StaticConfig.{name} is a static option of method(s) {', '.join(owners)}, not of"
+                              f" method {method!r}, whose static options are {', '.join(own) or '(none)'}")
+        raise ConfigError(f"unknown StaticConfig field {name!r}; the fields of method {method!r} are"
+                          f" {', '.join([*core_static_fields(), *own])}")
+    return {n: v for n, v in flat.items() if n in core}, {n: v for n, v in flat.items() if n in own}
 
 
 # ----------------------------------------------------------------------------- HParams
@@ -224,7 +268,7 @@ def validate_hparams(hp: HParams) -> HParams:
 
 
 # ----------------------------------------------------------------------------- StaticConfig checks
-#: integer fields every method uses -> inclusive (lo, hi); methods add theirs (``MethodSpec.static_checks``)
+#: integer fields every method uses -> inclusive (lo, hi); methods add theirs (``StaticOptions.checks``)
 CORE_STATIC_CHECKS: dict[str, tuple] = {
     "num_envs": (1, 1 << 20),
     "rollout_len": (1, 1 << 20),
@@ -238,21 +282,22 @@ CORE_STATIC_CHECKS: dict[str, tuple] = {
 }
 
 
-def check_int(static: StaticConfig, name: str, lo: int, hi: int) -> None:
-    """:class:`ConfigError` unless ``static.<name>`` is an int in ``[lo, hi]``."""
+def check_int(static, name: str, lo: int, hi: int) -> None:
+    """:class:`ConfigError` unless ``static.<name>`` is an int in ``[lo, hi]`` (``static``: a
+    :class:`StaticConfig` or a method's static options; the message names ``StaticConfig.<name>``)."""
     v = getattr(static, name)
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not lo <= v <= hi:
         raise ConfigError(f"StaticConfig.{name}={v!r} must be an integer in [{lo}, {hi}]")
 
 
-def check_sizes(static: StaticConfig, name: str) -> None:
+def check_sizes(static, name: str) -> None:
     """:class:`ConfigError` unless ``static.<name>`` is a non-empty tuple of positive ints (layer widths)."""
     v = getattr(static, name)
     if not isinstance(v, tuple) or not v or not all(isinstance(h, int) and h >= 1 for h in v):
         raise ConfigError(f"StaticConfig.{name}={v!r} must be a non-empty tuple of positive ints")
 
 
-def check_choice(static: StaticConfig, name: str, choices: tuple) -> None:
+def check_choice(static, name: str, choices: tuple) -> None:
     """:class:`ConfigError` unless ``static.<name>`` is one of ``choices``."""
     v = getattr(static, name)
     if v not in choices:
@@ -261,14 +306,13 @@ def check_choice(static: StaticConfig, name: str, choices: tuple) -> None:
 
 
 def validate_static(static: StaticConfig) -> StaticConfig:
-    """Check the core fields of ``static`` and those its method's spec checks;
-    raise :class:`ConfigError` naming the first bad one."""
+    """Check the core fields of ``static``, then its method's static options
+    (``static.signal``: its class's ``checks``, then its ``check()``); raise
+    :class:`ConfigError` naming the first bad one."""
     if static.method not in registered_methods():
         raise ConfigError(f"StaticConfig.method={static.method!r} is not one of {', '.join(registered_methods())}")
     spec = method_spec(static.method)
-    for name, (lo, hi) in {**CORE_STATIC_CHECKS, **spec.static_checks}.items():
-        if not hasattr(static, name):
-            raise ConfigError(f"method {spec.name!r} checks StaticConfig.{name}, which does not exist")
+    for name, (lo, hi) in CORE_STATIC_CHECKS.items():
         check_int(static, name, lo, hi)
     check_sizes(static, "hidden_sizes")
     check_choice(static, "activation", ("tanh", "relu"))
@@ -289,6 +333,20 @@ def validate_static(static: StaticConfig) -> StaticConfig:
         )
     if static.d_model % static.num_heads:
         raise ConfigError(f"StaticConfig.num_heads={static.num_heads} must divide d_model={static.d_model}")
-    if spec.check_static is not None:
-        spec.check_static(static)
+    _check_signal(static.signal, spec)
     return static
+
+
+def _check_signal(signal, spec) -> None:
+    """``signal`` is an instance of ``spec.static`` (or ``None`` when that is) with valid values."""
+    if spec.static is None:
+        if signal is not None:
+            raise ConfigError(f"StaticConfig.signal={signal!r} must be None: method {spec.name!r} has no static"
+                              " options")
+        return
+    if type(signal) is not spec.static:
+        raise ConfigError(f"StaticConfig.signal={signal!r} must be a {spec.static.__name__} (method {spec.name!r}'s"
+                          f" static options; static_config({spec.name!r}, ...) makes one)")
+    for name, (lo, hi) in spec.static.checks.items():
+        check_int(signal, name, lo, hi)
+    signal.check()

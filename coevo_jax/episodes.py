@@ -46,7 +46,7 @@ from coevo_jax.params import ConfigError
 from coevo_jax.rollout import flatten_time
 
 VAL_EVERY = 4  # the usual validation period: every 4th committed episode is held out
-MAX_WINDOW = 1 << 16  # the longest episode a buffer row may hold (StaticConfig.max_episode_len's range)
+MAX_WINDOW = 1 << 16  # the longest episode a buffer row may hold (RewardNetStatic.max_episode_len's range)
 
 
 @struct.dataclass
@@ -153,11 +153,11 @@ def episode_window(name: str, given: int | None, env, env_params) -> int:
     return int(given)
 
 
-MIN_REPLAY_EPISODES = 32  # the smallest replay a derived StaticConfig.buffer_episodes gives
+MIN_REPLAY_EPISODES = 32  # the smallest replay a derived RewardNetStatic.buffer_episodes gives
 
 
 def replay_episodes(given: int | None, num_envs: int, rollout_len: int, env, env_params) -> int:
-    """The complete episodes a replay keeps, for ``StaticConfig.buffer_episodes = given``.
+    """The complete episodes a replay keeps, for ``RewardNetStatic.buffer_episodes = given``.
 
     ``None``: ``max(32, 2 * num_envs * ceil(rollout_len / limit))`` with ``limit``
     the env's time limit (:func:`env_time_limit`): at least the episodes two

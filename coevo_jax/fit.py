@@ -169,8 +169,8 @@ def fit_traced_steps(loss_fn: Callable, params, opt_state, optimizer: optax.Grad
 
 def refit_steps(steps: int, static, hp):
     """Steps of one refit of a learned reward or potential: ``steps`` (static), or
-    ``steps * hp.signal.k`` (traced) under ``static.refit_steps_per_k`` (compute-matched K)."""
-    return steps * hp.signal.k if static.refit_steps_per_k else steps
+    ``steps * hp.signal.k`` (traced) under ``static.signal.refit_steps_per_k`` (compute-matched K)."""
+    return steps * hp.signal.k if static.signal.refit_steps_per_k else steps
 
 
 def refit_when(ready: jax.Array, refit: Callable, operand):

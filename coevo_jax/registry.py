@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import types
-from typing import Callable, Mapping
+from typing import Callable, ClassVar, Mapping
 
 import numpy as np
 from envs_jax.core import OPTIONAL_OUTPUTS  # (envs_jax depends on nothing in coevo_jax)
@@ -29,6 +29,25 @@ from coevo_jax.ppo import PPOParams
 
 def _frozen(mapping: Mapping | None) -> Mapping | None:
     return None if mapping is None else types.MappingProxyType(dict(mapping))
+
+
+@dataclasses.dataclass(frozen=True)
+class StaticOptions:
+    """Base of a method's static options (``StaticConfig.signal``, ``MethodSpec.static``):
+    what fixes its networks' shapes and loop lengths, a frozen, hashable dataclass
+    declared beside the code that reads it (``static.signal.<field>``).
+
+    A subclass declares its fields, each with a default (field names differ from
+    the core ``StaticConfig`` fields: users, JSON and the CLI name them flat),
+    ``checks``: integer field -> inclusive ``(lo, hi)``, and overrides
+    :meth:`check` for anything else. ``validate_static`` runs both, the
+    integer checks first; errors name the field as ``StaticConfig.<field>``.
+    """
+
+    checks: ClassVar[Mapping[str, tuple]] = types.MappingProxyType({})
+
+    def check(self) -> None:
+        """Raise :class:`ConfigError` for a bad value that ``checks`` does not cover (here: none)."""
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -43,9 +62,10 @@ class MethodSpec:
     this method runs with instead of the class defaults, for a method that
     shares its class with another (``dense``: ``ppo``'s class with
     ``dense_weight`` 1). ``intrinsic_stream``: the signal pays a non-episodic
-    bonus stream (the policy gets a second critic head). ``static_checks``:
-    ``StaticConfig`` integer field -> inclusive ``(lo, hi)``;
-    ``check_static(static)`` raises :class:`ConfigError` for anything else.
+    bonus stream (the policy gets a second critic head). ``static``: the
+    method's static options, a subclass of :class:`StaticOptions`
+    (``StaticConfig.signal``; ``None``: the method has none, its
+    ``StaticConfig.signal`` is ``None``).
     ``requires``: the environment's optional outputs the method reads
     (``envs_jax.core.OPTIONAL_OUTPUTS``). ``off``: the ``HParams`` overrides
     under which the method's rewards give exactly sparse PPO's advantages
@@ -55,7 +75,7 @@ class MethodSpec:
     that every method searches), field -> ``(low, high)``, sampled
     log-uniformly: ``0 < low < high``, inside the field's range.
 
-    A spec is checked when made (:class:`ConfigError`): the class, unique field
+    A spec is checked when made (:class:`ConfigError`): the classes, unique field
     names, and every name in ``defaults``, ``off`` and ``tune`` a field of the
     method with a value in range.
     """
@@ -65,15 +85,14 @@ class MethodSpec:
     params: type | None = None
     defaults: Mapping[str, float] = dataclasses.field(default_factory=dict)
     intrinsic_stream: bool = False
-    static_checks: Mapping[str, tuple] = dataclasses.field(default_factory=dict)
-    check_static: Callable | None = None
+    static: type | None = None
     requires: tuple = ()
     off: Mapping[str, float] | None = None
     doc: str = ""
     tune: Mapping[str, tuple] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
-        for name in ("defaults", "static_checks", "off", "tune"):
+        for name in ("defaults", "off", "tune"):
             object.__setattr__(self, name, _frozen(getattr(self, name)))
         object.__setattr__(self, "requires", tuple(self.requires))
         if self.params is None:
@@ -112,11 +131,36 @@ def _check_spec(spec: MethodSpec) -> None:
     if unknown:
         raise ConfigError(f"method {spec.name!r} requires unknown env output(s) {unknown}; expected some of"
                           f" {', '.join(OPTIONAL_OUTPUTS)}")
-    for field, rng in spec.static_checks.items():
-        if len(rng) != 2 or rng[0] > rng[1]:
-            raise ConfigError(f"method {spec.name!r}: static_checks[{field!r}]={rng!r} must be (lo, hi), lo <= hi")
+    if spec.static is not None:
+        _check_static_class(spec.static, spec.name)
     for field, rng in spec.tune.items():
         _check_search_range(field, rng, decls, spec.name)
+
+
+def _check_static_class(cls, owner: str) -> None:
+    """``MethodSpec.static``: a frozen :class:`StaticOptions` dataclass whose fields all have defaults,
+    none named like a core ``StaticConfig`` field, and whose ``checks`` name its fields with ``lo <= hi``."""
+    from coevo_jax.config import core_static_fields  # (coevo_jax.config imports this module)
+
+    if not (isinstance(cls, type) and issubclass(cls, StaticOptions) and "__dataclass_params__" in vars(cls)):
+        raise ConfigError(f"method {owner!r}: static={cls!r} must be a subclass of StaticOptions declared with"
+                          " @dataclasses.dataclass(frozen=True)")
+    names = [f.name for f in dataclasses.fields(cls)]
+    no_default = [f.name for f in dataclasses.fields(cls)
+                  if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if no_default:
+        raise ConfigError(f"method {owner!r}: {cls.__name__}.{no_default[0]} needs a default")
+    clash = [n for n in names if n in core_static_fields()]
+    if clash:
+        raise ConfigError(f"method {owner!r}: {cls.__name__}.{clash[0]} clashes with StaticConfig.{clash[0]}"
+                          " (StaticConfig field names must be unique across its core and signal fields)")
+    for field, rng in cls.checks.items():
+        if field not in names:
+            raise ConfigError(f"method {owner!r}: {cls.__name__}.checks names {field!r}, which is no field of"
+                              f" {cls.__name__}; fields are {', '.join(names) or '(none)'}")
+        if len(rng) != 2 or rng[0] > rng[1]:
+            raise ConfigError(f"method {owner!r}: {cls.__name__}.checks[{field!r}]={rng!r} must be (lo, hi),"
+                              " lo <= hi")
 
 
 def _check_values(values: Mapping | None, decls: dict, owner: str, what: str) -> None:
@@ -169,5 +213,5 @@ def registered_methods() -> tuple[str, ...]:
     return tuple(_METHODS)
 
 
-__all__ = ["INF", "ConfigError", "MethodSpec", "Param", "method_spec", "register_method", "registered_methods",
-           "unregister_method"]
+__all__ = ["INF", "ConfigError", "MethodSpec", "Param", "StaticOptions", "method_spec", "register_method",
+           "registered_methods", "unregister_method"]

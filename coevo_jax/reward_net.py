@@ -3,7 +3,7 @@
 (:mod:`coevo_jax.signals.meta`), and the random-network-distillation pair that
 ``coevo-novelty`` uses (Burda, Edwards, Storkey and Klimov 2018).
 
-**What R_phi reads** (``StaticConfig.reward_input``):
+**What R_phi reads** (``RewardNetStatic.reward_input``):
 
 * ``"features"``: the policy's penultimate hidden state ``features_t [H]`` at
   collection time, as in the project's source note (the policy's hidden state
@@ -33,13 +33,17 @@ and the hidden layers get gradient from the first step.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from coevo_jax.config import check_choice, check_sizes
+from coevo_jax.config import check_choice, check_int, check_sizes
 from coevo_jax.encoding import encode_obs, obs_vocab
+from coevo_jax.episodes import MAX_WINDOW
 from coevo_jax.networks import orthogonal
+from coevo_jax.registry import StaticOptions
 from coevo_jax.signals.base import flat_obs
 
 REWARD_INPUTS = ("features", "obs")
@@ -110,25 +114,52 @@ def apply_reward(net: RewardNet, params, traj):
 
 
 def make_reward_net(static, env, env_params) -> RewardNet:
-    """R_phi for ``static`` (``reward_hidden``, ``action_embed_dim``, ``reward_input``) and ``env``."""
+    """R_phi for ``static`` (``signal.reward_hidden``, ``action_embed_dim``, ``reward_input``) and ``env``."""
     space = env.observation_space(env_params)
-    vocab = obs_vocab(env, env_params) if static.reward_input == "obs" else 0
-    return RewardNet(int(env.action_space(env_params).n), tuple(static.reward_hidden), static.action_embed_dim,
-                     static.reward_input, len(space.shape), vocab)
+    opts = static.signal
+    vocab = obs_vocab(env, env_params) if opts.reward_input == "obs" else 0
+    return RewardNet(int(env.action_space(env_params).n), tuple(opts.reward_hidden), opts.action_embed_dim,
+                     opts.reward_input, len(space.shape), vocab)
 
 
 def make_rnd_net(static, env, env_params) -> RNDNet:
     """The RND target / predictor on the same input as :func:`make_reward_net`'s."""
-    vocab = obs_vocab(env, env_params) if static.reward_input == "obs" else 0
-    return RNDNet(tuple(static.reward_hidden), int(static.reward_hidden[-1]), vocab)
+    vocab = obs_vocab(env, env_params) if static.signal.reward_input == "obs" else 0
+    return RNDNet(tuple(static.signal.reward_hidden), int(static.signal.reward_hidden[-1]), vocab)
 
 
-# ----------------------------------------------------------------------------- StaticConfig checks (co-evolution and meta)
-#: R_phi's integer StaticConfig fields -> inclusive (lo, hi), for the ``MethodSpec.static_checks`` of its users
-REWARD_NET_STATIC_CHECKS = {"action_embed_dim": (1, 4096)}
+# ----------------------------------------------------------------------------- static options
+@dataclasses.dataclass(frozen=True)
+class RewardNetStatic(StaticOptions):
+    """The static options (``StaticConfig.signal``) of the methods with a learned reward
+    network on an episode replay: ``coevo-regression``, ``coevo-ranking``,
+    ``coevo-novelty`` (and ``coevo-shuffled``), ``ircr``, ``rrd``, ``hca``,
+    ``q-advantage``; :class:`~coevo_jax.signals.meta.MetaStatic` extends it."""
 
+    reward_hidden: tuple = (64, 64)  # widths of R_phi's (and RND's, the hindsight / return model's) hidden layers
+    action_embed_dim: int = 16
+    reward_steps: int = 4  # gradient steps per refit
+    # complete episodes kept for the refit: None = enough for two rollouts of time-limited episodes, at least 32
+    # (episodes.replay_episodes)
+    buffer_episodes: int | None = None
+    # steps of an episode R_phi's buffer keeps (padded): None = the env's time limit (every step is decomposed);
+    # a length shorter than the time limit is refused (episodes.episode_window)
+    max_episode_len: int | None = None
+    reward_input: str = "features"  # what R_phi and RND read: "features" (policy hidden state) or "obs"
+    # compute-matched K: a refit takes reward_steps x K steps, so R_phi gets the same gradient steps per env step
+    # whatever the update period K (hp.k; a traced count, fit.refit_steps). A refit with fewer than
+    # hp.min_refit_episodes complete episodes in its buffer takes none: the metric refit_steps (cumulative) is
+    # the steps a run took
+    refit_steps_per_k: bool = False
 
-def check_reward_net_static(static) -> None:
-    """:class:`~coevo_jax.registry.ConfigError` for a bad ``reward_hidden`` or ``reward_input``."""
-    check_sizes(static, "reward_hidden")
-    check_choice(static, "reward_input", REWARD_INPUTS)
+    checks = {"action_embed_dim": (1, 4096), "reward_steps": (1, 10_000)}
+
+    def check(self) -> None:
+        """``reward_hidden`` (layer widths), ``reward_input``, ``max_episode_len`` (``None`` or an integer
+        in ``[1, MAX_WINDOW]``) and ``buffer_episodes`` (``None`` or an integer in ``[2, 65536]``)."""
+        check_sizes(self, "reward_hidden")
+        check_choice(self, "reward_input", REWARD_INPUTS)
+        if self.max_episode_len is not None:
+            check_int(self, "max_episode_len", 1, MAX_WINDOW)
+        if self.buffer_episodes is not None:
+            check_int(self, "buffer_episodes", 2, 1 << 16)

@@ -161,7 +161,7 @@ def scale_configs(args) -> tuple[list, int]:
     from _study.admitted import load_admitted
 
     task = load_admitted(os.path.join(HERE, "admitted_tasks.json"))[DEFAULT_TASK]
-    keydoor = dataclasses.asdict(static_for("ppo", task, task.total_steps, False))
+    keydoor = static_for("ppo", task, task.total_steps, False).as_dict()
     tasks = {"CartPole-v1": (PPO_STATIC, PPO_HPARAMS, args.total_steps),
              "KeyDoor-5x5": (keydoor, dict(task.tuned["ppo"]), min(args.total_steps, task.total_steps))}
     return [{"kind": "scale", "env": env, "runs": n, "execs": args.reps, "hparams": hp, "static": {**static,

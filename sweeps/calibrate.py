@@ -36,7 +36,7 @@ from coevo_jax.config import ConfigError, StaticConfig
 from coevo_jax.experiment import Arm, Study
 
 from _study import cli, options
-from _study.admitted import POI_LOW_MIN, PPO_MAX, RANDOM_MAX, admit
+from _study.admitted import POI_LOW_MIN, PPO_MAX, RANDOM_MAX, admit, method_static
 from _study.tuning import TUNE_SEED_OFFSET
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -106,9 +106,9 @@ def build_parser():
 def candidate_static(method: str, task: str, scale: float) -> StaticConfig:
     _, _, steps, num_envs, rollout_len, *fields = CANDIDATES[task]
     per_it = num_envs * rollout_len
-    return StaticConfig(method=method, num_envs=num_envs, rollout_len=rollout_len, num_minibatches=4,
-                        update_epochs=4, total_steps=max(1, round(steps * scale / per_it)) * per_it
-                        ).replace(**(fields[0] if fields else {}))
+    shape = dict(num_envs=num_envs, rollout_len=rollout_len, num_minibatches=4, update_epochs=4,
+                 total_steps=max(1, round(steps * scale / per_it)) * per_it)
+    return method_static(method, {**shape, **(fields[0] if fields else {})})
 
 
 def static_overrides(task: str) -> dict:

@@ -24,10 +24,11 @@ import sys
 
 import numpy as np
 
-from coevo_jax.config import ConfigError, StaticConfig, default_hparams
+from coevo_jax.config import ConfigError, default_hparams
 from coevo_jax.experiment import Arm, Study
 
 from _study import cli, options
+from _study.admitted import method_static
 
 SETTINGS = {  # name -> env, env_kwargs, threshold metric, threshold (fixed in advance)
     "keydoor": ("KeyDoor-5x5", {}, "success_rate", 0.9),
@@ -51,9 +52,9 @@ def build_parser():
     for name, default in (("num-envs", 16), ("rollout-len", 64), ("reward-steps", 4), ("buffer-episodes", 32),
                           ("max-episode-len", None)):
         p.add_argument(f"--{name}", type=int, default=default,
-                       help=f"StaticConfig.{name.replace('-', '_')} (default: "
+                       help=f"the static field {name.replace('-', '_')} (default: "
                             f"{'the env time limit' if default is None else default})")
-    p.add_argument("--reward-hidden", default="32,32", help="StaticConfig.reward_hidden of R_phi (default: 32,32)")
+    p.add_argument("--reward-hidden", default="32,32", help="RewardNetStatic.reward_hidden of R_phi (default: 32,32)")
     coevo = default_hparams("coevo-regression").as_dict()
     for name in COEVO_FLAGS:
         p.add_argument("--" + name.replace("_", "-"), type=float, default=None,
@@ -77,11 +78,11 @@ def studies(args) -> list:
     out = []
     for s in settings:
         env, kw, metric, threshold = SETTINGS[s]
-        arms = tuple(Arm(StaticConfig(
-            method=m, num_envs=args.num_envs, rollout_len=args.rollout_len, total_steps=steps[s],
-            reward_steps=args.reward_steps, buffer_episodes=args.buffer_episodes, reward_hidden=hidden,
-            max_episode_len=args.max_episode_len), *((grid, fixed) if m.startswith("coevo") else ({}, {})))
-            for m in methods)
+        shared = dict(num_envs=args.num_envs, rollout_len=args.rollout_len, total_steps=steps[s],
+                      reward_steps=args.reward_steps, buffer_episodes=args.buffer_episodes, reward_hidden=hidden,
+                      max_episode_len=args.max_episode_len)  # R_phi's fields: the methods that have them
+        arms = tuple(Arm(method_static(m, shared), *((grid, fixed) if m.startswith("coevo") else ({}, {})))
+                     for m in methods)
         out.append(Study(env, arms, args.num_seeds, env_kwargs=kw, base_seed=args.seed, num_chunks=args.num_chunks,
                          threshold=threshold, threshold_metric=metric, name=s))
     return out

@@ -15,7 +15,7 @@ its own runs at ppo's lr / entropy coefficient).
 
 Every method runs at the task's own settings (``AdmittedTask.static``: the sizes,
 buffers and refit steps ``sweeps/tune.py`` tuned it at). **Compute-matched** by
-default (``StaticConfig.refit_steps_per_k``), anchored at the method's tuned K
+default (``refit_steps_per_k``, R_phi's and siop's static option), anchored at the method's tuned K
 (``k_ref``, its default 4 unless tuned): a refit at K takes ``reward_steps x K /
 k_ref`` (``potential_steps x K / k_ref``) gradient steps, so R_phi and the potential
 get the same gradient steps per env step at every K, K measures only *how stale*
@@ -140,14 +140,16 @@ def static_for(method: str, task, total_steps: int, matched: bool) -> StaticConf
     """The task's own StaticConfig for ``method`` (what ``sweeps/tune.py`` tuned it at); ``matched``:
     compute-matched refits anchored at the method's tuned K, ``k_ref``: a refit at K takes ``steps x K /
     k_ref`` gradient steps (``steps``: the task's ``reward_steps`` / ``potential_steps``), so the row at
-    K = ``k_ref`` runs exactly the tuning's settings. :class:`ConfigError` when ``k_ref`` does not divide them."""
+    K = ``k_ref`` runs exactly the tuning's settings (a method without ``refit_steps_per_k`` has no refit to
+    match). :class:`ConfigError` when ``k_ref`` does not divide them."""
     from coevo_jax.config import default_hparams
 
     static = task.static(method, total_steps=total_steps)
-    if not matched:
+    fields = static.as_dict()
+    if not matched or "refit_steps_per_k" not in fields:
         return static
     k_ref = int(task.hparams(method).get("k", float(default_hparams(method).signal.k)))
-    steps = {f: getattr(static, f) for f in ("reward_steps", "potential_steps")}
+    steps = {f: fields[f] for f in ("reward_steps", "potential_steps") if f in fields}
     if any(v % k_ref for v in steps.values()):
         raise ConfigError(f"{task.task}: {method}'s K = {k_ref} must divide reward_steps and potential_steps"
                           f" ({steps}) for compute-matched refits anchored at it")
@@ -249,7 +251,7 @@ def report(args, results) -> str:
                      "credit weight": credit_weight(result, idx) if swept else "-",
                      "P(> ppo) [95% CI]": _p_over(stats, result, r, swept, ppo_final)})
     table = write_table(os.path.join(result.out, "k_table.md"), rows)
-    matched = any(a.static.refit_steps_per_k for a in result.study.arms)
+    matched = any(a.static.as_dict().get("refit_steps_per_k") for a in result.study.arms)
     return (f"\nK sensitivity on {result.study.name} ({result.study.env},"
             f" {'compute-matched: steps per refit x K' if matched else 'fixed steps per refit'}):"
             " final = episodes finished in the last 10% of env steps; IQM and"

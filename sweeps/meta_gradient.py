@@ -47,10 +47,11 @@ from __future__ import annotations
 import os
 import sys
 
-from coevo_jax.config import ConfigError, StaticConfig, default_hparams
+from coevo_jax.config import ConfigError, default_hparams
 from coevo_jax.experiment import Arm, Study
 
 from _study import cli, options
+from _study.admitted import method_static
 
 SETTINGS = {  # arm label -> (method, HParams overrides)
     "ppo": ("ppo", {}),
@@ -93,7 +94,7 @@ def build_parser():
     p.add_argument("--r-int-coef", type=float, default=r_int,
                    help=f"HParams.r_int_coef, weight of R_phi's advantage (default: the library's, {r_int:g};"
                         " LIRPG: 0.01)")
-    p.add_argument("--meta-inner-steps", type=int, default=1, help="StaticConfig.meta_inner_steps (default: 1)")
+    p.add_argument("--meta-inner-steps", type=int, default=1, help="MetaStatic.meta_inner_steps (default: 1)")
     options.add_study_options(p, num_seeds=32)
     return p
 
@@ -108,10 +109,10 @@ def studies(args) -> list:
     arms = []
     for label in settings:
         method, overrides = SETTINGS[label]
-        static = StaticConfig(method=method, num_envs=args.num_envs, rollout_len=args.rollout_len,
-                              total_steps=args.total_steps, num_minibatches=4, update_epochs=4,
-                              hidden_sizes=(args.hidden,) * 2, reward_hidden=(args.hidden,) * 2,
-                              meta_inner_steps=args.meta_inner_steps)
+        static = method_static(method, dict(num_envs=args.num_envs, rollout_len=args.rollout_len,
+                                            total_steps=args.total_steps, num_minibatches=4, update_epochs=4,
+                                            hidden_sizes=(args.hidden,) * 2, reward_hidden=(args.hidden,) * 2,
+                                            meta_inner_steps=args.meta_inner_steps))
         overrides = {k: args.r_int_coef if v == "r_int_coef" else v for k, v in overrides.items()}
         arms.append(Arm(static, fixed={**base, **(meta if method == "meta" else {}), **overrides}, label=label))
     return [Study(env, tuple(arms), args.num_seeds, env_kwargs={"reward_freq": args.reward_freq},

@@ -23,10 +23,11 @@ import sys
 
 import numpy as np
 
-from coevo_jax.config import ConfigError, StaticConfig
+from coevo_jax.config import ConfigError
 from coevo_jax.experiment import Arm, Study
 
 from _study import cli, options
+from _study.admitted import method_static
 
 #: Per-method HParams on top of ``default_hparams(method)`` and BASE_HP. siop: raw credit
 #: (``normalize_int=0``: dividing a near-constant early credit by its return's RMS would blow its
@@ -48,10 +49,10 @@ def build_parser():
                    help=f"env steps per run, >= {NUM_ENVS * ROLLOUT_LEN} (default: {DEFAULT_TOTAL_STEPS})")
     p.add_argument("--siop-hp", default="", metavar="F=V,...",
                    help="extra HParams for siop, e.g. 'potential_lr_ratio=3,w_cons=3' (default: none)")
-    p.add_argument("--potential-steps", type=int, default=4, help="StaticConfig.potential_steps (default: 4)")
-    p.add_argument("--credit-nstep", type=int, default=1, help="StaticConfig.credit_nstep (default: 1)")
-    p.add_argument("--ensemble-size", type=int, default=1, help="StaticConfig.ensemble_size (default: 1)")
-    p.add_argument("--layernorm", action="store_true", help="StaticConfig.potential_layernorm (default: off)")
+    p.add_argument("--potential-steps", type=int, default=4, help="PotentialStatic.potential_steps (default: 4)")
+    p.add_argument("--credit-nstep", type=int, default=1, help="PotentialStatic.credit_nstep (default: 1)")
+    p.add_argument("--ensemble-size", type=int, default=1, help="PotentialStatic.ensemble_size (default: 1)")
+    p.add_argument("--layernorm", action="store_true", help="PotentialStatic.potential_layernorm (default: off)")
     options.add_study_options(p, num_seeds=32, threshold=THRESHOLD)
     return p
 
@@ -62,10 +63,11 @@ def studies(args) -> list:
     siop_hp = options.hp_values(args.siop_hp, "--siop-hp")
     if args.total_steps < NUM_ENVS * ROLLOUT_LEN:
         raise ConfigError(f"--total-steps={args.total_steps} must be >= {NUM_ENVS * ROLLOUT_LEN} (one iteration)")
-    arms = tuple(Arm(StaticConfig(
-        method=m, num_envs=NUM_ENVS, rollout_len=ROLLOUT_LEN, total_steps=args.total_steps, num_minibatches=4,
-        update_epochs=4, potential_steps=args.potential_steps, credit_nstep=args.credit_nstep,
-        ensemble_size=args.ensemble_size, potential_layernorm=args.layernorm),
+    shared = dict(num_envs=NUM_ENVS, rollout_len=ROLLOUT_LEN, total_steps=args.total_steps, num_minibatches=4,
+                  update_epochs=4, potential_steps=args.potential_steps, credit_nstep=args.credit_nstep,
+                  ensemble_size=args.ensemble_size, potential_layernorm=args.layernorm)  # siop's: the methods with them
+    arms = tuple(Arm(
+        method_static(m, shared),
         fixed={**BASE_HP, **METHOD_HP[m], **(siop_hp if m == "siop" else {})}) for m in methods)
     return [Study(env, arms, args.num_seeds, base_seed=args.seed, num_chunks=args.num_chunks,
                   threshold=args.threshold, name=env, save_final=True) for env in envs]

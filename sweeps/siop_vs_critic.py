@@ -56,7 +56,7 @@ import sys
 
 import numpy as np
 
-from coevo_jax.config import ConfigError, StaticConfig
+from coevo_jax.config import ConfigError, static_config
 from coevo_jax.experiment import Arm, Study
 
 from _study import cli, options
@@ -123,7 +123,7 @@ def studies(args) -> list:
     for name in regime:
         if name == DIALOGUE:
             def make_arm(m, label, hp, st):
-                return Arm(StaticConfig(method=m, **{**DIALOGUE_STATIC, **st}), fixed={**DIALOGUE_HP, **hp},
+                return Arm(static_config(m, **{**DIALOGUE_STATIC, **st}), fixed={**DIALOGUE_HP, **hp},
                            label=label)
             out.append(Study(DIALOGUE, tuple(regime_arms(make_arm, settings)), name=f"regime-{DIALOGUE}", **common))
         else:

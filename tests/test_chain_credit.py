@@ -6,7 +6,7 @@ import pytest
 
 import coevo_jax as cj
 import envs_jax
-from coevo_jax.config import StaticConfig
+from coevo_jax.config import StaticConfig, static_config
 from coevo_jax.reward_net import make_reward_net
 from coevo_jax.train import Trainer
 
@@ -38,7 +38,7 @@ def test_scores_reference_values():
 
 def test_choice_rewards_read_the_fitted_reward_and_refuse_a_method_without_one():
     env, params = envs_jax.make("DelayedChain", num_choices=3, length=4)
-    static = StaticConfig(method="coevo-regression", num_envs=2, rollout_len=8, total_steps=16, reward_input="obs")
+    static = static_config("coevo-regression", num_envs=2, rollout_len=8, total_steps=16, reward_input="obs")
     trainer = Trainer(static, env, params)
     state = jax.vmap(trainer.init)(jax.random.split(jax.random.PRNGKey(0), 2),
                                    jax.tree.map(lambda x: np.stack([x, x]), cj.default_hparams(static.method)))
@@ -68,7 +68,7 @@ def test_later_pairs_differ_from_the_choice_pairs_only_in_the_elapsed_fraction()
 
 def test_q_advantage_credit_is_q_less_its_policy_mean_and_memory_pairs_hide_the_cue():
     env, params = envs_jax.make("DelayedChain", num_choices=3, length=4, hide_cue=1)
-    static = StaticConfig(method="q-advantage", num_envs=2, rollout_len=8, total_steps=16, reward_input="obs")
+    static = static_config("q-advantage", num_envs=2, rollout_len=8, total_steps=16, reward_input="obs")
     trainer = Trainer(static, env, params)
     state = jax.vmap(trainer.init)(jax.random.split(jax.random.PRNGKey(0), 2),
                                    jax.tree.map(lambda x: np.stack([x, x]), cj.default_hparams(static.method)))
@@ -97,7 +97,7 @@ def test_hca_credit_is_a_successful_episodes_hindsight_credit():
     """hca's score of a pair is (1 - pi(a | x) / h(a | x, Z)) Z at Z = the outcome reward (the return
     of a success), h = pi exp(g) / sum pi exp(g) with the snapshot's policy, and the default ratio clip."""
     env, params = envs_jax.make("DelayedChain", num_choices=3, length=4, outcome_reward=2.0)
-    static = StaticConfig(method="hca", num_envs=2, rollout_len=8, total_steps=16, reward_input="obs")
+    static = static_config("hca", num_envs=2, rollout_len=8, total_steps=16, reward_input="obs")
     trainer = Trainer(static, env, params)
     hp = jax.tree.map(lambda x: np.stack([x, x]), cj.default_hparams(static.method))
     state = jax.vmap(trainer.init)(jax.random.split(jax.random.PRNGKey(0), 2), hp)

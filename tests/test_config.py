@@ -1,6 +1,8 @@
 """Configs: HParams is two frozen hyperparameter classes (PPOParams and the
-method's), a pytree of arrays with flat field names for users; bad values fail
-before compiling, naming the field and its range; the method registry's checks."""
+method's), a pytree of arrays with flat field names for users; StaticConfig is
+the core fields plus the method's static options (``signal``), named flat too;
+bad values fail before compiling, naming the field and its range; the method
+registry's checks."""
 import dataclasses
 import math
 import pickle
@@ -16,8 +18,11 @@ import coevo_jax as cj
 from coevo_jax.config import ConfigError, hparam_fields, validate_hparams, validate_static
 from coevo_jax.params import Param, hyperparams, param, unit
 from coevo_jax.ppo import PPOParams
-from coevo_jax.registry import MethodSpec, method_spec, register_method
+from coevo_jax.registry import MethodSpec, StaticOptions, method_spec, register_method
+from coevo_jax.reward_net import RewardNetStatic
 from coevo_jax.signals.base import SignalParams
+from coevo_jax.signals.meta import MetaStatic
+from coevo_jax.signals.potential import PotentialStatic
 
 PPO_FIELDS = ["lr", "gamma", "gae_lambda", "clip_eps", "ent_coef", "vf_coef", "max_grad_norm"]
 #: every field of every method, with a method that has it
@@ -204,7 +209,7 @@ def test_every_method_default_is_in_range():
         ({"total_steps": 10}, r"StaticConfig.total_steps=10 must be >= num_envs \* rollout_len"),
         ({"hidden_sizes": ()}, r"StaticConfig.hidden_sizes=\(\) must be a non-empty tuple"),
         ({"activation": "gelu"}, r"StaticConfig.activation='gelu' must be 'tanh' or 'relu'"),
-        # the method's own checks (MethodSpec.static_checks / check_static)
+        # the method's own checks (its static options class: StaticOptions.checks / check)
         ({"method": "siop", "ensemble_combine": "max"}, r"StaticConfig.ensemble_combine='max'"),
         ({"method": "siop", "potential_hidden": (0,)}, r"StaticConfig.potential_hidden=\(0,\)"),
         ({"method": "meta", "meta_truncate": 1}, r"StaticConfig.meta_truncate=1 must be < meta_inner_steps=1"),
@@ -220,11 +225,63 @@ def test_every_method_default_is_in_range():
 )
 def test_invalid_static_config(change, message):
     with pytest.raises(ConfigError, match=message):
-        validate_static(dataclasses.replace(cj.StaticConfig(), **change))
+        validate_static(cj.static_config(**change))
 
 
-def test_other_methods_fields_are_not_checked():
-    validate_static(cj.StaticConfig(method="ppo", ensemble_combine="max", meta_truncate=5, reward_input="pixels"))
+def test_a_methods_static_fields_land_in_its_signal_options():
+    s = cj.static_config("siop", ensemble_size=2, num_envs=8)
+    assert s.num_envs == 8 and s.signal == PotentialStatic(ensemble_size=2) and s.method == "siop"
+    assert list(s.as_dict()) == [*cj.config.core_static_fields(), *(f.name for f in dataclasses.fields(PotentialStatic))]
+    assert s.as_dict()["ensemble_size"] == 2 and "reward_steps" not in s.as_dict()
+    assert s.replace(credit_nstep=3, rollout_len=16).signal.credit_nstep == 3 and s.replace(rollout_len=16).rollout_len == 16
+    assert cj.StaticConfig(method="meta").signal == MetaStatic() and cj.StaticConfig().signal is None  # ppo has none
+    assert cj.StaticConfig(method="bogus").signal is None  # unregistered: left for validate_static to refuse
+    assert cj.static_config("meta", reward_steps=2, meta_inner_steps=3).signal == MetaStatic(reward_steps=2,
+                                                                                             meta_inner_steps=3)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.signal.ensemble_size = 3
+
+
+def test_a_field_of_another_method_or_of_none_is_refused_by_name():
+    with pytest.raises(ConfigError, match=r"^StaticConfig.reward_steps is a static option of method\(s\) coevo-regression,"
+                                          r" .*, not of method 'siop', whose static options are potential_hidden, .*,"
+                                          r" credit_nstep$"):
+        cj.static_config("siop", reward_steps=3)
+    with pytest.raises(ConfigError, match=r"^unknown StaticConfig field 'nope'; the fields of method 'icm' are method,"
+                                          r" num_envs, .*, packed_update, icm_feature_dim$"):
+        cj.static_config("icm").replace(nope=1)
+    with pytest.raises(ConfigError, match=r"StaticConfig.ensemble_size is a static option of method\(s\) siop,"
+                                          r" siop-shuffled, not of method 'ppo', whose static options are \(none\)"):
+        cj.static_config("ppo", ensemble_size=2)
+
+
+def test_changing_the_method_starts_from_the_new_classes_defaults():
+    s = cj.static_config("siop", ensemble_size=2, num_envs=8)
+    assert s.replace(method="coevo-regression").signal == RewardNetStatic()  # another class: its defaults
+    assert s.replace(method="coevo-regression").num_envs == 8  # the core fields stay
+    assert s.replace(method="siop-shuffled").signal == s.signal  # the same class: kept
+    assert s.replace(method="coevo-regression", reward_steps=8).signal == RewardNetStatic(reward_steps=8)
+    meta = cj.static_config("meta", reward_steps=2)
+    assert meta.replace(method="coevo-regression").signal == RewardNetStatic()  # a subclass is another class
+    assert s.replace(method="ppo").signal is None and s.replace(method="ppo").replace(method="siop").signal == \
+        PotentialStatic()
+    with pytest.raises(ConfigError, match="StaticConfig.ensemble_size is a static option"):
+        s.replace(method="coevo-regression", ensemble_size=2)
+
+
+def test_equal_static_configs_hash_equal():
+    a, b = cj.static_config("siop", ensemble_size=2), cj.static_config("siop").replace(ensemble_size=2)
+    assert a == b and hash(a) == hash(b) and len({a, b, cj.static_config("siop")}) == 2
+    assert a != cj.static_config("siop-shuffled", ensemble_size=2)  # the method is a core field
+    # dataclasses.replace keeps a given signal (validate_static then checks its class)
+    kept = dataclasses.replace(a, method="coevo-regression")
+    assert kept.signal == a.signal
+    with pytest.raises(ConfigError, match=r"StaticConfig.signal=PotentialStatic\(.*\) must be a RewardNetStatic"
+                                          r" \(method 'coevo-regression''s static options"):
+        validate_static(kept)
+    with pytest.raises(ConfigError, match="must be None: method 'ppo' has no static options"):
+        validate_static(dataclasses.replace(a, method="ppo"))
+    assert pickle.loads(pickle.dumps(a)) == a
 
 
 def test_value_heads_come_from_the_spec():

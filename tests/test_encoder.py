@@ -9,6 +9,7 @@ import pytest
 
 import coevo_jax as cj
 import envs_jax
+from coevo_jax.config import static_fields
 from coevo_jax.encoding import encode_obs, encoded_dim, obs_vocab
 from coevo_jax.rollout import Trajectory
 from coevo_jax.signals import make_signal, meta
@@ -79,15 +80,21 @@ def dialogue():
     return env, params, traj
 
 
-SMALL = dict(num_envs=4, rollout_len=4, hidden_sizes=(8,), reward_hidden=(8,), potential_hidden=(8,),
-             icm_feature_dim=4, action_embed_dim=4, buffer_episodes=2,
-             max_episode_len=16, potential_buffer_episodes=2, potential_episode_len=16, num_minibatches=1)
+SMALL = dict(num_envs=4, rollout_len=4, hidden_sizes=(8,), num_minibatches=1)
+#: every method's static options at a small size (each method takes those it has)
+OPTIONS = dict(reward_hidden=(8,), potential_hidden=(8,), icm_feature_dim=4, action_embed_dim=4, buffer_episodes=2,
+               max_episode_len=16, potential_buffer_episodes=2, potential_episode_len=16)
+
+
+def small_static(method, **fields):
+    own = static_fields(method)
+    return cj.static_config(method, **SMALL, **{k: v for k, v in OPTIONS.items() if k in own}, **fields)
 
 
 def _signal_outputs(method, **static_kw):
     """``(init(key) -> state, outputs(state, traj) -> arrays)`` of a method's signal on the dialogue."""
     env, p, traj = dialogue()
-    static = cj.StaticConfig(method=method, **SMALL, **static_kw)
+    static = small_static(method, **static_kw)
     hp = cj.default_hparams(method, normalize_int=0.0)
     sig = make_signal(static, None, env, p)
     outs = lambda s, t: [x for x in sig.rewards(s, t, hp)[1][:2] if x is not None]  # noqa: E731
@@ -100,13 +107,13 @@ def _networks():
     env, p, traj = dialogue()
     nets = {}
     # the MLP policy (the transformer and bag policies embed each token: a row lookup by id)
-    policy = cj.make_policy_network(cj.StaticConfig(method="icm", network="mlp", **SMALL), env, p)
+    policy = cj.make_policy_network(small_static("icm", network="mlp"), env, p)
     nets["policy-mlp"] = (lambda k: policy.init(k, traj.obs[0]), lambda w, t: list(policy.apply(w, t.obs)))
     nets["siop"] = _signal_outputs("siop")  # the potential: its shaping credit
     nets["icm"] = _signal_outputs("icm")  # the ICM encoder: the curiosity bonus
     nets["coevo-novelty"] = _signal_outputs("coevo-novelty", reward_input="obs")  # R_phi and the RND pair
     nets["meta-r_phi"] = _signal_outputs("meta", reward_input="obs")
-    v_net = meta.make_value_net(cj.StaticConfig(method="meta", **SMALL), env, p)  # meta's external critic
+    v_net = meta.make_value_net(small_static("meta"), env, p)  # meta's external critic
     nets["meta-v_ext"] = (lambda k: v_net.init(k, traj.obs[0]), lambda w, t: [v_net.apply(w, t.obs)])
     return nets
 

@@ -325,6 +325,45 @@ def test_chunk_states_end_at_the_final_states_and_differ_over_training(reference
         reference.chunk_states("ppo", 3)
 
 
+def test_a_version_3_config_reads_back_with_its_methods_fields_only(workdir):
+    """A version-3 ``config.json`` (every method's static fields flat in each arm) reads back: each arm
+    keeps its method's fields (the others dropped), so a published folder still loads; it is written
+    back as version 4 (flat, the method's fields only), and resuming such a folder is refused."""
+    from coevo_jax.experiment.spec import CONFIG_VERSION
+
+    siop = cj.static_config("siop", num_envs=4, rollout_len=8, total_steps=64, ensemble_size=2)
+    study = Study("KeyDoor-5x5", (Arm(STATIC, {"vf_coef": (0.5,)}), Arm(siop, fixed={"k": 2})), num_seeds=2)
+    d = json.loads(config_text(study))
+    assert CONFIG_VERSION == 4 and d["version"] == 4 and "reward_steps" not in d["arms"][1]["static"]
+    assert set(d["arms"][1]["static"]) == set(siop.as_dict()) and "ensemble_size" not in d["arms"][0]["static"]
+    # version 3 wrote every field of the old StaticConfig in each arm
+    old_fields = dict(reward_hidden=[64, 64], action_embed_dim=16, reward_steps=4, buffer_episodes=None,
+                      max_episode_len=None, reward_input="features", potential_hidden=[64, 64], potential_steps=4,
+                      potential_layernorm=False, potential_buffer_episodes=64, potential_episode_len=None,
+                      ensemble_size=1, ensemble_combine="mean", refit_steps_per_k=False, credit_nstep=1,
+                      icm_feature_dim=32, meta_inner_steps=1, meta_truncate=0)
+    for arm in d["arms"]:
+        arm["static"] = {**old_fields, **arm["static"]}
+    d["version"] = 3
+    back = Study.from_json(d)
+    assert [a.static for a in back.arms] == [a.static for a in study.arms] and back.arms[1].static.signal == siop.signal
+    assert config_text(back) == config_text(study)  # written back as version 4
+    # a finished version-3 folder loads; an unfinished one is not resumed
+    old = os.path.join(workdir, "version3")
+    os.makedirs(os.path.join(old, "checkpoints"))
+    with open(os.path.join(old, "config.json"), "w") as f:
+        json.dump(d, f)
+    with pytest.raises(StudyError, match=r"^.*version3 was written by an older version of coevo_jax.experiment"
+                                         r" \(config.json version 3, now 4\) and cannot be resumed; use a new --out$"):
+        check_out(old, config_text(study), overwrite=False)
+    assert check_out(old, config_text(study), overwrite=True) == "wipe"
+    for name in ("FINISHED", "summary.csv"):
+        with open(os.path.join(old, name), "w") as f:
+            f.write("arm,method\nppo,ppo\n" if name == "summary.csv" else "done\n")
+    np.savez(os.path.join(old, "curves.npz"), **{"metric/episode_return": np.zeros((2, 2))})
+    assert config_text(load_result(old).study) == config_text(study)
+
+
 def test_methods_that_ride_on_another_programs_get_its_program_key():
     """``dense`` keys to ``ppo``'s program and ``coevo-ranking`` to ``coevo-regression``'s, so a worker
     compiles each once; methods with their own program (siop) keep their own key."""
@@ -460,8 +499,8 @@ def test_k_sensitivity_default_config_has_at_least_300_runs():
         f: v for f, v in task.hparams("coevo-ranking").items() if f != "k"}
     assert arms["siop-norm"].fixed["normalize_int"] == 1.0 and "normalize_int" not in arms["siop"].fixed
     swept = [a for a in config.arms if a.grid]
-    assert all(tuple(a.grid["k"]) == (1, 4, 16, 64) and a.static.refit_steps_per_k for a in swept)
-    assert not arms["ppo"].static.refit_steps_per_k and config.threshold == 0.8
+    assert all(tuple(a.grid["k"]) == (1, 4, 16, 64) and a.static.signal.refit_steps_per_k for a in swept)
+    assert arms["ppo"].static.signal is None and config.threshold == 0.8  # (ppo has no refit)
     # every K refits at least twice within the default budget
     assert all(a.static.num_iterations >= 2 * 64 for a in config.arms)
 

@@ -1,6 +1,5 @@
 """The fitting loop's traced step count (:func:`coevo_jax.fit.fit_traced_steps`)
-and the compute-matched K it serves (``StaticConfig.refit_steps_per_k``)."""
-import dataclasses
+and the compute-matched K it serves (``refit_steps_per_k``, a static option of the learned rewards)."""
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +10,7 @@ import coevo_jax as cj
 import envs_jax
 from coevo_jax.fit import fit, init_optimizer, make_optimizer
 from coevo_jax.signals import PolicyView, make_signal
-from test_signal_contract import STATIC, synthetic_trajectory
+from test_signal_contract import STATIC, synthetic_trajectory, tiny_static
 from xla_options import OPT0
 
 X = jax.random.normal(jax.random.PRNGKey(0), (32, 3))
@@ -59,7 +58,7 @@ def test_compute_matched_refit_takes_k_times_the_steps():
                                 hidden=STATIC.hidden_sizes[-1])
     for method, attr in (("coevo-regression", "reward_steps"), ("siop", "potential_steps")):
         for matched in (False, True):
-            static = dataclasses.replace(STATIC, method=method, refit_steps_per_k=matched)
+            static = tiny_static(method).replace(refit_steps_per_k=matched)
             signal = make_signal(static, None, env, p)
             hp = cj.default_hparams(method, k=3)
 
@@ -69,7 +68,7 @@ def test_compute_matched_refit_takes_k_times_the_steps():
                 return signal.update(s, traj, PolicyView(None, None, None, hp.ppo.lr), hp, key)[0].opt_state
 
             count = _adam_count(jax.jit(refit, compiler_options=OPT0)(jax.random.PRNGKey(2)))
-            assert np.all(count == getattr(static, attr) * (3 if matched else 1)), (method, matched, count)
+            assert np.all(count == getattr(static.signal, attr) * (3 if matched else 1)), (method, matched, count)
 
 
 def test_shuffle_is_a_uniform_permutation_with_jaxs_round_rule():

@@ -33,8 +33,8 @@ def test_forward_error_reward_and_loss_mix_by_hand():
 @pytest.fixture(scope="module")
 def setup():
     env, p = envs_jax.make("KeyDoor-5x5")
-    static = cj.StaticConfig(method="icm", hidden_sizes=(16,), icm_feature_dim=8, num_envs=4, rollout_len=8,
-                             num_minibatches=2)
+    static = cj.static_config("icm", hidden_sizes=(16,), icm_feature_dim=8, num_envs=4, rollout_len=8,
+                              num_minibatches=2)
     key = jax.random.PRNGKey(5)
     obs = jax.random.bernoulli(key, 0.3, (8, 4) + env.observation_space(p).shape).astype(jnp.float32)
     z = jnp.zeros((8, 4))

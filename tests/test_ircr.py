@@ -61,8 +61,8 @@ def fitted():
     """``fit(returns, hp) -> (r_g [T, N], update metrics, streams)``: one compiled
     init -> observe -> update (1000 full-batch steps) -> rewards, tabular network."""
     env, p = envs_jax.make("KeyDoor-5x5", max_steps=4)  # the buffer keeps whole episodes: 4 steps
-    static = cj.StaticConfig(method="ircr", reward_input="obs", reward_hidden=(), reward_steps=1000,
-                             buffer_episodes=8, num_envs=3, rollout_len=8, num_minibatches=1)
+    static = cj.static_config("ircr", reward_input="obs", reward_hidden=(), reward_steps=1000,
+                              buffer_episodes=8, num_envs=3, rollout_len=8, num_minibatches=1)
     sig = ircr.make_ircr(static, None, env, p)
 
     def run(returns, hp):

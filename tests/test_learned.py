@@ -187,7 +187,7 @@ def test_observe_fills_the_episode_replay():
     (in progress). Env 1: D = r1 t0-4 + r2 t0-1 (7 steps: last 4 kept), E = r2 t2-3,
     F = r2 t4 (in progress). Commit order A, B, D, E: E is the 4th -> validation."""
     env, p = envs_jax.make("CartPole-v1", max_steps=4)  # buffer rows of 4 steps
-    static = cj.StaticConfig(method="coevo-regression", reward_hidden=(4,), action_embed_dim=2, buffer_episodes=8)
+    static = cj.static_config("coevo-regression", reward_hidden=(4,), action_embed_dim=2, buffer_episodes=8)
     signal = L.make_learned(static, None, env, p)
     hp = cj.default_hparams("coevo-regression")
 
@@ -219,8 +219,8 @@ def test_observe_fills_the_episode_replay():
 # ----------------------------------------------------------------------------- fitting
 def _fitting_setup(method, steps, lr, seed=0, episodes=16, max_len=8, feat_dim=4):
     env, env_params = envs_jax.make("CartPole-v1", max_steps=max_len)  # 2 actions
-    static = cj.StaticConfig(method=method, reward_hidden=(32, 32), action_embed_dim=4, reward_steps=steps,
-                             buffer_episodes=episodes)
+    static = cj.static_config(method, reward_hidden=(32, 32), action_embed_dim=4, reward_steps=steps,
+                              buffer_episodes=episodes)
     signal = L.make_learned(static, None, env, env_params)
     hp = cj.default_hparams(method, lr=lr, reward_lr_ratio=1.0, drift_weight=0.0, extreme_weight=0.0)
 
@@ -310,8 +310,8 @@ def test_rnd_predictor_trains_every_iteration_in_observe():
     ``rnd_lr_ratio * lr`` (not in the K-gated refit): it learns the visited features, novel
     ones keep a larger error, the target stays fixed, and ``rnd_lr_ratio = 0`` freezes it."""
     env, env_params = envs_jax.make("CartPole-v1", max_steps=8)
-    static = cj.StaticConfig(method="coevo-novelty", reward_hidden=(32, 32), action_embed_dim=4,
-                             buffer_episodes=8, num_minibatches=4)
+    static = cj.static_config("coevo-novelty", reward_hidden=(32, 32), action_embed_dim=4,
+                              buffer_episodes=8, num_minibatches=4)
     signal = L.make_learned(static, None, env, env_params)
     feats = jax.random.normal(jax.random.PRNGKey(1), (8, 8, 4))
     seen = _novelty_traj(feats, (jnp.arange(64).reshape(8, 8) % 2).astype(jnp.int32))
@@ -363,7 +363,7 @@ def test_signal_rewards_streams_per_method(method):
     normalize_int = 1); only coevo-novelty has an intrinsic stream, its RND bonus
     times novelty_coef divided by one positive number."""
     env, env_params = envs_jax.make("CartPole-v1", max_steps=4)
-    static = cj.StaticConfig(method=method, reward_hidden=(16,), action_embed_dim=4, buffer_episodes=4)
+    static = cj.static_config(method, reward_hidden=(16,), action_embed_dim=4, buffer_episodes=4)
     signal = L.make_learned(static, None, env, env_params)
     traj = _streams_traj(jax.random.PRNGKey(0))
     novelty = {"novelty_coef": 3.0} if method == "coevo-novelty" else {}
@@ -408,7 +408,7 @@ SMALL = dict(num_envs=4, rollout_len=8, total_steps=4 * 8 * 4, num_minibatches=1
 @pytest.fixture(scope="module")
 def loop():
     env, p = envs_jax.make("CartPole-v1")
-    coevo = cj.StaticConfig(method="coevo-regression", **SMALL)
+    coevo = cj.static_config("coevo-regression", **SMALL)
     # both programs at XLA's lowest backend optimisation level (compiles several times faster; compared
     # with each other only, to a tolerance)
     opt0 = {"xla_backend_optimization_level": 0}
@@ -575,7 +575,7 @@ def test_buffer_length_is_the_env_time_limit():
     time limit by default (the regression target is the whole episode's return); a
     shorter explicit length is refused before anything compiles, naming both numbers."""
     env, p = envs_jax.make("KeyDoor-5x5")  # its default limit: 250 steps
-    static = cj.StaticConfig(method="coevo-regression", reward_hidden=(4,), action_embed_dim=2, buffer_episodes=4)
+    static = cj.static_config("coevo-regression", reward_hidden=(4,), action_embed_dim=2, buffer_episodes=4)
     signal = L.make_learned(static, None, env, p)
     example = collections.namedtuple("Example", "features action")(jnp.zeros((3, 2, 5)), jnp.zeros((3, 2), jnp.int32))
     state = jax.eval_shape(signal.init, jax.random.PRNGKey(0), example, cj.default_hparams("coevo-regression"))
@@ -592,8 +592,8 @@ def test_default_replay_holds_two_rollouts_of_episodes():
     (``buffer_episodes=None``) the replay holds the episodes of two rollouts that run
     every episode to the time limit, at least 32; a given size is kept as given."""
     env, p = envs_jax.make("DelayedChain", length=16)  # 16-step episodes: 64-step rollouts of 16 envs finish 64
-    static = cj.StaticConfig(method="coevo-regression", reward_hidden=(4,), action_embed_dim=2, num_envs=16,
-                             rollout_len=64)
+    static = cj.static_config("coevo-regression", reward_hidden=(4,), action_embed_dim=2, num_envs=16,
+                              rollout_len=64)
     example = collections.namedtuple("Example", "features action")(jnp.zeros((3, 16, 5)), jnp.zeros((3, 16), jnp.int32))
 
     def rows(s):

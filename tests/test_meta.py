@@ -251,7 +251,7 @@ def test_meta_rewards_r_phi_is_the_intrinsic_stream_scaled_not_shifted():
     """Item 4: the episodic stream is r_ext_coef * r_ext; R_phi goes to the
     non-episodic intrinsic stream as r_int_coef * R_phi, raw by default and, with
     normalize_int, divided by one positive number (never shifted)."""
-    static = cj.StaticConfig(method="meta", reward_hidden=(8,), action_embed_dim=4)
+    static = cj.static_config("meta", reward_hidden=(8,), action_embed_dim=4)
     signal = meta.make_meta(static, None, _fake_env(), None)
     hp0 = cj.default_hparams("meta", r_ext_coef=0.5, r_int_coef=2.0)
     assert float(hp0.signal.normalize_int) == 0.0  # the meta default: raw R_phi

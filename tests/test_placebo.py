@@ -1,7 +1,6 @@
 """The control reward sources (:mod:`coevo_jax.signals.placebo`): the shuffled
 SIOP credit keeps every episode segment's values and total but loses their
 timing; the constant reward shifts every step by exactly ``beta_int * c``."""
-import dataclasses
 
 import jax
 import numpy as np
@@ -10,7 +9,7 @@ import pytest
 import coevo_jax as cj
 from coevo_jax.signals import PolicyView, make_signal
 from coevo_jax.signals.placebo import shuffle_within_episodes
-from test_signal_contract import STATIC, synthetic_trajectory
+from test_signal_contract import STATIC, synthetic_trajectory, tiny_static
 from xla_options import OPT0
 
 OBS_SHAPE, NUM_ACTIONS = (5,), 4
@@ -52,7 +51,7 @@ def traj():
 
 
 def _pass(method, traj, key, env=(None, None), **hp_overrides):
-    static = dataclasses.replace(STATIC, method=method)
+    static = tiny_static(method)
     signal = make_signal(static, None, *env)
     hp = cj.default_hparams(method, **hp_overrides)
 
@@ -70,7 +69,7 @@ def test_siop_shuffled_trains_siop_s_potential_and_pays_its_credit_in_random_ord
     key = jax.random.PRNGKey(4)
     state, (_, placebo, _) = _pass("siop-shuffled", traj, key, beta_ext=0.0)  # credit alone
     # siop's own rewards from the very potential the placebo trained
-    siop = make_signal(dataclasses.replace(STATIC, method="siop"), None, None, None)
+    siop = make_signal(tiny_static("siop"), None, None, None)
     hp = cj.default_hparams("siop", beta_ext=0.0)
     _, honest, _ = jax.jit(siop.rewards)(state.inner, traj, hp)
     credit, shuffled = np.asarray(honest.episodic), np.asarray(placebo.episodic)
@@ -89,7 +88,7 @@ def test_coevo_shuffled_keeps_each_episodes_multiset_of_r_phi_and_loses_its_timi
                                 hidden=8)
     key = jax.random.PRNGKey(5)
     state, (_, placebo, _) = _pass("coevo-shuffled", traj, key, env, beta_ext=0.0, beta_int=3.0)
-    reg = make_signal(dataclasses.replace(STATIC, method="coevo-regression"), None, *env)
+    reg = make_signal(tiny_static("coevo-regression"), None, *env)
     hp = cj.default_hparams("coevo-regression", beta_ext=0.0, beta_int=3.0)
     _, honest, _ = jax.jit(reg.rewards)(state.inner, traj, hp)
     r_phi, shuffled = np.asarray(honest.episodic), np.asarray(placebo.episodic)
@@ -139,10 +138,10 @@ def test_cue_bonus_pays_only_for_the_cue_and_only_where_it_says():
     match = (actions == cue)
     assert match.any() and (~match).any() and (elapsed == 0).any() and (elapsed > 0).any()
     for after, where in ((0.0, match), (1.0, match & (elapsed > 0))):
-        static = dataclasses.replace(STATIC, method="cue-bonus")
+        static = tiny_static("cue-bonus")
         signal = make_signal(static, None, env, params)
         hp = cj.default_hparams("cue-bonus", beta_int=0.3, cue_after_choice=after)
         _, streams, _ = jax.jit(signal.rewards)((), traj, hp)
         np.testing.assert_allclose(np.asarray(streams.episodic), 0.3 * where, atol=1e-7)
     with pytest.raises(cj.ConfigError, match="'KeyDoor-5x5' shows no cue"):
-        make_signal(dataclasses.replace(STATIC, method="cue-bonus"), None, *envs_jax.make("KeyDoor-5x5"))
+        make_signal(tiny_static("cue-bonus"), None, *envs_jax.make("KeyDoor-5x5"))

@@ -136,8 +136,8 @@ def test_potential_loss_minimiser_is_the_discounted_return_to_go(max_len):
     go on a chain with intermediate rewards, one with a delayed reward, and from
     time-outs that bootstrap. With L = 3 only each episode's last 3 steps are
     kept, and their values are still exact."""
-    static = cj.StaticConfig(method="siop", potential_hidden=(), potential_steps=1000, num_envs=3, rollout_len=6,
-                             num_minibatches=1, potential_buffer_episodes=16, potential_episode_len=max_len)
+    static = cj.static_config("siop", potential_hidden=(), potential_steps=1000, num_envs=3, rollout_len=6,
+                              num_minibatches=1, potential_buffer_episodes=16, potential_episode_len=max_len)
     hp = hp_(gamma=GAMMA, w_reg=0.0, lr=0.02, potential_lr_ratio=1.0, potential_max_grad_norm=100.0)
     sig = pot.make_potential(static)
     r1, r2 = chain_rollouts()
@@ -186,8 +186,8 @@ def test_credit_telescopes_per_episode(nstep, normalize):
     termination, ``Phi(final_obs)`` after a time-out or at the rollout's end."""
     gamma = 0.9
     traj = random_episodes_traj(jax.random.PRNGKey(2))
-    static = cj.StaticConfig(method="siop", potential_hidden=(8,), credit_nstep=nstep, num_envs=3, rollout_len=12,
-                             potential_episode_len=16)
+    static = cj.static_config("siop", potential_hidden=(8,), credit_nstep=nstep, num_envs=3, rollout_len=12,
+                              potential_episode_len=16)
     hp = hp_(gamma=gamma, beta_ext=0.0, beta_int=1.0, normalize_int=normalize, potential_init=0.3)
     sig = pot.make_potential(static)
     state = perturbed_state(sig, traj, hp, jax.random.PRNGKey(3))
@@ -301,7 +301,7 @@ def test_policy_reward_pays_the_outcome_once():
     terminated episode the episodic stream's discounted sum is ``G - Phi(s_0)``;
     over a timed-out one ``G + gamma^T Phi(final_obs) - Phi(s_0)``."""
     traj = synthetic_traj()
-    static = cj.StaticConfig(method="siop", potential_hidden=(8,), num_envs=4, rollout_len=8, potential_episode_len=16)
+    static = cj.static_config("siop", potential_hidden=(8,), num_envs=4, rollout_len=8, potential_episode_len=16)
     hp = hp_()
     assert float(hp.signal.beta_ext) == float(hp.signal.beta_int) == 1.0 and float(hp.signal.normalize_int) == 0.0
     sig = pot.make_potential(static)
@@ -324,7 +324,7 @@ def kd_traj():
 
 
 def test_init_bias_and_ensemble_combination(kd_traj):
-    static = cj.StaticConfig(method="siop", potential_hidden=(8,), ensemble_size=3)
+    static = cj.static_config("siop", potential_hidden=(8,), ensemble_size=3)
     net = pot.make_potential_network(static)
     params = pot.init_potential_params(net, jax.random.PRNGKey(0), jnp.zeros((1, 155)), 0.5, 3)
     np.testing.assert_array_equal(params["params"]["out"]["bias"], 0.5)
@@ -340,8 +340,8 @@ def test_init_bias_and_ensemble_combination(kd_traj):
 def test_replay_transitions_and_one_member_ensemble(kd_traj):
     """The replay holds the two ended episodes; a one-member ensemble's update
     equals :func:`pot.refit` on that member by hand."""
-    static = cj.StaticConfig(method="siop", potential_hidden=(8,), potential_steps=3, ensemble_size=1,
-                             num_envs=4, rollout_len=8, num_minibatches=2, potential_episode_len=16)
+    static = cj.static_config("siop", potential_hidden=(8,), potential_steps=3, ensemble_size=1,
+                              num_envs=4, rollout_len=8, num_minibatches=2, potential_episode_len=16)
     sig = pot.make_potential(static)
     hp = hp_(lr=1e-2, potential_lr_ratio=1.0)
     state = jax.jit(sig.init)(jax.random.PRNGKey(3), kd_traj, hp)
@@ -373,9 +373,9 @@ def test_replay_transitions_and_one_member_ensemble(kd_traj):
 
 
 def test_update_reduces_loss_and_rewards_mix(kd_traj):
-    static = cj.StaticConfig(method="siop", potential_hidden=(16,), potential_steps=40, ensemble_size=2,
-                             ensemble_combine="min", num_envs=4, rollout_len=8, num_minibatches=1,
-                             potential_episode_len=16)
+    static = cj.static_config("siop", potential_hidden=(16,), potential_steps=40, ensemble_size=2,
+                              ensemble_combine="min", num_envs=4, rollout_len=8, num_minibatches=1,
+                              potential_episode_len=16)
     sig = pot.make_potential(static)
     hp = hp_(lr=3e-3, potential_lr_ratio=1.0, beta_ext=1.0, beta_int=0.5, credit_clip=0.05)
     state, _ = sig.observe(jax.jit(sig.init)(jax.random.PRNGKey(0), kd_traj, hp), kd_traj, hp, None)
@@ -409,8 +409,8 @@ def test_refit_waits_for_complete_episodes(kd_traj):
     count stay as initialised, refit_steps 0); with the two episodes of ``kd_traj``
     it takes ``potential_steps``, unless ``min_refit_episodes`` asks for more.
     Item 3: its step is ``potential_lr_ratio`` times the policy's lr."""
-    static = cj.StaticConfig(method="siop", potential_hidden=(8,), potential_steps=3, num_envs=4, rollout_len=8,
-                             num_minibatches=2, potential_episode_len=16)
+    static = cj.static_config("siop", potential_hidden=(8,), potential_steps=3, num_envs=4, rollout_len=8,
+                              num_minibatches=2, potential_episode_len=16)
     sig = pot.make_potential(static)
     hp = hp_(lr=1e-3, potential_lr_ratio=3.0)
     empty = jax.jit(sig.init)(jax.random.PRNGKey(3), kd_traj, hp)
@@ -440,5 +440,5 @@ def test_replay_length_is_the_env_time_limit(kd_traj):
     env, params = envs_jax.make("KeyDoor-5x5")  # the default limit, 250 steps
     with pytest.raises(cj.ConfigError, match=r"^StaticConfig.potential_episode_len=128 is shorter than the env's time"
                                              r" limit 250: .* None to keep all 250\)$"):
-        pot.make_potential(cj.StaticConfig(method="siop", potential_episode_len=128), None, env, params)
-    assert pot.make_potential(cj.StaticConfig(method="siop", potential_episode_len=300), None, env, params)
+        pot.make_potential(cj.static_config("siop", potential_episode_len=128), None, env, params)
+    assert pot.make_potential(cj.static_config("siop", potential_episode_len=300), None, env, params)

@@ -54,7 +54,7 @@ def test_reward_net_starts_near_zero_on_realistic_inputs(name, reward_input):
     for the grid, transformer for text) and on raw observations (one-hot tokens
     for text). It is small, not constant zero (a frozen R_phi is still a function)."""
     env, params, obs, act = _realistic_obs(name)
-    static = cj.StaticConfig(reward_input=reward_input)
+    static = cj.static_config("coevo-regression", reward_input=reward_input)
     net = RN.make_reward_net(static, env, params)
     assert net.vocab == (int(env.observation_space(params).high) + 1 if reward_input == "obs" and name == "TextMaze"
                          else 0)
@@ -82,16 +82,18 @@ def test_both_methods_use_the_one_reward_net():
         assert getattr(module, "RewardNet", RN.RewardNet) is RN.RewardNet
     env, p = envs_jax.make("CartPole-v1")
     for method in ("coevo-regression", "meta"):
-        static = cj.StaticConfig(method=method, reward_input="obs")
+        static = cj.static_config(method, reward_input="obs")
         assert RN.make_reward_net(static, env, p) == RN.RewardNet(2, (64, 64), 16, "obs", 1, 0)
 
 
 # ----------------------------------------------------------------------------- what a frozen R_phi reads (item 8d)
 def test_reward_input_is_validated():
-    for method in ("coevo-regression", "coevo-novelty", "meta"):  # the methods with an R_phi (their MethodSpec)
+    for method in ("coevo-regression", "coevo-novelty", "meta"):  # the methods with an R_phi (RewardNetStatic)
         with pytest.raises(cj.ConfigError, match=r"StaticConfig.reward_input='pixels' must be 'features' or 'obs'"):
-            cj.validate_static(cj.StaticConfig(method=method, reward_input="pixels"))
-    cj.validate_static(cj.StaticConfig(method="ppo", reward_input="pixels"))  # unused there: not checked
+            cj.validate_static(cj.static_config(method, reward_input="pixels"))
+    with pytest.raises(cj.ConfigError, match=r"StaticConfig.reward_input is a static option of method\(s\) .*not of"
+                                             r" method 'ppo', whose static options are \(none\)"):
+        cj.static_config("ppo", reward_input="pixels")  # not ppo's: refused by name
 
 
 def test_frozen_reward_of_a_fixed_observation_stays_fixed_with_obs_input():
@@ -104,7 +106,7 @@ def test_frozen_reward_of_a_fixed_observation_stays_fixed_with_obs_input():
     hp = cj.default_hparams("coevo-regression", reward_lr_ratio=0.0, k=1, lr=1e-2)
     out = {}
     for reward_input in ("obs", "features"):
-        trainer = cj.Trainer(cj.StaticConfig(method="coevo-regression", reward_input=reward_input, **SMALL), env, p)
+        trainer = cj.Trainer(cj.static_config("coevo-regression", reward_input=reward_input, **SMALL), env, p)
         net = RN.make_reward_net(trainer.static, env, p)
 
         def reward_of_fixed(state):

@@ -32,6 +32,7 @@ import pytest
 
 import coevo_jax as cj
 import envs_jax
+from coevo_jax.config import static_fields
 from coevo_jax.ppo import init_optimizer, stream_advantages
 from coevo_jax.rollout import Trajectory
 from coevo_jax.signals import PolicyView, base
@@ -41,10 +42,19 @@ from xla_options import OPT0
 # refuses other envs (tests/test_placebo.py checks it on the chain)
 METHODS = tuple(m for m in cj.registered_methods() if m != "cue-bonus")
 T, N = 8, 4
-STATIC = cj.StaticConfig(num_envs=N, rollout_len=T, total_steps=N * T * 3, num_minibatches=2, update_epochs=1,
-                         hidden_sizes=(8,), reward_hidden=(8,), action_embed_dim=4, reward_steps=2, buffer_episodes=4,
-                         max_episode_len=8, potential_hidden=(8,), potential_steps=2, potential_buffer_episodes=4,
-                         potential_episode_len=8, icm_feature_dim=4)
+CORE = dict(num_envs=N, rollout_len=T, total_steps=N * T * 3, num_minibatches=2, update_epochs=1, hidden_sizes=(8,))
+#: every method's static options at a tiny size (each method takes those it has)
+OPTIONS = dict(reward_hidden=(8,), action_embed_dim=4, reward_steps=2, buffer_episodes=4, max_episode_len=8,
+               potential_hidden=(8,), potential_steps=2, potential_buffer_episodes=4, potential_episode_len=8,
+               icm_feature_dim=4)
+
+
+def tiny_static(method: str) -> cj.StaticConfig:
+    own = static_fields(method)
+    return cj.static_config(method, **CORE, **{k: v for k, v in OPTIONS.items() if k in own})
+
+
+STATIC = tiny_static("ppo")
 KEYS = jax.random.split(jax.random.PRNGKey(1), 2)
 
 
@@ -127,7 +137,7 @@ def policies(env):
     env, p = env
     out = {}
     for heads, method in ((1, "ppo"), (2, "icm")):
-        static = STATIC.replace(method=method)
+        static = tiny_static(method)
         net = cj.make_policy_network(static, env, p)
         traj = synthetic_trajectory(heads, env.observation_space(p).shape, env.action_space(p).n, heads,
                                     static.hidden_sizes[-1])
@@ -144,7 +154,7 @@ def _program_owners() -> dict:
     from coevo_jax.experiment import Arm, Study, build_plan
     from coevo_jax.experiment.worker import program_key
 
-    study = Study("KeyDoor-5x5", tuple(Arm(STATIC.replace(method=m)) for m in METHODS), num_seeds=2)
+    study = Study("KeyDoor-5x5", tuple(Arm(tiny_static(m)) for m in METHODS), num_seeds=2)
     keys = [program_key(plan, 2) for plan in build_plan(study, check_trainers=False)]
     return {m: METHODS[keys.index(k)] for m, k in zip(METHODS, keys)}
 
@@ -168,7 +178,7 @@ def passes(env, policies):
             return _CACHE[method]
         spec = cj.method_spec(method)
         net, params, opt_state, traj = policies[2 if spec.intrinsic_stream else 1]
-        static = STATIC.replace(method=method)
+        static = tiny_static(method)
         signal = spec.factory(static, net, cj.Trainer(static, env, p).env, p)
         hp = cj.default_hparams(method)
         hp_off = cj.default_hparams(method, **(spec.off or {}))
@@ -266,7 +276,7 @@ def trains(env):
 
     def get(method: str):
         if method not in _TRAINS:
-            trainer, traces = cj.Trainer(STATIC.replace(method=method), env, p), []
+            trainer, traces = cj.Trainer(tiny_static(method), env, p), []
 
             def train(key, hp):
                 traces.append(1)

@@ -133,8 +133,8 @@ def test_outcome_potential_minimiser_is_the_discounted_outcome_to_go():
     the end; the time-outs on chain A collect the 0.5): with the outcome target
     both losses reach 0 at the discounted *final* reward to go, the time-outs
     consistent with it through their bootstrap."""
-    static = cj.StaticConfig(method="siop", potential_hidden=(), potential_steps=1000, num_envs=3, rollout_len=6,
-                             num_minibatches=1, potential_buffer_episodes=16, potential_episode_len=8)
+    static = cj.static_config("siop", potential_hidden=(), potential_steps=1000, num_envs=3, rollout_len=6,
+                              num_minibatches=1, potential_buffer_episodes=16, potential_episode_len=8)
     hp = cj.default_hparams("siop", gamma=GAMMA, w_reg=0.0, lr=0.02, potential_lr_ratio=1.0, potential_max_grad_norm=100.0,
                             potential_outcome=1.0)
     sig = pot.make_potential(static)

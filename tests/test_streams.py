@@ -181,8 +181,9 @@ def _bonus_setup(method):
     z = jnp.zeros((T, N, 2))
     traj = traj_of(jnp.zeros((T, N)), jnp.zeros((T, N), bool), jnp.zeros((T, N), bool), z, z, obs,
                    jnp.roll(obs, -1, 0), action)._replace(features=jax.random.normal(key, (T, N, 8)))
-    static = cj.StaticConfig(method=method, hidden_sizes=(16,), icm_feature_dim=8, num_envs=N, rollout_len=T,
-                             num_minibatches=4, reward_hidden=(16, 16), action_embed_dim=4, buffer_episodes=2)
+    own = {"icm": dict(icm_feature_dim=8), "coevo-novelty": dict(reward_hidden=(16, 16), action_embed_dim=4,
+                                                                  buffer_episodes=2)}[method]
+    static = cj.static_config(method, hidden_sizes=(16,), num_envs=N, rollout_len=T, num_minibatches=4, **own)
     ratio = {"icm": "icm_lr_ratio", "coevo-novelty": "rnd_lr_ratio"}[method]
     hp = cj.default_hparams(method, **{ratio: 12.0}, normalize_int=0.0)  # 3e-3 at lr 2.5e-4
     from coevo_jax.signals import make_signal
@@ -256,8 +257,8 @@ def test_ppo_and_dense_share_one_program_and_read_their_reward_exactly():
 # ----------------------------------------------------------------------------- ICM trains every iteration
 def test_icm_trains_in_observe_and_pays_a_separate_stream():
     env, p = envs_jax.make("KeyDoor-5x5")
-    static = cj.StaticConfig(method="icm", hidden_sizes=(16,), icm_feature_dim=8, num_envs=4, rollout_len=8,
-                             num_minibatches=2)
+    static = cj.static_config("icm", hidden_sizes=(16,), icm_feature_dim=8, num_envs=4, rollout_len=8,
+                              num_minibatches=2)
     sig = icm_mod.make_icm(static, None, env, p)
     T, N = 8, 4
     key = jax.random.PRNGKey(5)

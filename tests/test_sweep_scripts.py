@@ -133,8 +133,9 @@ def test_default_studies_keep_each_protocol():
     (ablate,) = built("compare_methods", ["--tasks", "doorkey5-h40", "--methods", "siop", "--no-controls", "--ablations"])
     arms = {a.name: a for a in ablate.arms}
     assert list(arms)[:3] == ["siop", "siop-replay-8", "siop-replay-256"] and len(arms) == 7
-    assert arms["siop-replay-8"].static.potential_buffer_episodes == 8 and arms["siop"].static.ensemble_size == 1
-    assert arms["siop-ensemble-4-min"].static.ensemble_combine == "min" and arms["siop-beta_ext-0"].fixed["beta_ext"] == 0
+    assert arms["siop-replay-8"].static.signal.potential_buffer_episodes == 8
+    assert arms["siop"].static.signal.ensemble_size == 1 and arms["siop-ensemble-4-min"].static.signal.ensemble_combine \
+        == "min" and arms["siop-beta_ext-0"].fixed["beta_ext"] == 0
     assert arms["siop-replay-256"].static.total_steps == arms["siop"].static.total_steps
     (credit,) = built("credit_quality")
     from _study.analysis.credit_quality import arm_signals
@@ -170,7 +171,7 @@ def test_default_studies_keep_each_protocol():
     assert ends.arms == fixed.arms and [a.name for a in ends.arms] == list(load("ircr_horizon").DEFAULT_ARMS)
     arms = {a.name: a for a in ends.arms}
     (tuned_ircr,) = built("ircr_horizon", ["--arms", "ppo,ircr"])[0].arms[1:]
-    assert dict(tuned_ircr.fixed) == ktd.tuned["ircr"] and arms["ircr@ppo"].static.buffer_episodes == 256
+    assert dict(tuned_ircr.fixed) == ktd.tuned["ircr"] and arms["ircr@ppo"].static.signal.buffer_episodes == 256
     at_ppo = {**ktd.tuned["ircr"], "lr": ktd.tuned["ppo"]["lr"], "ent_coef": ktd.tuned["ppo"]["ent_coef"]}
     assert dict(arms["ircr@ppo"].fixed) == at_ppo and dict(arms["ircr+ext@ppo"].fixed) == {**at_ppo, "beta_ext": 1.0}
     (abl,) = built("ircr_ablation", ["--tasks", "chain-l16-n05"])  # R_phi toward IRCR, one property per arm
@@ -188,8 +189,9 @@ def test_default_studies_keep_each_protocol():
                "reward_lr_ratio": ircr["ircr_lr_ratio"], "beta_int": 1.0, "normalize_int": 0.0}
     assert {k: float(v) for k, v in arms["as-ircr-ircr-values"].fixed.items()} == pytest.approx(at_ircr)
     assert abl.save_chunks and all(a.static.method == "coevo-regression" for a in abl.arms[2:])
-    for key, value in chain_task.static_overrides.items():  # every arm runs with the task's StaticConfig overrides
-        assert all(getattr(a.static, key) == (tuple(value) if isinstance(value, list) else value) for a in chain.arms)
+    for key, value in chain_task.static_overrides.items():  # every arm with the field runs at the task's override
+        having = [a.static.as_dict() for a in chain.arms if key in a.static.as_dict()]
+        assert having and all(d[key] == (tuple(value) if isinstance(value, list) else value) for d in having), key
 
 
 def test_option_parsing():

@@ -3,13 +3,15 @@ here, with no library file naming it.
 
 The toy is a count-based exploration bonus (Strehl and Littman 2008; hashed
 counts as in Tang et al. 2017, "#Exploration"): observations are hashed into
-``2^BITS`` buckets by the signs of a fixed random projection, ``observe``
+``2^hash_bits`` buckets by the signs of a fixed random projection, ``observe``
 counts the visits, and every step pays ``traj.reward + count_bonus /
 sqrt(n(s'))``. Its hyperparameters are its own class, declared here: the
 mixing fields every method has plus ``count_bonus`` (range ``[0, 1]``); at
-``count_bonus = 0`` the method is sparse PPO bit for bit.
+``count_bonus = 0`` the method is sparse PPO bit for bit. Its static option
+``hash_bits`` (the table's size, a shape) is its own class too.
 """
 import dataclasses
+import types
 from concurrent.futures import ThreadPoolExecutor
 
 import jax
@@ -20,22 +22,21 @@ import pytest
 import coevo_jax as cj
 import envs_jax
 from coevo_jax.params import hyperparams, unit
-from coevo_jax.registry import MethodSpec, register_method, unregister_method
+from coevo_jax.registry import MethodSpec, StaticOptions, register_method, unregister_method
 from coevo_jax.signals import RewardStreams, Signal, SignalParams
 from coevo_jax.signals.base import no_update
 from xla_options import OPT0
 
 TOY = "count-bonus"
-BITS = 6
 STATIC = dict(num_envs=4, rollout_len=16, total_steps=4 * 16 * 4, num_minibatches=2, update_epochs=2,
               hidden_sizes=(16,))
 
 
 def buckets(proj: jax.Array, obs: jax.Array) -> jax.Array:
-    """SimHash bucket of each observation: ``proj [D, BITS]``, ``obs [T, N, ...] -> [T, N]`` int32."""
+    """SimHash bucket of each observation: ``proj [D, B]``, ``obs [T, N, ...] -> [T, N]`` int32 in ``[0, 2^B)``."""
     x = obs.reshape(obs.shape[:2] + (-1,)).astype(jnp.float32)
     bits = (x @ proj > 0).astype(jnp.int32)
-    return (bits * (2 ** jnp.arange(BITS, dtype=jnp.int32))).sum(-1)
+    return (bits * (2 ** jnp.arange(proj.shape[1], dtype=jnp.int32))).sum(-1)
 
 
 @hyperparams
@@ -45,11 +46,21 @@ class CountBonusParams(SignalParams):
     count_bonus: float = unit(0.01, doc="weight of the 1 / sqrt(visit count) bonus")
 
 
+@dataclasses.dataclass(frozen=True)
+class CountBonusStatic(StaticOptions):
+    """The toy's static options (``StaticConfig.signal``): the hash table's size."""
+
+    hash_bits: int = 6  # B: observations hash into 2^B buckets
+
+    checks = {"hash_bits": (1, 16)}
+
+
 def make_count_bonus(static, network, env, env_params) -> Signal:
-    """The toy's :class:`Signal`: state ``{"proj" [D, BITS], "counts" [2^BITS]}``."""
+    """The toy's :class:`Signal`: state ``{"proj" [D, B], "counts" [2^B]}``, ``B = static.signal.hash_bits``."""
+    bits = static.signal.hash_bits
 
     def init(key, traj, hp):
-        return {"proj": jax.random.normal(key, (traj.obs[0, 0].size, BITS)), "counts": jnp.zeros(2**BITS)}
+        return {"proj": jax.random.normal(key, (traj.obs[0, 0].size, bits)), "counts": jnp.zeros(2**bits)}
 
     def observe(state, traj, hp, key):
         counts = state["counts"].at[buckets(state["proj"], traj.next_obs).ravel()].add(1.0)
@@ -66,6 +77,7 @@ def make_count_bonus(static, network, env, env_params) -> Signal:
 TOY_SPEC = MethodSpec(
     TOY, make_count_bonus,
     params=CountBonusParams,
+    static=CountBonusStatic,
     off={"count_bonus": 0.0},
     doc="toy: a hashed count-based exploration bonus in the episodic stream",
 )
@@ -98,7 +110,7 @@ def test_registered_toy_has_its_own_class_default_and_range(toy):
 
 
 def test_a_second_registration_is_refused_and_unregistering_removes_it(toy):
-    spec = MethodSpec("count-bonus-2", make_count_bonus, CountBonusParams)
+    spec = MethodSpec("count-bonus-2", make_count_bonus, CountBonusParams, static=CountBonusStatic)
     register_method(spec)
     try:
         assert cj.hparam_fields("count-bonus-2") == cj.hparam_fields(TOY)
@@ -108,6 +120,50 @@ def test_a_second_registration_is_refused_and_unregistering_removes_it(toy):
         unregister_method(spec.name)
     with pytest.raises(cj.ConfigError, match="unknown method 'count-bonus-2'; registered methods: ppo"):
         cj.method_spec("count-bonus-2")
+
+
+def test_the_toys_static_option_is_its_own_and_shapes_its_signal(toy):
+    """``hash_bits`` lands in the toy's ``StaticConfig.signal``, is range-checked, sizes the
+    count table its signal builds, and is no field of the other methods."""
+    static = cj.static_config(TOY, hash_bits=3, **STATIC)
+    assert static.signal == CountBonusStatic(3) and static.as_dict()["hash_bits"] == 3
+    assert cj.StaticConfig(method=TOY).signal == CountBonusStatic()
+    env, p = envs_jax.make("KeyDoor-5x5")
+    obs = jnp.zeros((2, 4) + env.observation_space(p).shape)
+    signal = cj.make_signal(static, None, env, p)
+    state = signal.init(jax.random.PRNGKey(0), types.SimpleNamespace(obs=obs), cj.default_hparams(TOY))
+    assert state["counts"].shape == (8,) and state["proj"].shape == (obs[0, 0].size, 3)
+    with pytest.raises(cj.ConfigError, match=r"^StaticConfig.hash_bits=0 must be an integer in \[1, 16\]$"):
+        cj.validate_static(static.replace(hash_bits=0))
+    with pytest.raises(cj.ConfigError, match=r"StaticConfig.hash_bits is a static option of method\(s\) count-bonus,"
+                                             r" not of method 'ppo'"):
+        cj.static_config("ppo", hash_bits=3)
+    assert static.replace(method="ppo").signal is None  # ppo has no static options
+
+
+def test_a_static_class_is_checked_when_the_spec_is_made():
+    @dataclasses.dataclass(frozen=True)
+    class Clash(StaticOptions):
+        num_envs: int = 4
+
+    @dataclasses.dataclass(frozen=True)
+    class BadCheck(StaticOptions):
+        width: int = 4
+        checks = {"depth": (1, 2)}
+
+    @dataclasses.dataclass(frozen=True)
+    class NoDefault(StaticOptions):
+        width: int
+
+    with pytest.raises(cj.ConfigError, match=r"method 'x': Clash.num_envs clashes with StaticConfig.num_envs"):
+        MethodSpec("x", make_count_bonus, static=Clash)
+    with pytest.raises(cj.ConfigError, match=r"method 'x': BadCheck.checks names 'depth', which is no field of"
+                                             " BadCheck; fields are width"):
+        MethodSpec("x", make_count_bonus, static=BadCheck)
+    with pytest.raises(cj.ConfigError, match=r"method 'x': NoDefault.width needs a default"):
+        MethodSpec("x", make_count_bonus, static=NoDefault)
+    with pytest.raises(cj.ConfigError, match=r"static=.* must be a subclass of StaticOptions declared with"):
+        MethodSpec("x", make_count_bonus, static=CountBonusParams)
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,8 @@ import shutil
 import numpy as np
 import pytest
 
-from coevo_jax.config import ConfigError
+from coevo_jax.config import ConfigError, static_fields
+from coevo_jax.reward_net import RewardNetStatic
 from _study import tuning
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -228,7 +229,7 @@ def test_tuned_values_reach_every_study_and_are_never_replaced_silently(tmp_path
         calibrate.write_admitted(path, [json.loads(json.dumps(changed))], [TASK], 20)
 
 
-def test_a_tasks_static_overrides_reach_every_method_and_unknown_fields_are_refused(tmp_path):
+def test_a_tasks_static_overrides_reach_every_method_that_has_them_and_unknown_fields_are_refused(tmp_path):
     from _study.admitted import load_admitted
 
     path = str(tmp_path / "admitted.json")
@@ -239,10 +240,16 @@ def test_a_tasks_static_overrides_reach_every_method_and_unknown_fields_are_refu
     json.dump(data, open(path, "w"))
     compare = load("compare_methods")
     (study,) = compare.studies(compare.build_parser().parse_args(["--tasks", TASK, "--admitted", path]))
-    for arm in study.arms:
-        assert (arm.static.buffer_episodes, arm.static.potential_buffer_episodes) == (256, 128), arm.name
-    # a study's own static change still wins over the task's
-    assert load_admitted(path)[TASK].static("siop", buffer_episodes=8).buffer_episodes == 8
+    for arm in study.arms:  # each method takes the fields it has (R_phi's replay, the potential's) and no other
+        fields = arm.static.as_dict()
+        want = {f: v for f, v in entry["static_overrides"].items() if f in static_fields(arm.static.method)}
+        assert {f: fields[f] for f in want} == want and fields.keys() >= want.keys(), arm.name
+    assert {a.static.signal.buffer_episodes for a in study.arms if isinstance(a.static.signal, RewardNetStatic)} == {256}
+    assert {a.static.signal.potential_buffer_episodes for a in study.arms if a.static.method == "siop"} == {128}
+    # a study's own static change still wins over the task's; it must be the method's own
+    assert load_admitted(path)[TASK].static("siop", potential_buffer_episodes=8).signal.potential_buffer_episodes == 8
+    with pytest.raises(ConfigError, match="StaticConfig.buffer_episodes is a static option of method"):
+        load_admitted(path)[TASK].static("siop", buffer_episodes=8)
     entry["static_overrides"] = {"buffer_episode": 256}
     json.dump(data, open(path, "w"))
     with pytest.raises(ConfigError, match="static_overrides has buffer_episode, not StaticConfig fields"):
@@ -400,13 +407,13 @@ def test_the_k_study_runs_the_tunings_settings_and_its_row_at_the_tuned_k_is_the
         if not arm.grid:  # the reference lines: exactly the tuning's settings
             assert arm.static == tuned, m
             continue
-        assert arm.static.replace(refit_steps_per_k=False, reward_steps=tuned.reward_steps,
-                                  potential_steps=tuned.potential_steps) == tuned, m
+        steps = "reward_steps" if m.startswith("coevo") else "potential_steps"  # the swept: R_phi's, siop's
+        assert arm.static.replace(refit_steps_per_k=False, **{steps: getattr(tuned.signal, steps)}) == tuned, m
         k_ref = int(cj.default_hparams(m).signal.k)
         for k, factor in ((k_ref, 1), (4 * k_ref, 4)):
             hp = cj.default_hparams(m, k=k)
-            assert int(refit_steps(arm.static.reward_steps, arm.static, hp)) == factor * tuned.reward_steps
-            assert int(refit_steps(arm.static.potential_steps, arm.static, hp)) == factor * tuned.potential_steps
+            refit = refit_steps(getattr(arm.static.signal, steps), arm.static, hp)
+            assert int(refit) == factor * getattr(tuned.signal, steps), m
         assert dict(arm.fixed).items() >= {f: v for f, v in task.hparams(m).items() if f != "k"}.items()
     # a task that fails the admission rule at its tuned values is said to be unable to rank the methods
     args = ks.build_parser().parse_args([])

@@ -109,21 +109,21 @@ def test_dialogues_text_and_telescoping_credit(booking):
 
 def test_trained_models_credit_and_figure(booking, tmp_path):
     """A (hand-built) SIOP potential and an untrained R_phi on the example dialogue."""
-    from coevo_jax.config import StaticConfig
+    from coevo_jax.config import static_config
     from coevo_jax.reward_net import make_reward_net
     from coevo_jax.signals.potential import PotentialState, init_potential_params, make_potential_network
     from coevo_jax.train import Trainer
 
     env, params, ds = booking
     d = next(iter(ds.values()))
-    static = StaticConfig(method="coevo-regression", network="bag", action_head="utterance", num_envs=2,
-                          rollout_len=4, total_steps=8, num_minibatches=1, update_epochs=1, d_model=8,
-                          hidden_sizes=(8,), reward_hidden=(8,))
+    core = dict(network="bag", action_head="utterance", num_envs=2, rollout_len=4, total_steps=8, num_minibatches=1,
+                update_epochs=1, d_model=8, hidden_sizes=(8,))
+    static, siop = static_config("coevo-regression", **core, reward_hidden=(8,)), static_config("siop", **core)
     vocab = env.vocab_size
-    vnet = make_potential_network(static, vocab)
+    vnet = make_potential_network(siop, vocab)
     params0 = init_potential_params(vnet, jax.random.PRNGKey(0), jnp.zeros((1, d["obs"].shape[1]), jnp.int32), 0.5, 1)
     state = PotentialState(params0, None, None, None, None)
-    phi = tc.potential_of(static, state, d["obs"], vocab)
+    phi = tc.potential_of(siop, state, d["obs"], vocab)
     assert phi.shape == (len(d["obs"]),) and np.allclose(phi, 0.5, atol=0.05)  # init: the bias potential_init
     trainer = Trainer(static, env, params)
     pp = jax.jit(trainer.network.init, compiler_options=OPT0)(jax.random.PRNGKey(1), jnp.asarray(d["obs"][:1]))

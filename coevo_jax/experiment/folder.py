@@ -10,7 +10,7 @@ import os
 import shutil
 import time
 
-from coevo_jax.experiment.spec import StudyError, config_hash
+from coevo_jax.experiment.spec import CONFIG_VERSION, StudyError, config_hash
 from coevo_jax.files import atomic_write_text
 
 FINISHED_MARK = "FINISHED"
@@ -54,13 +54,27 @@ def check_out(out: str, text: str, overwrite: bool) -> str:
         if overwrite:
             return "wipe"
         raise StudyError(f"{out} holds a finished study; pass --overwrite to replace it, or choose another --out")
-    old_hash = config_hash(open(old).read())
+    old_text = open(old).read()
+    old_hash = config_hash(old_text)
     if old_hash != config_hash(text):
         if overwrite:
             return "wipe"
+        version = _version(old_text)
+        if version != CONFIG_VERSION:
+            raise StudyError(f"{out} was written by an older version of coevo_jax.experiment (config.json version"
+                             f" {version}, now {CONFIG_VERSION}) and cannot be resumed; use a new --out")
         raise StudyError(f"checkpoint in {out} is from a different config (hash {old_hash} != {config_hash(text)});"
                          " refusing to resume it: pass --overwrite to discard it, or choose another --out")
     return "resume"
+
+
+def _version(text: str):
+    """The ``version`` of a ``config.json`` text (``None`` when it has none or is no JSON object)."""
+    try:
+        d = json.loads(text)
+    except ValueError:
+        return None
+    return d.get("version") if isinstance(d, dict) else None
 
 
 def wait_prepared(out: str, text: str, timeout_s: float = 600.0) -> None:

@@ -5,7 +5,9 @@ cartesian grid of HParams values; every grid point runs ``num_seeds`` seeds.
 Seed ``s`` of every arm and grid point uses the key ``fold_in(PRNGKey(
 base_seed), s)``, so seeds are paired across arms. ``config.json`` (the
 canonical JSON of the study) names the study's output folder; its hash guards
-resuming.
+resuming. An arm's ``static`` is written flat (``StaticConfig.as_dict``: the core
+fields, then the method's static options); version 3 wrote every method's
+fields, and reads back with those of the arm's method only.
 """
 from __future__ import annotations
 
@@ -18,9 +20,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from coevo_jax.config import ConfigError, StaticConfig
+from coevo_jax.config import ConfigError, StaticConfig, core_static_fields, static_config, static_fields
 
-CONFIG_VERSION = 3
+CONFIG_VERSION = 4
+READABLE_VERSIONS = (3, 4)  # config.json versions Study.from_json reads (a study resumes only its own)
 
 
 class StudyError(RuntimeError):
@@ -68,16 +71,20 @@ class Arm:
         return [dict(zip(fields, vals)) for vals in zip(*columns)]
 
     def to_json(self) -> dict:
-        d = {"label": self.name, "static": dataclasses.asdict(self.static),
+        d = {"label": self.name, "static": self.static.as_dict(),
              "grid": [[k, [_py(x) for x in v]] for k, v in self.grid.items()],  # pairs keep the field order
              "fixed": {k: _py(v) for k, v in self.fixed.items()}}
         return {**d, "zipped": True} if self.zipped else d  # (a crossed grid's config.json has no such key)
 
     @staticmethod
-    def from_json(d: dict) -> "Arm":
-        fields = {f.name for f in dataclasses.fields(StaticConfig)}
-        static = {k: tuple(v) if isinstance(v, list) else v for k, v in d["static"].items() if k in fields}
-        return Arm(StaticConfig(**static), {k: tuple(v) for k, v in d["grid"]}, dict(d["fixed"]), d["label"],
+    def from_json(d: dict, version: int = CONFIG_VERSION) -> "Arm":
+        """The arm of ``d`` (:meth:`to_json`); ``version`` 3 (every method's static fields, flat): the fields
+        of the arm's method are kept, the others dropped."""
+        flat = {k: tuple(v) if isinstance(v, list) else v for k, v in d["static"].items()}
+        method = flat.pop("method")
+        if version < 4:
+            flat = {k: v for k, v in flat.items() if k in core_static_fields() or k in static_fields(method)}
+        return Arm(static_config(method, **flat), {k: tuple(v) for k, v in d["grid"]}, dict(d["fixed"]), d["label"],
                    bool(d.get("zipped", False)))
 
 
@@ -127,9 +134,11 @@ class Study:
     @staticmethod
     def from_json(d: dict) -> "Study":
         d = dict(d)
-        if d.pop("version", None) != CONFIG_VERSION:
+        version = d.pop("version", None)
+        if version not in READABLE_VERSIONS:
             raise StudyError("config.json was written by another version of coevo_jax.experiment; use a new --out")
-        return Study(**{**d, "arms": tuple(Arm.from_json(a) for a in d["arms"]), "env_kwargs": dict(d["env_kwargs"])})
+        arms = tuple(Arm.from_json(a, version) for a in d["arms"])
+        return Study(**{**d, "arms": arms, "env_kwargs": dict(d["env_kwargs"])})
 
 
 def config_text(study: Study) -> str:

@@ -85,7 +85,8 @@ def program_key(plan, b: int) -> tuple:
 
     spec = method_spec(plan.arm.static.method)
     leaves, treedef = jax.tree.flatten(plan.hp)
-    return (plan.arm.static.replace(method=""), spec.factory, spec.intrinsic_stream, b, plan.chunk_len, treedef,
+    static = dataclasses.replace(plan.arm.static, method="")  # (the method's static options kept as they are)
+    return (static, spec.factory, spec.intrinsic_stream, b, plan.chunk_len, treedef,
             tuple((np.shape(x)[1:], np.asarray(x).dtype) for x in leaves))
 
 

@@ -11,7 +11,7 @@ gradient flows through them, and no network of its own):
     F_t = gamma * V(s_t+1) - V(s_t),   V(s_t+1) = 0 if terminated_t,
                                        V(final_obs_t) if truncated_t (a time-out bootstraps),
 
-spread over ``static.credit_nstep`` steps, clipped at ``hp.signal.credit_clip`` and
+spread over ``static.signal.credit_nstep`` steps, clipped at ``hp.signal.credit_clip`` and
 paid in the episodic stream as ``beta_ext * r_ext + beta_int * F``, all
 exactly as ``siop`` does with its default ``normalize_int = 0``
 (:func:`~coevo_jax.signals.potential.trajectory_shaping`): the credit is raw,
@@ -35,16 +35,27 @@ policies unchanged.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import jax.numpy as jnp
 
-from coevo_jax.registry import MethodSpec, register_method
+from coevo_jax.registry import MethodSpec, StaticOptions, register_method
 from coevo_jax.signals.base import RewardStreams, Signal, float_metrics, no_observe, no_update
 from coevo_jax.signals.potential import ShapingParams, clip_credit, episodic_values, trajectory_shaping
 
 
+@dataclasses.dataclass(frozen=True)
+class CriticShapingStatic(StaticOptions):
+    """``siop-critic``'s static options (``StaticConfig.signal``)."""
+
+    credit_nstep: int = 1  # > 1: each step's credit spread back over n steps, as siop's (PotentialStatic)
+
+    checks = {"credit_nstep": (1, 1024)}
+
+
 def make_critic_shaping(static, network=None, env=None, env_params=None) -> Signal:
     """``siop-critic``: SIOP's shaping credit with ``Phi = V``, PPO's critic (module docstring)."""
-    nstep = int(static.credit_nstep)
+    nstep = int(static.signal.credit_nstep)
 
     def init(key, traj, hp):
         return ()
@@ -66,6 +77,6 @@ def make_critic_shaping(static, network=None, env=None, env_params=None) -> Sign
 
 register_method(MethodSpec(
     "siop-critic", make_critic_shaping, ShapingParams,  # siop's mixing: raw shaping in units of the external return
-    static_checks={"credit_nstep": (1, 1024)}, off={"beta_int": 0.0}, tune={"beta_int": (0.25, 2.0)},
+    static=CriticShapingStatic, off={"beta_int": 0.0}, tune={"beta_int": (0.25, 2.0)},
     doc="control: siop's shaping credit gamma V(s') - V(s) with PPO's own critic V as the potential",
 ))

@@ -18,7 +18,7 @@ of the actions overlap in support (the paper's return-conditional identity,
 where it matters, and mean 0 under the policy at every step (no living reward).
 ``pi(a_t | x_t)`` is the policy's probability when it acted
 (``Trajectory.probs``). ``x_t`` is the policy's features
-(``StaticConfig.reward_input = "features"``, the seeds' "hidden state") or the
+(``RewardNetStatic.reward_input = "features"``, the seeds' "hidden state") or the
 observation (``"obs"``).
 
 Deviations, each for a reason the paper's setting does not have:
@@ -47,11 +47,11 @@ Deviations, each for a reason the paper's setting does not have:
 
 **Rewards**: one episodic stream ``beta_ext * r_ext + beta_int * c_t`` (raw:
 ``c`` is in the return's units). **Refit** every ``K`` iterations,
-``static.reward_steps`` full-batch Adam steps (times ``K`` under
-``static.refit_steps_per_k``) of the masked mean cross-entropy of ``h(a_t | x_t,
+``static.signal.reward_steps`` full-batch Adam steps (times ``K`` under
+``static.signal.refit_steps_per_k``) of the masked mean cross-entropy of ``h(a_t | x_t,
 Z_t)``, at ``hp.signal.reward_lr_ratio`` times the policy's lr of the
 iteration; gated like R_phi's (``min_refit_episodes``). The replay is R_phi's
-(:mod:`coevo_jax.episodes`, ``static.buffer_episodes``, ``max_episode_len``).
+(:mod:`coevo_jax.episodes`, ``static.signal.buffer_episodes``, ``max_episode_len``).
 """
 from __future__ import annotations
 
@@ -69,9 +69,9 @@ from coevo_jax.networks import orthogonal
 from coevo_jax.params import default_of, hyperparams, param, weight
 from coevo_jax.ppo import gae
 from coevo_jax.registry import MethodSpec, register_method
-from coevo_jax.reward_net import reward_inputs
+from coevo_jax.reward_net import RewardNetStatic, reward_inputs
 from coevo_jax.signals.base import REFIT_STEPS, RewardStreams, Signal, SignalParams, float_metrics
-from coevo_jax.signals.learned import LEARNED_STATIC_CHECKS, RewardNetParams, check_learned_static
+from coevo_jax.signals.learned import RewardNetParams
 from coevo_jax.signals.q_advantage import ReplayModelState, taken
 
 
@@ -127,19 +127,19 @@ def rollout_returns(traj, gamma) -> jax.Array:
 
 def make_hindsight_net(static, env, env_params) -> HindsightNet:
     """The hindsight model for ``static`` (``reward_hidden``, ``reward_input``) and ``env``."""
-    vocab = obs_vocab(env, env_params) if static.reward_input == "obs" else 0
-    return HindsightNet(int(env.action_space(env_params).n), tuple(static.reward_hidden), vocab)
+    vocab = obs_vocab(env, env_params) if static.signal.reward_input == "obs" else 0
+    return HindsightNet(int(env.action_space(env_params).n), tuple(static.signal.reward_hidden), vocab)
 
 
 def make_hca(static, network, env, env_params) -> Signal:
     """The return-conditional hindsight credit signal (see the module docstring)."""
-    window = episode_window("max_episode_len", static.max_episode_len, env, env_params)
-    kept = replay_episodes(static.buffer_episodes, static.num_envs, static.rollout_len, env, env_params)
+    window = episode_window("max_episode_len", static.signal.max_episode_len, env, env_params)
+    kept = replay_episodes(static.signal.buffer_episodes, static.num_envs, static.rollout_len, env, env_params)
     obs_ndim = len(env.observation_space(env_params).shape)
     net = make_hindsight_net(static, env, env_params)
 
     def inputs(traj):
-        return reward_inputs(traj, static.reward_input, obs_ndim)
+        return reward_inputs(traj, static.signal.reward_input, obs_ndim)
 
     def fit_data(buf, gamma):
         """``(x [E, L, D], action [E, L], return-to-go [E, L], acting probs [E, L, A], mask [E, L])``."""
@@ -171,7 +171,7 @@ def make_hca(static, network, env, env_params) -> Signal:
         x, actions, z, probs, mask = fit_data(buf, hp.ppo.gamma)
         step_size = hp.signal.reward_lr_ratio * hp.ppo.lr * policy.lr_frac
         tx = make_optimizer(hp.signal.reward_max_grad_norm, step_size)
-        steps = refit_steps(static.reward_steps, static, hp)
+        steps = refit_steps(static.signal.reward_steps, static, hp)
 
         def refit(learner):
             params, opt_state = learner
@@ -223,7 +223,7 @@ class HCAParams(RewardNetParams):
 
 register_method(MethodSpec(
     "hca", make_hca, HCAParams,
-    static_checks=LEARNED_STATIC_CHECKS, check_static=check_learned_static, off={"beta_int": 0.0},
+    static=RewardNetStatic, off={"beta_int": 0.0},
     tune={"reward_lr_ratio": (0.01, 20.0), "beta_int": (0.1, 2.0)},
     doc="return-conditional hindsight credit (Harutyunyan et al. 2019): (1 - pi(a | x) / h(a | x, Z)) Z",
 ))

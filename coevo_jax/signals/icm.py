@@ -1,7 +1,7 @@
 """Intrinsic Curiosity Module (Pathak, Agrawal, Efros and Darrell 2017,
 "Curiosity-driven Exploration by Self-supervised Prediction").
 
-A feature encoder ``phi(s)`` (MLP, ``static.icm_feature_dim`` outputs, on the
+A feature encoder ``phi(s)`` (MLP, ``static.signal.icm_feature_dim`` outputs, on the
 observation read through :func:`coevo_jax.encoding.encode_obs`: token buffers
 one-hot), an inverse model ``g(phi(s_t), phi(s_t+1)) -> logits of a_t`` and a forward model
 ``f(phi(s_t), onehot(a_t)) -> phi(s_t+1)``. The encoder is shaped by the inverse
@@ -38,6 +38,7 @@ bonus on exactly the transitions that were new.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple
 
 import flax.linen as nn
@@ -48,7 +49,7 @@ import optax
 from coevo_jax.encoding import encode_obs, obs_vocab
 from coevo_jax.fit import fit, init_optimizer, make_optimizer
 from coevo_jax.params import default_of, hyperparams, unit, weight
-from coevo_jax.registry import MethodSpec, register_method
+from coevo_jax.registry import MethodSpec, StaticOptions, register_method
 from coevo_jax.rollout import flatten_time
 from coevo_jax.signals.base import (
     ReturnScale, RewardStreams, Signal, SignalParams, flat_obs, init_return_scale, mlp, no_update, return_rms,
@@ -137,10 +138,19 @@ def icm_train(icm: ICMNetwork, params, opt_state, data, hp, key, num_minibatches
     return params, opt_state, {"icm_loss": m["loss"], "icm_inverse": m["icm_inverse"], "icm_forward": m["icm_forward"]}
 
 
+@dataclasses.dataclass(frozen=True)
+class ICMStatic(StaticOptions):
+    """``icm``'s static options (``StaticConfig.signal``)."""
+
+    icm_feature_dim: int = 32  # outputs of the feature encoder phi(s)
+
+    checks = {"icm_feature_dim": (1, 4096)}
+
+
 def make_icm(static, network, env, env_params) -> Signal:
     """ICM curiosity reward source (method ``icm``); ``network`` (the policy) is unused."""
     num_actions = env.action_space(env_params).n
-    icm = ICMNetwork(num_actions, int(static.icm_feature_dim), (int(static.hidden_sizes[0]),),
+    icm = ICMNetwork(num_actions, int(static.signal.icm_feature_dim), (int(static.hidden_sizes[0]),),
                      obs_vocab(env, env_params))
     obs_ndim = len(env.observation_space(env_params).shape)
 
@@ -189,7 +199,7 @@ class ICMParams(SignalParams):
 register_method(MethodSpec(
     "icm", make_icm, ICMParams,
     intrinsic_stream=True,
-    static_checks={"icm_feature_dim": (1, 4096)},
+    static=ICMStatic,
     off={"beta_int": 0.0},
     tune={"beta_int": (0.01, 1.0), "icm_lr_ratio": (0.1, 10.0)},
     doc="ICM curiosity: the forward model's error, a non-episodic bonus stream",

@@ -26,19 +26,19 @@ read from the finished episode it came from, with no network. PPO needs the
 reward of steps whose episode has not finished when the rollout ends, and of
 every state-action pair it sees, so ``r_g`` here is a network fit by
 regression: :class:`~coevo_jax.reward_net.RewardNet` (R_phi's network and
-input encoding: ``StaticConfig.reward_input``, ``"obs"`` for the paper's
+input encoding: ``RewardNetStatic.reward_input``, ``"obs"`` for the paper's
 ``r_g(s, a)``, ``"features"`` the policy's hidden state, as for R_phi; token
 observations one-hot encoded), read through its *linear* output (the pre-tanh
 head ``pre``: the targets fill ``[0, 1]``, which a tanh reaches only at
-infinity). Each refit (every ``hp.signal.k`` iterations, ``static.reward_steps``
+infinity). Each refit (every ``hp.signal.k`` iterations, ``static.signal.reward_steps``
 full-batch Adam steps, or ``reward_steps x k`` under
-``static.refit_steps_per_k``) minimises
+``static.signal.refit_steps_per_k``) minimises
 
     mean over the stored steps of valid episodes of (r_g(x_t, a_t) - n(R_e))^2
 
-on a ring buffer of the ``static.buffer_episodes`` most recent complete
+on a ring buffer of the ``static.signal.buffer_episodes`` most recent complete
 episodes (:mod:`coevo_jax.episodes`; per step R_phi's input and the action, per
-episode its whole return; a row holds ``static.max_episode_len`` steps, by default the env's time
+episode its whole return; a row holds ``static.signal.max_episode_len`` steps, by default the env's time
 limit, so every step of an episode gets its return as target).
 A timed-out episode counts with the return it collected. The Adam step is
 ``hp.signal.ircr_lr_ratio`` times the policy's current learning rate (annealed with
@@ -69,14 +69,14 @@ from coevo_jax.fit import fit, init_optimizer, make_optimizer, refit_steps, refi
 from coevo_jax.params import default_of, hyperparams, param
 from coevo_jax.registry import MethodSpec, register_method
 from coevo_jax.reward_net import (
-    REWARD_NET_STATIC_CHECKS, make_reward_net, reward_inputs,
+    RewardNetStatic, make_reward_net, reward_inputs,
 )
 from coevo_jax.signals.base import (
     REFIT_STEPS, ReturnScale, RewardStreams, Signal, SignalParams, float_metrics, init_return_scale, return_rms,
     scale_normalise,
 )
 from coevo_jax.signals.learned import (  # noqa: F401  (MIN_SPREAD: the targets' floor, documented here)
-    MIN_SPREAD, RewardNetParams, check_learned_static, guidance_loss, minmax_normalise, pearson,
+    MIN_SPREAD, RewardNetParams, guidance_loss, minmax_normalise, pearson,
 )
 
 def episode_means(g: jax.Array, mask: jax.Array) -> jax.Array:
@@ -108,8 +108,8 @@ class IRCRState:
 def make_ircr(static, network, env, env_params) -> Signal:
     """The IRCR guidance reward (method ``ircr``; see the module docstring)."""
     net = make_reward_net(static, env, env_params)
-    window = ep.episode_window("max_episode_len", static.max_episode_len, env, env_params)
-    kept = ep.replay_episodes(static.buffer_episodes, static.num_envs, static.rollout_len, env, env_params)
+    window = ep.episode_window("max_episode_len", static.signal.max_episode_len, env, env_params)
+    kept = ep.replay_episodes(static.signal.buffer_episodes, static.num_envs, static.rollout_len, env, env_params)
 
     def inputs(traj):
         return reward_inputs(traj, net.reward_input, net.obs_ndim)
@@ -139,7 +139,7 @@ def make_ircr(static, network, env, env_params) -> Signal:
         step_size = hp.signal.ircr_lr_ratio * policy.lr
         tx = make_optimizer(hp.signal.reward_max_grad_norm, step_size)
 
-        steps = refit_steps(static.reward_steps, static, hp)
+        steps = refit_steps(static.signal.reward_steps, static, hp)
 
         def loss_fn(params, batch):
             return guidance_loss(guidance(params, *batch), target, mask), {}
@@ -190,8 +190,7 @@ class IRCRParams(RewardNetParams):
 
 register_method(MethodSpec(
     "ircr", make_ircr, IRCRParams,
-    static_checks={**REWARD_NET_STATIC_CHECKS, "reward_steps": (1, 10_000)},
-    check_static=check_learned_static, off={"beta_ext": 1.0, "beta_int": 0.0}, tune={"ircr_lr_ratio": (0.2, 200.0)},
+    static=RewardNetStatic, off={"beta_ext": 1.0, "beta_int": 0.0}, tune={"ircr_lr_ratio": (0.2, 200.0)},
     doc="IRCR (Gangwani et al. 2020): a learned per-step guidance reward regressed on the min-max normalised"
         " return of each step's episode, replacing the external reward",
 ))

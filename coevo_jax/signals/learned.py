@@ -6,7 +6,7 @@ policy / internal-reward co-evolution: every iteration the policy runs PPO on
 the rewards below (phase A); every ``K`` iterations R_phi is refit on recent
 complete episodes against the sparse external reward (phase B). R_phi is
 :class:`coevo_jax.reward_net.RewardNet` reading ``x_t`` (the policy's features
-at collection time, or the observation: ``StaticConfig.reward_input``) and the
+at collection time, or the observation: ``RewardNetStatic.reward_input``) and the
 action. The refit objectives come from the reward-learning literature:
 
 * ``coevo-regression``: return decomposition as in RUDDER (Arjona-Medina et al.
@@ -52,22 +52,22 @@ refit's Adam step is ``hp.signal.reward_lr_ratio`` times the policy's learning r
 of the iteration (``hp.ppo.lr * policy.lr_frac``, annealed with it): tuning the
 policy's lr moves R_phi's with it, and their ratio is constant over a run.
 
-**A refit needs data.** A refit (``static.reward_steps`` full-batch steps,
-times ``hp.signal.k`` under ``static.refit_steps_per_k``) runs only when the training
+**A refit needs data.** A refit (``static.signal.reward_steps`` full-batch steps,
+times ``hp.signal.k`` under ``static.signal.refit_steps_per_k``) runs only when the training
 buffer holds at least ``hp.signal.min_refit_episodes`` complete episodes; before that
 R_phi, its anchor and its Adam state stay as they are (no steps on an empty
 buffer advance Adam's count). ``signal/refit_steps`` is the steps a refit
 took (0 when skipped); the loop sums it into the run's ``refit_steps``.
 
 **Episode buffer** (:mod:`coevo_jax.episodes`). The refit reads a ring buffer
-of the most recent *complete* episodes (``static.buffer_episodes``; by default
+of the most recent *complete* episodes (``static.signal.buffer_episodes``; by default
 enough for two rollouts, :func:`~coevo_jax.episodes.replay_episodes`), per step
 ``x`` (R_phi's input), ``action`` and ``reward`` (external), per episode
 ``full_return``, filled in ``observe`` from each PPO rollout: no extra
 environment steps, every shape static, episodes continued across rollouts.
 Every 4th committed episode goes to a held-out validation buffer
 (``max(2, buffer_episodes // 4)``) that the diagnostics read. A buffer row
-holds ``L`` steps, ``static.max_episode_len``, by default (``None``) the env's
+holds ``L`` steps, ``static.signal.max_episode_len``, by default (``None``) the env's
 time limit, so every step of every episode is decomposed
 (:func:`~coevo_jax.episodes.episode_window`: a shorter length is refused). The
 fit's target ``ret`` is the external reward within the stored steps, the whole
@@ -82,16 +82,15 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from coevo_jax.config import check_int
 from coevo_jax.episodes import (
-    MAX_WINDOW, VAL_EVERY, EpisodeReplay, add_rollout, buffer_mask, episode_sum, episode_window,
+    VAL_EVERY, EpisodeReplay, add_rollout, buffer_mask, episode_sum, episode_window,
     init_replay, refit_ready, replay_episodes,
 )
 from coevo_jax.fit import fit, init_optimizer, make_optimizer, refit_steps, refit_when
 from coevo_jax.params import default_of, grad_clip, hyperparams, param, unit, weight
 from coevo_jax.registry import MethodSpec, register_method
 from coevo_jax.reward_net import (
-    REWARD_NET_STATIC_CHECKS, check_reward_net_static, make_reward_net, make_rnd_net, reward_inputs, rnd_error,
+    RewardNetStatic, make_reward_net, make_rnd_net, reward_inputs, rnd_error,
 )
 from coevo_jax.rollout import flatten_time
 from coevo_jax.signals.base import (
@@ -268,8 +267,8 @@ def make_learned(static, network, env, env_params) -> Signal:
     if static.method not in METHODS:
         raise ValueError(f"make_learned: method must be one of {', '.join(METHODS)}, got {static.method!r}")
     novelty = static.method == "coevo-novelty"
-    window = episode_window("max_episode_len", static.max_episode_len, env, env_params)
-    kept = replay_episodes(static.buffer_episodes, static.num_envs, static.rollout_len, env, env_params)
+    window = episode_window("max_episode_len", static.signal.max_episode_len, env, env_params)
+    kept = replay_episodes(static.signal.buffer_episodes, static.num_envs, static.rollout_len, env, env_params)
     net = make_reward_net(static, env, env_params)
     rnd = make_rnd_net(static, env, env_params)
 
@@ -321,7 +320,7 @@ def make_learned(static, network, env, env_params) -> Signal:
         x, actions, mask, ret = fit_data(buf)
         step_size = reward_step_size(hp, policy)
         tx = make_optimizer(hp.signal.reward_max_grad_norm, step_size)
-        steps = refit_steps(static.reward_steps, static, hp)
+        steps = refit_steps(static.signal.reward_steps, static, hp)
 
         def refit(learner):
             params, anchor_params, opt_state = learner
@@ -422,39 +421,22 @@ class NoveltyParams(LearnedParams):
                                           " trains on every rollout; not annealed)")
 
 
-LEARNED_STATIC_CHECKS = {**REWARD_NET_STATIC_CHECKS, "reward_steps": (1, 10_000)}
-
-
-def check_window(static, name: str) -> None:
-    """:class:`~coevo_jax.registry.ConfigError` unless ``static.<name>`` is ``None``
-    (the env's time limit) or an integer in ``[1, MAX_WINDOW]``."""
-    if getattr(static, name) is not None:
-        check_int(static, name, 1, MAX_WINDOW)
-
-
-def check_learned_static(static) -> None:
-    """R_phi's checks, ``max_episode_len`` (``None`` or an integer in range) and
-    ``buffer_episodes`` (``None`` or an integer in ``[2, 65536]``)."""
-    check_reward_net_static(static)
-    check_window(static, "max_episode_len")
-    if static.buffer_episodes is not None:
-        check_int(static, "buffer_episodes", 2, 1 << 16)
 #: what equal-budget tuning searches (sweeps/_study/tuning.py): R_phi's step and its weight in the reward
 TUNE = {"reward_lr_ratio": (0.01, 20.0), "beta_int": (0.1, 2.0)}
 
 register_method(MethodSpec(
     "coevo-regression", make_learned, LearnedParams,
-    static_checks=LEARNED_STATIC_CHECKS, check_static=check_learned_static, off={"beta_int": 0.0}, tune=TUNE,
+    static=RewardNetStatic, off={"beta_int": 0.0}, tune=TUNE,
     doc="co-evolving R_phi fit so its episode sums equal the external returns (RUDDER-style decomposition)",
 ))
 register_method(MethodSpec(
     "coevo-ranking", make_learned, LearnedParams, {"ranking_weight": 1.0},
-    static_checks=LEARNED_STATIC_CHECKS, check_static=check_learned_static, off={"beta_int": 0.0}, tune=TUNE,
+    static=RewardNetStatic, off={"beta_int": 0.0}, tune=TUNE,
     doc="co-evolving R_phi fit to order episodes like their external returns (Bradley-Terry)",
 ))
 register_method(MethodSpec(
     "coevo-novelty", make_learned, NoveltyParams, intrinsic_stream=True,
-    static_checks=LEARNED_STATIC_CHECKS, check_static=check_learned_static,
+    static=RewardNetStatic,
     off={"beta_int": 0.0, "novelty_coef": 0.0}, tune={**TUNE, "novelty_coef": (0.03, 1.0)},
     doc="coevo-regression plus an RND novelty bonus in a non-episodic stream",
 ))

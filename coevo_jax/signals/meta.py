@@ -3,7 +3,7 @@ Singh (2018), "On Learning Intrinsic Rewards for Policy Gradient Methods"
 (NeurIPS; reference code github.com/Hwhitetooth/lirpg, ``ppo2.py``).
 
 An internal reward ``R_phi(x_t, a_t)`` (:class:`coevo_jax.reward_net.RewardNet`;
-``x_t`` the policy's features or the observation, ``StaticConfig.reward_input``)
+``x_t`` the policy's features or the observation, ``RewardNetStatic.reward_input``)
 is trained so that a policy update on the rewards it makes raises the
 *external* objective of the updated policy. The policy's rewards are two
 streams (:class:`~coevo_jax.signals.base.RewardStreams`):
@@ -25,7 +25,7 @@ LIRPG's code does (the study that separates the two uses it). The default is
 it by its own tiny return scale would turn it into unit-scale noise.
 
 1. inner update: from ``theta`` (the policy's params) take
-   ``static.meta_inner_steps`` steps of the policy's real optimiser (global-norm
+   ``static.signal.meta_inner_steps`` steps of the policy's real optimiser (global-norm
    clip + Adam, :func:`coevo_jax.fit.make_optimizer`, with its real state) on
    the PPO loss of the whole batch, with the advantages and value targets the
    real update uses (:func:`coevo_jax.ppo.stream_advantages` of the two
@@ -49,12 +49,13 @@ meta-gradient divided by the policy's learning rate (the raw one is ~1e-8 per
 coordinate, below Adam's eps, so Adam would hardly move phi); ``V_ext`` (a
 separate MLP on observations) has its own optimiser mirroring the policy's
 critic (``hp.ppo.max_grad_norm``, the policy's learning rate, ``update_epochs x
-num_minibatches`` shuffled steps). ``static.meta_truncate = m`` stops gradients
+num_minibatches`` shuffled steps). ``static.signal.meta_truncate = m`` stops gradients
 through the first ``m`` inner steps (the look-ahead still takes them), so
 memory grows with ``N - m``.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple
 
 import flax.linen as nn
@@ -69,9 +70,7 @@ from coevo_jax.ppo import PPOBatch, gae, ppo_loss, stream_advantages
 from coevo_jax.params import default_of, grad_clip, hyperparams, unit, weight
 from coevo_jax.recurrent import is_recurrent
 from coevo_jax.registry import MethodSpec, register_method
-from coevo_jax.reward_net import (
-    REWARD_NET_STATIC_CHECKS, RewardNet, apply_reward, check_reward_net_static, make_reward_net, reward_inputs,
-)
+from coevo_jax.reward_net import RewardNet, RewardNetStatic, apply_reward, make_reward_net, reward_inputs
 from coevo_jax.rollout import flatten_time, mask_logits
 from coevo_jax.signals.base import (
     ReturnScale, RewardStreams, Signal, SignalParams, float_metrics, init_return_scale, mlp, no_observe, return_rms,
@@ -94,9 +93,9 @@ class ValueNet(nn.Module):
 
 
 def make_value_net(static, env, env_params) -> ValueNet:
-    """``V_ext`` for ``env`` (widths ``static.reward_hidden``)."""
+    """``V_ext`` for ``env`` (widths ``static.signal.reward_hidden``)."""
     space = env.observation_space(env_params)
-    return ValueNet(tuple(static.reward_hidden), len(space.shape), obs_vocab(env, env_params))
+    return ValueNet(tuple(static.signal.reward_hidden), len(space.shape), obs_vocab(env, env_params))
 
 
 class MetaState(NamedTuple):
@@ -348,8 +347,8 @@ def make_meta(static, network, env, env_params) -> Signal:
         return MetaState(phi, init_optimizer(phi), psi, init_optimizer(psi), init_return_scale(traj.action.shape[1]))
 
     def update(state, traj, policy, hp, key):
-        return meta_update(state, traj, policy, hp, key, reward_net, v_net, static.meta_inner_steps,
-                           static.meta_truncate, static.normalize_advantages, static.update_epochs,
+        return meta_update(state, traj, policy, hp, key, reward_net, v_net, static.signal.meta_inner_steps,
+                           static.signal.meta_truncate, static.normalize_advantages, static.update_epochs,
                            static.num_minibatches)
 
     def rewards(state, traj, hp):
@@ -379,19 +378,29 @@ class MetaParams(SignalParams):
     meta_max_grad_norm: float = grad_clip(1.0, doc="global-norm clip of phi's step")
 
 
-def check_meta_static(static) -> None:
-    """R_phi's checks, and ``meta_truncate < meta_inner_steps``."""
-    check_reward_net_static(static)
-    if static.meta_truncate >= static.meta_inner_steps:
-        raise ConfigError(f"StaticConfig.meta_truncate={static.meta_truncate} must be < meta_inner_steps"
-                          f"={static.meta_inner_steps}")
+@dataclasses.dataclass(frozen=True)
+class MetaStatic(RewardNetStatic):
+    """``meta``'s static options (``StaticConfig.signal``): R_phi's
+    (:class:`~coevo_jax.reward_net.RewardNetStatic`; its replay and refit fields are unused here) and the
+    unrolled inner update's."""
+
+    meta_inner_steps: int = 1  # steps of the policy's optimiser unrolled per meta-gradient
+    meta_truncate: int = 0  # stop gradients through the first `meta_truncate` inner steps
+
+    checks = {**RewardNetStatic.checks, "meta_inner_steps": (1, 64), "meta_truncate": (0, 63)}
+
+    def check(self) -> None:
+        """R_phi's checks, and ``meta_truncate < meta_inner_steps``."""
+        super().check()
+        if self.meta_truncate >= self.meta_inner_steps:
+            raise ConfigError(f"StaticConfig.meta_truncate={self.meta_truncate} must be < meta_inner_steps"
+                              f"={self.meta_inner_steps}")
 
 
 register_method(MethodSpec(
     "meta", make_meta, MetaParams,
     intrinsic_stream=True,
-    static_checks={**REWARD_NET_STATIC_CHECKS, "meta_inner_steps": (1, 64), "meta_truncate": (0, 63)},
-    check_static=check_meta_static,
+    static=MetaStatic,
     off={"r_int_coef": 0.0},
     tune={"meta_lr_ratio": (0.04, 4.0), "r_int_coef": (0.01, 1.0)},
     doc="LIRPG: R_phi trained by the meta-gradient of the external objective, a non-episodic stream",

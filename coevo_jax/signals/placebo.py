@@ -133,7 +133,7 @@ def make_shuffled(inner_method: str, inner_factory):
     within each episode segment; its own network trains exactly as the method's."""
 
     def factory(static, network=None, env=None, env_params=None) -> Signal:
-        inner = inner_factory(static.replace(method=inner_method), network, env, env_params)
+        inner = inner_factory(dataclasses.replace(static, method=inner_method), network, env, env_params)  # its options
 
         def init(key, traj, hp):
             k_inner, k_shuffle = jax.random.split(key)

@@ -67,7 +67,7 @@ near-constant early ``Phi`` would have its noise blown up to unit scale.
 cancels against its neighbours (it breaks telescoping), so the default
 (``1e6``) never binds.
 
-**n-step smoothing** (``static.credit_nstep = n > 1``): each one-step credit
+**n-step smoothing** (``static.signal.credit_nstep = n > 1``): each one-step credit
 ``F_j`` is spread uniformly, in discounted terms, over its receivers, the up
 to ``n`` steps ``t in [j - n + 1, j]`` of the same episode inside the rollout:
 ``F'_t = sum_{k<n} alive(t..t+k) gamma^k F_{t+k} / c_{t+k}``, ``c_j`` the number
@@ -76,12 +76,12 @@ every episode exactly; but ``F'`` is not potential-based, so policy invariance
 is exact for ``n = 1`` only.
 
 **Replay.** ``update`` fits ``Phi`` on a ring buffer of the
-``static.potential_buffer_episodes`` most recent complete episodes
+``static.signal.potential_buffer_episodes`` most recent complete episodes
 (:mod:`coevo_jax.episodes`, filled by ``observe``; a row holds
-``static.potential_episode_len`` steps, by default (``None``) the env's time
+``static.signal.potential_episode_len`` steps, by default (``None``) the env's time
 limit, so every step of an episode is replayed; a shorter length is refused),
-not only on the current rollout: ``static.potential_steps`` Adam steps (times
-``hp.signal.k`` under ``static.refit_steps_per_k``; lr ``hp.signal.potential_lr_ratio`` times
+not only on the current rollout: ``static.signal.potential_steps`` Adam steps (times
+``hp.signal.k`` under ``static.signal.refit_steps_per_k``; lr ``hp.signal.potential_lr_ratio`` times
 the policy's lr of the iteration, annealed with it; clipping
 ``hp.signal.potential_max_grad_norm``), each on ``static.minibatch_size`` (PPO's
 minibatch size) transitions drawn uniformly from the stored steps: the
@@ -100,12 +100,13 @@ values, which is what ``Phi`` should track, so ``fit_ramp_iters`` is gone.
 network shares (:func:`coevo_jax.encoding.encode_obs`: token buffers one-hot,
 float observations as they are), not the policy's features, which drift as the
 policy trains. **Ensembles**:
-``static.ensemble_size`` members with independent initialisations and
-minibatches, combined per state by ``static.ensemble_combine`` (``"mean"`` or
+``static.signal.ensemble_size`` members with independent initialisations and
+minibatches, combined per state by ``static.signal.ensemble_combine`` (``"mean"`` or
 ``"min"``) before the credit; any combination is again a potential.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple
 
 import flax.linen as nn
@@ -117,7 +118,7 @@ from coevo_jax.config import check_choice, check_int, check_sizes
 from coevo_jax.encoding import encode_obs, obs_vocab
 from coevo_jax.fit import fit, init_optimizer, make_optimizer, refit_steps, refit_when
 from coevo_jax.params import INF, default_of, grad_clip, hyperparams, param, unit, weight
-from coevo_jax.registry import MethodSpec, register_method
+from coevo_jax.registry import MethodSpec, StaticOptions, register_method
 from coevo_jax.signals.base import (
     REFIT_STEPS, RefitGateParams, ReturnScale, RewardStreams, Signal, SignalParams, flat_obs, init_return_scale,
     pearson, return_rms, scale_normalise,
@@ -155,11 +156,11 @@ class PotentialNetwork(nn.Module):
 
 
 def make_potential_network(static, vocab: int = 0) -> PotentialNetwork:
-    """The potential network for ``static`` (hidden sizes, LayerNorm, activation)
-    on observations with ``vocab`` token classes (0: float observations;
+    """The potential network for ``static`` (``signal.potential_hidden``, ``potential_layernorm``, the
+    policy's activation) on observations with ``vocab`` token classes (0: float observations;
     :func:`coevo_jax.encoding.obs_vocab`)."""
-    return PotentialNetwork(tuple(static.potential_hidden), bool(static.potential_layernorm), static.activation,
-                            vocab)
+    opts = static.signal
+    return PotentialNetwork(tuple(opts.potential_hidden), bool(opts.potential_layernorm), static.activation, vocab)
 
 
 def init_potential_params(network: PotentialNetwork, key: jax.Array, example_obs: jax.Array, init_value, size: int):
@@ -401,8 +402,9 @@ def make_potential(static, network=None, env=None, env_params=None) -> Signal:
     ``Phi`` reads the trajectory's observations (module docstring), encoded with
     the env's vocabulary (``env=None``: float observations)."""
     vnet = make_potential_network(static, 0 if env is None else obs_vocab(env, env_params))
-    size, how, nstep = int(static.ensemble_size), static.ensemble_combine, int(static.credit_nstep)
-    window = ep.episode_window("potential_episode_len", static.potential_episode_len, env, env_params)
+    opts = static.signal
+    size, how, nstep = int(opts.ensemble_size), opts.ensemble_combine, int(opts.credit_nstep)
+    window = ep.episode_window("potential_episode_len", opts.potential_episode_len, env, env_params)
 
     def values(params, obs, lead: int):
         """Combined ``Phi`` over ``obs [*lead_axes, *obs_shape]``: ``[*lead_axes]``."""
@@ -412,7 +414,7 @@ def make_potential(static, network=None, env=None, env_params=None) -> Signal:
         params = init_potential_params(vnet, key, flat_obs(traj.obs[0, :1], traj.obs.ndim - 2),
                                        hp.signal.potential_init, size)
         steps, ends, _ = jax.tree.map(lambda x: x[0, 0], replay_fields(traj))
-        replay = ep.init_replay(static.potential_buffer_episodes, window, traj.reward.shape[1],
+        replay = ep.init_replay(opts.potential_buffer_episodes, window, traj.reward.shape[1],
                                 steps, ends)
         return PotentialState(params, jax.vmap(init_optimizer)(params), replay,
                               init_return_scale(traj.reward.shape[1]), jnp.float32(0.0))
@@ -429,7 +431,7 @@ def make_potential(static, network=None, env=None, env_params=None) -> Signal:
                        "episodes_committed": replay.committed.astype(jnp.float32), **heldout}
 
     def update(state, traj, policy, hp, key):
-        buf, steps = state.replay.train, refit_steps(static.potential_steps, static, hp)
+        buf, steps = state.replay.train, refit_steps(opts.potential_steps, static, hp)
         member = lambda p, o, k: refit(vnet, p, o, buf, hp, k, steps, static.minibatch_size,  # noqa: E731
                                        policy.lr_frac)
 
@@ -471,7 +473,7 @@ def potential_values(static, state: PotentialState, obs: jax.Array, obs_ndim: in
     (``vocab``: the env's token classes, :func:`coevo_jax.encoding.obs_vocab`; 0 for float observations)."""
     vnet = make_potential_network(static, vocab)
     flat = flat_obs(obs, obs_ndim)
-    return combine_members(member_values(vnet, state.params, flat), static.ensemble_combine)
+    return combine_members(member_values(vnet, state.params, flat), static.signal.ensemble_combine)
 
 
 def trajectory_credit(static, state: PotentialState, traj, hp, obs_ndim: int | None = None, vocab: int = 0):
@@ -480,7 +482,7 @@ def trajectory_credit(static, state: PotentialState, traj, hp, obs_ndim: int | N
     obs_ndim = traj.obs.ndim - 2 if obs_ndim is None else obs_ndim
     phi = potential_values(static, state, traj.obs, obs_ndim, vocab)
     phi_next = potential_values(static, state, traj.next_obs, obs_ndim, vocab)
-    return trajectory_shaping(phi, phi_next, traj, hp, int(static.credit_nstep)), phi, phi_next
+    return trajectory_shaping(phi, phi_next, traj, hp, int(static.signal.credit_nstep)), phi, phi_next
 
 
 # ----------------------------------------------------------------------------- registration
@@ -511,18 +513,38 @@ class SIOPParams(ShapingParams, RefitGateParams):
                                              " outcome (the final reward of a terminated episode only)")
 
 
-def check_potential_static(static) -> None:  # ConfigError for a bad potential_hidden, ensemble_combine or window
-    check_sizes(static, "potential_hidden")
-    check_choice(static, "ensemble_combine", ("mean", "min"))
-    if static.potential_episode_len is not None:
-        check_int(static, "potential_episode_len", 1, ep.MAX_WINDOW)
+@dataclasses.dataclass(frozen=True)
+class PotentialStatic(StaticOptions):
+    """``siop``'s (and ``siop-shuffled``'s) static options (``StaticConfig.signal``): the potential's network,
+    replay, refit, ensemble and credit spread."""
+
+    potential_hidden: tuple = (64, 64)
+    potential_steps: int = 4  # Adam steps per refit, each on minibatch_size transitions drawn from the replay
+    potential_layernorm: bool = False
+    potential_buffer_episodes: int = 64  # complete episodes in the potential's replay
+    potential_episode_len: int | None = None  # steps of a replayed episode kept: None = the env's time limit
+    ensemble_size: int = 1
+    ensemble_combine: str = "mean"  # or "min"
+    # compute-matched K: a refit takes potential_steps x K steps, so Phi gets the same gradient steps per env step
+    # whatever the update period K (hp.k; a traced count, fit.refit_steps)
+    refit_steps_per_k: bool = False
+    credit_nstep: int = 1  # > 1: each step's credit spread back over n steps (policy invariance exact only at 1)
+
+    checks = {"potential_steps": (1, 10_000), "potential_buffer_episodes": (1, 1 << 16), "ensemble_size": (1, 64),
+              "credit_nstep": (1, 1024)}
+
+    def check(self) -> None:
+        """``potential_hidden`` (layer widths), ``ensemble_combine`` and ``potential_episode_len`` (``None`` or an
+        integer in ``[1, MAX_WINDOW]``)."""
+        check_sizes(self, "potential_hidden")
+        check_choice(self, "ensemble_combine", ("mean", "min"))
+        if self.potential_episode_len is not None:
+            check_int(self, "potential_episode_len", 1, ep.MAX_WINDOW)
 
 
 register_method(MethodSpec(
     "siop", make_potential, SIOPParams,
-    static_checks={"potential_steps": (1, 10_000), "potential_buffer_episodes": (1, 1 << 16),
-                   "ensemble_size": (1, 64), "credit_nstep": (1, 1024)},
-    check_static=check_potential_static,
+    static=PotentialStatic,
     off={"beta_int": 0.0},
     tune={"potential_lr_ratio": (0.2, 20.0), "beta_int": (0.25, 2.0)},
     doc="self-induced outcome potential: potential-based shaping with a learned value of the external reward",

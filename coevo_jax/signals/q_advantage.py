@@ -16,19 +16,19 @@ the credit is the outcome's difference. This is the "Q-function baseline" arm
 of counterfactual credit assignment (Mesnard et al. 2021, "Counterfactual
 Credit Assignment in Model-Free Reinforcement Learning", the action-value
 baseline their hindsight method improves on), with ``h_t`` the policy's
-features (``StaticConfig.reward_input = "features"``, the seeds' "hidden
+features (``RewardNetStatic.reward_input = "features"``, the seeds' "hidden
 state") or the observation (``"obs"``). A feed-forward policy's ``h_t`` holds
 only the current observation: the return model sees no history until the
 policy has memory.
 
 **Rewards**: one episodic stream ``beta_ext * r_ext + beta_int * c_t`` (raw:
 ``Q`` is in the return's units). **Refit** every ``K`` iterations,
-``static.reward_steps`` full-batch Adam steps (times ``K`` under
-``static.refit_steps_per_k``) of the masked mean squared error of ``Q(h_t,
+``static.signal.reward_steps`` full-batch Adam steps (times ``K`` under
+``static.signal.refit_steps_per_k``) of the masked mean squared error of ``Q(h_t,
 a_t)`` against the discounted return-to-go within the stored steps (``gamma =
 hp.ppo.gamma``), at ``hp.signal.reward_lr_ratio`` times the policy's lr of the
 iteration; gated like R_phi's (``min_refit_episodes``). The replay is R_phi's
-(:mod:`coevo_jax.episodes`, ``static.buffer_episodes``, ``max_episode_len``).
+(:mod:`coevo_jax.episodes`, ``static.signal.buffer_episodes``, ``max_episode_len``).
 """
 from __future__ import annotations
 
@@ -48,9 +48,9 @@ from coevo_jax.fit import fit, init_optimizer, make_optimizer, refit_steps, refi
 from coevo_jax.networks import orthogonal
 from coevo_jax.params import default_of, hyperparams, weight
 from coevo_jax.registry import MethodSpec, register_method
-from coevo_jax.reward_net import HEAD_GAIN, reward_inputs
+from coevo_jax.reward_net import HEAD_GAIN, RewardNetStatic, reward_inputs
 from coevo_jax.signals.base import REFIT_STEPS, RewardStreams, Signal, SignalParams, float_metrics
-from coevo_jax.signals.learned import LEARNED_STATIC_CHECKS, RewardNetParams, check_learned_static
+from coevo_jax.signals.learned import RewardNetParams
 
 
 class QNet(nn.Module):
@@ -105,19 +105,19 @@ class ReplayModelState:
 
 def make_q_net(static, env, env_params) -> QNet:
     """The return model for ``static`` (``reward_hidden``, ``reward_input``) and ``env``."""
-    vocab = obs_vocab(env, env_params) if static.reward_input == "obs" else 0
-    return QNet(int(env.action_space(env_params).n), tuple(static.reward_hidden), vocab)
+    vocab = obs_vocab(env, env_params) if static.signal.reward_input == "obs" else 0
+    return QNet(int(env.action_space(env_params).n), tuple(static.signal.reward_hidden), vocab)
 
 
 def make_q_advantage(static, network, env, env_params) -> Signal:
     """The action-value credit signal (see the module docstring)."""
-    window = episode_window("max_episode_len", static.max_episode_len, env, env_params)
-    kept = replay_episodes(static.buffer_episodes, static.num_envs, static.rollout_len, env, env_params)
+    window = episode_window("max_episode_len", static.signal.max_episode_len, env, env_params)
+    kept = replay_episodes(static.signal.buffer_episodes, static.num_envs, static.rollout_len, env, env_params)
     obs_ndim = len(env.observation_space(env_params).shape)
     net = make_q_net(static, env, env_params)
 
     def inputs(traj):
-        return reward_inputs(traj, static.reward_input, obs_ndim)
+        return reward_inputs(traj, static.signal.reward_input, obs_ndim)
 
     def fit_data(buf, gamma):
         """``(x [E, L, D], action [E, L], return-to-go [E, L], mask [E, L])`` of a buffer."""
@@ -147,7 +147,7 @@ def make_q_advantage(static, network, env, env_params) -> Signal:
         x, actions, target, mask = fit_data(buf, hp.ppo.gamma)
         step_size = hp.signal.reward_lr_ratio * hp.ppo.lr * policy.lr_frac
         tx = make_optimizer(hp.signal.reward_max_grad_norm, step_size)
-        steps = refit_steps(static.reward_steps, static, hp)
+        steps = refit_steps(static.signal.reward_steps, static, hp)
 
         def refit(learner):
             params, opt_state = learner
@@ -195,7 +195,7 @@ class QAdvantageParams(RewardNetParams):
 
 register_method(MethodSpec(
     "q-advantage", make_q_advantage, QAdvantageParams,
-    static_checks=LEARNED_STATIC_CHECKS, check_static=check_learned_static, off={"beta_int": 0.0},
+    static=RewardNetStatic, off={"beta_int": 0.0},
     tune={"reward_lr_ratio": (0.01, 20.0), "beta_int": (0.1, 2.0)},
     doc="the action's advantage under a learned return model Q(h, a): Q(h, a_t) - sum_a pi(a | h) Q(h, a)",
 ))

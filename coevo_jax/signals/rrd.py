@@ -28,7 +28,7 @@ raw unless ``normalize_int`` (a running RMS, never a shift). ``off``
 **Deviations.** The paper pairs RRD with off-policy learners (SAC, TD3) that
 replay the reward model on stored transitions; PPO reads it on each rollout,
 as for IRCR (:mod:`coevo_jax.signals.ircr`). The network, its input
-(``StaticConfig.reward_input``: the observation, or the policy's features, a
+(``RewardNetStatic.reward_input``: the observation, or the policy's features, a
 recurrent policy's hidden state included) and the episode replay (the most
 recent ``buffer_episodes`` complete episodes, refit every ``k`` iterations with
 ``reward_steps`` full-batch Adam steps at ``rrd_lr_ratio`` times the policy's
@@ -48,12 +48,12 @@ from coevo_jax import episodes as ep
 from coevo_jax.fit import fit, init_optimizer, make_optimizer, refit_steps, refit_when
 from coevo_jax.params import default_of, hyperparams, param
 from coevo_jax.registry import MethodSpec, register_method
-from coevo_jax.reward_net import REWARD_NET_STATIC_CHECKS, make_reward_net, reward_inputs
+from coevo_jax.reward_net import RewardNetStatic, make_reward_net, reward_inputs
 from coevo_jax.signals.base import (
     REFIT_STEPS, Signal, SignalParams, float_metrics, init_return_scale, return_rms,
 )
 from coevo_jax.signals.ircr import IRCRState, ircr_streams
-from coevo_jax.signals.learned import RewardNetParams, check_learned_static, pearson
+from coevo_jax.signals.learned import RewardNetParams, pearson
 
 
 # ----------------------------------------------------------------------------- subsets and loss
@@ -81,8 +81,8 @@ def make_rrd(static, network, env, env_params) -> Signal:
     """The RRD proxy reward (method ``rrd``; see the module docstring). Its state is IRCR's
     (:class:`~coevo_jax.signals.ircr.IRCRState`), the replay also keeping each step's reward."""
     net = make_reward_net(static, env, env_params)
-    window = ep.episode_window("max_episode_len", static.max_episode_len, env, env_params)
-    kept = ep.replay_episodes(static.buffer_episodes, static.num_envs, static.rollout_len, env, env_params)
+    window = ep.episode_window("max_episode_len", static.signal.max_episode_len, env, env_params)
+    kept = ep.replay_episodes(static.signal.buffer_episodes, static.num_envs, static.rollout_len, env, env_params)
 
     def inputs(traj):
         return reward_inputs(traj, net.reward_input, net.obs_ndim)
@@ -112,7 +112,7 @@ def make_rrd(static, network, env, env_params) -> Signal:
         ret = ep.episode_sum(buf.steps["reward"], buf)
         step_size = hp.signal.rrd_lr_ratio * policy.lr
         tx = make_optimizer(hp.signal.reward_max_grad_norm, step_size)
-        steps = refit_steps(static.reward_steps, static, hp)
+        steps = refit_steps(static.signal.reward_steps, static, hp)
 
         def loss_fn(params, batch):
             x_b, a_b, subset = batch
@@ -161,8 +161,7 @@ class RRDParams(RewardNetParams):
 
 register_method(MethodSpec(
     "rrd", make_rrd, RRDParams,
-    static_checks={**REWARD_NET_STATIC_CHECKS, "reward_steps": (1, 10_000)},
-    check_static=check_learned_static, off={"beta_ext": 1.0, "beta_int": 0.0}, tune={"rrd_lr_ratio": (0.2, 200.0)},
+    static=RewardNetStatic, off={"beta_ext": 1.0, "beta_int": 0.0}, tune={"rrd_lr_ratio": (0.2, 200.0)},
     doc="RRD (Ren et al. 2022): a per-step proxy reward whose sum over a random subset of an episode's steps,"
         " scaled to its length, regresses onto the return; replacing the external reward",
 ))

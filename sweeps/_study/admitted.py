@@ -58,13 +58,11 @@ class AdmittedTask:
 
     def static(self, method: str, **overrides):
         """The :class:`~coevo_jax.config.StaticConfig` of ``method`` at this task's budget, rollout
-        shape, PPO passes and ``static_overrides`` (``overrides`` replace further fields)."""
-        from coevo_jax.config import StaticConfig
-
-        task = {k: tuple(v) if isinstance(v, list) else v for k, v in self.static_overrides.items()}
-        return StaticConfig(method=method, num_envs=self.num_envs, rollout_len=self.rollout_len,
-                            num_minibatches=self.num_minibatches, update_epochs=self.update_epochs,
-                            total_steps=self.total_steps).replace(**{**task, **overrides})
+        shape, PPO passes and ``static_overrides`` (those of its fields ``method`` has:
+        :func:`method_static`); ``overrides`` replace further fields (each one ``method``'s)."""
+        shape = dict(num_envs=self.num_envs, rollout_len=self.rollout_len, num_minibatches=self.num_minibatches,
+                     update_epochs=self.update_epochs, total_steps=self.total_steps)
+        return method_static(method, {**shape, **self.static_overrides}, **overrides)
 
     def arm(self, method: str, label: str = "", overrides: Mapping[str, float] | None = None,
             static_overrides: Mapping[str, object] | None = None, tuned_as: str | None = None):
@@ -97,6 +95,25 @@ class AdmittedTask:
         return [self.arm("ppo", label, dict(self.policy_values(m))) for label, m in labels.items() if label != "ppo"]
 
 
+def method_static(method: str, shared: Mapping[str, object], **fields):
+    """``method``'s :class:`~coevo_jax.config.StaticConfig` with the ``shared`` fields (flat names set
+    for every method of a task or study, e.g. a task's ``static_overrides``: ``method`` takes the core
+    fields and those of its own static options, and leaves out the other methods'; JSON lists become
+    tuples), then ``fields``. :class:`ConfigError` for an unregistered method, a shared name no
+    registered method has, or a name in ``fields`` that ``method`` does not have."""
+    from coevo_jax.config import core_static_fields, static_config, static_fields
+    from coevo_jax.registry import method_spec
+
+    method_spec(method)  # (an unknown method: the registry's error, naming the registered ones)
+    unknown = [k for k in shared if k not in core_static_fields() and k not in static_fields()]
+    if unknown:
+        raise ConfigError(f"StaticConfig has no field {unknown[0]!r} (in the fields shared by every method:"
+                          f" {', '.join(shared)})")
+    own = (*core_static_fields(), *static_fields(method))
+    kept = {k: tuple(v) if isinstance(v, list) else v for k, v in shared.items() if k in own}
+    return static_config(method, **{**kept, **fields})
+
+
 def load_admitted(path: str) -> dict[str, AdmittedTask]:
     """``{task name: AdmittedTask}`` from the file, in its order. A missing or
     empty file is a :class:`ConfigError` that says how to make one."""
@@ -108,9 +125,9 @@ def load_admitted(path: str) -> dict[str, AdmittedTask]:
     tasks = {t["task"]: AdmittedTask(**{k: v for k, v in t.items() if k in fields}) for t in data.get("tasks", [])}
     if not tasks:
         raise ConfigError(f"{path} admits no task: nothing can tell the methods apart at these budgets")
-    from coevo_jax.config import StaticConfig
+    from coevo_jax.config import core_static_fields, static_fields
 
-    known = {f.name for f in dataclasses.fields(StaticConfig)} - {"method"}
+    known = set(core_static_fields()) - {"method"} | set(static_fields())
     for t in tasks.values():
         bad = sorted(set(t.static_overrides) - known)
         if bad:

@@ -105,7 +105,7 @@ def choice_rewards(trainer, states, elapsed: float = 0.0) -> np.ndarray:
 
     def one(policy_params, reward_params):
         logits, features = policy(policy_params)
-        x = features if static.reward_input == "features" else jnp.asarray(obs)
+        x = features if static.signal.reward_input == "features" else jnp.asarray(obs)
         if hindsight:
             pi = jax.nn.softmax(logits)
             h = jax.nn.softmax(bayes_logits(pi, net.apply(reward_params, x, z)))

@@ -167,7 +167,7 @@ def _model_signals(trainer, states, models, gamma: float, features) -> dict:
         flat = got["siop"].reshape(got["siop"].shape[0], -1)
         got["siop-shuffled"] = flat[:, layout_permutation(models)].reshape(got["siop"].shape)
     if "r_phi" in signals:
-        features_input = trainer.static.reward_input == "features"
+        features_input = trainer.static.signal.reward_input == "features"
         x = features if features_input else np.broadcast_to(obs, features.shape[:1] + obs.shape)
         got["r_phi"] = learned_reward(trainer, states.signal_state, x)
     return got

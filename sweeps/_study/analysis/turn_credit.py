@@ -135,7 +135,7 @@ def potential_of(static, signal_state, obs: np.ndarray, vocab: int) -> np.ndarra
 def rphi_rewards(trainer, policy_params, reward_params, obs: np.ndarray, actions: np.ndarray) -> np.ndarray:
     """A co-evolved ``R_phi(x_t, a_t)`` ``[n]`` on the turns ``obs [n, L]``, ``actions [n]``
     (``x_t``: the policy's features of ``obs_t``, or the observation, as its
-    ``StaticConfig.reward_input`` says)."""
+    ``RewardNetStatic.reward_input`` says)."""
     from coevo_jax.reward_net import make_reward_net
     from coevo_jax.signals.base import flat_obs
 

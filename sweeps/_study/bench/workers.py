@@ -29,10 +29,11 @@ def peak_mb() -> float:
 
 
 def static_from(d: dict):
-    """A :class:`~coevo_jax.config.StaticConfig` from its JSON form (lists back to tuples)."""
-    from coevo_jax.config import StaticConfig
+    """A :class:`~coevo_jax.config.StaticConfig` from its flat JSON form (``as_dict``; lists back to tuples)."""
+    from coevo_jax.config import static_config
 
-    return StaticConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+    fields = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+    return static_config(fields.pop("method", "ppo"), **fields)
 
 
 def batch_hp(hp, runs: int):
@@ -209,7 +210,7 @@ def methods(cfg):
     if "meta" in default_k:
         mem = {}
         for n in (1, 2, 4):
-            trainer, hp = trainer_for(env_name, cj.StaticConfig(method="meta", **static_kw, meta_inner_steps=n))
+            trainer, hp = trainer_for(env_name, cj.static_config("meta", **static_kw, meta_inner_steps=n))
             state = trainer.init(keys[0], hp)
             ma = jax.jit(trainer.iteration).lower(state, hp).compile().memory_analysis()
             mem[n] = getattr(ma, "temp_size_in_bytes", float("nan")) / 2 ** 20 if ma is not None else float("nan")
