@@ -20,9 +20,9 @@ the task (``sweeps/admitted_tasks.json``), with the task's StaticConfig override
 then, from ``rphi-as-ircr``, the remaining differences one at a time, each on
 top of the one before:
 
-* ``as-ircr-no-anchor``: without R_phi's anti-collusion terms (the external-reward
-  anchor, the drift and the extreme-output penalties: ``anchor_weight``,
-  ``drift_weight``, ``extreme_weight`` 0), which IRCR does not have;
+* ``as-ircr-no-penalties``: without R_phi's anti-collusion penalties (on drift
+  from its anchor and on extreme outputs: ``drift_weight``, ``extreme_weight`` 0),
+  which IRCR does not have (``anchor_weight``, the weight of the fit itself, stays 1);
 * ``as-ircr-k1``: also refit every iteration (``k = 1``), as IRCR does;
 * ``as-ircr-ircr-values``: also at IRCR's tuned values on the task (its policy's
   ``lr``, ``ent_coef``, ``gae_lambda``; ``reward_lr_ratio = ircr_lr_ratio``;
@@ -59,7 +59,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_TASKS = ("chain-l16-n05", "memchain-l16-n05")
 BASE, AS_IRCR = "rphi", "rphi-as-ircr"
 _AS_IRCR = {"beta_ext": 0.0, "per_step_weight": 1.0, "minmax_target": 1.0}
-_NO_ANCHOR = {**_AS_IRCR, "anchor_weight": 0.0, "drift_weight": 0.0, "extreme_weight": 0.0}
+_NO_PENALTIES = {**_AS_IRCR, "drift_weight": 0.0, "extreme_weight": 0.0}
 #: label -> (reference arm, HParams overrides of coevo-regression's tuned values) (module docstring);
 #: "as-ircr-ircr-values" also takes IRCR's tuned values on the task (:func:`ircr_values`)
 ABLATIONS = {
@@ -68,9 +68,9 @@ ABLATIONS = {
     "rphi-per-step": (BASE, {"per_step_weight": 1.0}),
     "rphi-minmax": (BASE, {"minmax_target": 1.0}),
     AS_IRCR: (BASE, _AS_IRCR),
-    "as-ircr-no-anchor": (AS_IRCR, _NO_ANCHOR),
-    "as-ircr-k1": (AS_IRCR, {**_NO_ANCHOR, "k": 1}),
-    "as-ircr-ircr-values": (AS_IRCR, {**_NO_ANCHOR, "k": 1}),
+    "as-ircr-no-penalties": (AS_IRCR, _NO_PENALTIES),
+    "as-ircr-k1": (AS_IRCR, {**_NO_PENALTIES, "k": 1}),
+    "as-ircr-ircr-values": (AS_IRCR, {**_NO_PENALTIES, "k": 1}),
 }
 THRESHOLD = 0.8
 

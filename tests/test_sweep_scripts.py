@@ -177,15 +177,16 @@ def test_default_studies_keep_each_protocol():
     (abl,) = built("ircr_ablation", ["--tasks", "chain-l16-n05"])  # R_phi toward IRCR, one property per arm
     arms = {a.name: a for a in abl.arms}
     assert list(arms) == ["ppo", "ircr", "rphi", "rphi-replaced", "rphi-per-step", "rphi-minmax", "rphi-as-ircr",
-                          "as-ircr-no-anchor", "as-ircr-k1", "as-ircr-ircr-values"]
+                          "as-ircr-no-penalties", "as-ircr-k1", "as-ircr-ircr-values"]
     base = chain_task.tuned["coevo-regression"]
     assert dict(arms["rphi"].fixed) == base and dict(arms["rphi-per-step"].fixed) == {**base, "per_step_weight": 1.0}
     as_ircr = {**base, "beta_ext": 0.0, "per_step_weight": 1.0, "minmax_target": 1.0}
     assert dict(arms["rphi-as-ircr"].fixed) == as_ircr
-    no_anchor = {**as_ircr, "anchor_weight": 0.0, "drift_weight": 0.0, "extreme_weight": 0.0}
-    assert dict(arms["as-ircr-no-anchor"].fixed) == no_anchor and dict(arms["as-ircr-k1"].fixed) == {**no_anchor, "k": 1}
+    no_penalties = {**as_ircr, "drift_weight": 0.0, "extreme_weight": 0.0}  # the fit's own weight (anchor_weight) stays
+    assert dict(arms["as-ircr-no-penalties"].fixed) == no_penalties
+    assert dict(arms["as-ircr-k1"].fixed) == {**no_penalties, "k": 1}
     ircr = chain_task.tuned["ircr"]  # IRCR's tuned values; beta_int and normalize_int its class's (not tuned)
-    at_ircr = {**no_anchor, "k": 1, "lr": ircr["lr"], "ent_coef": ircr["ent_coef"], "gae_lambda": ircr["gae_lambda"],
+    at_ircr = {**no_penalties, "k": 1, "lr": ircr["lr"], "ent_coef": ircr["ent_coef"], "gae_lambda": ircr["gae_lambda"],
                "reward_lr_ratio": ircr["ircr_lr_ratio"], "beta_int": 1.0, "normalize_int": 0.0}
     assert {k: float(v) for k, v in arms["as-ircr-ircr-values"].fixed.items()} == pytest.approx(at_ircr)
     assert abl.save_chunks and all(a.static.method == "coevo-regression" for a in abl.arms[2:])
