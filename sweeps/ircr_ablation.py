@@ -152,7 +152,8 @@ def report(args, results) -> str:
     table = write_table(os.path.join(args.out, "ircr_ablation.md"), rows, header)
     atomic_write_text(os.path.join(args.out, "ircr_ablation.csv"), rows_to_csv(rows))
     verdict = ("rule (fixed in advance): a property helps on a task when the lower end of its arm's P(> reference) is"
-               f" above 0.5 (reference: {BASE} for the first three properties, {AS_IRCR} for the later ones); " + (f"helps: {', '.join(helps)}" if helps else "no property helps on any task"))
+               f" above 0.5 (reference: {BASE} for the first three properties, {AS_IRCR} for the later ones); "
+               + (f"helps: {', '.join(helps)}" if helps else "no property helps on any task"))
     notes = f"\nwithdrawn from the comparisons (it cannot rank methods; the credit still shows): {'; '.join(withdrawn)}"
     return f"{header}\n{table}\n{verdict}" + (notes if withdrawn else "")
 
