@@ -396,7 +396,8 @@ class LearnedParams(RewardNetParams):
     beta_int: float = default_of(SignalParams, "beta_int", 0.5)
     reward_lr_ratio: float = weight(0.2, doc="the refit's Adam step as a multiple of the policy's lr of the"
                                              " iteration (annealed with it)")
-    anchor_weight: float = weight(1.0, doc="weight of the external-reward anchor (fit)")
+    anchor_weight: float = weight(1.0, doc="weight of the fit to the external return (the seeds' external-reward"
+                                           " anchor; 0: no fit at all)")
     drift_weight: float = weight(0.1, doc="penalty on drift of R_phi's outputs from the anchor's (drift_ema)")
     extreme_weight: float = weight(0.01, doc="penalty on extreme (saturated) outputs")
     drift_ema: float = param(0.9, 0.0, 1.0, high_inclusive=False,
