@@ -13,9 +13,11 @@ the task (``sweeps/admitted_tasks.json``), with the task's StaticConfig override
   decomposition (``per_step_weight = 1``), IRCR's target;
 * ``rphi-minmax``: the decomposition of the return min-max normalised over the
   buffer (``minmax_target = 1``), IRCR's normalisation;
-* ``rphi-as-ircr``: all three (what remains is R_phi's network head, tanh
-  against IRCR's linear output, its anti-collusion terms, its refit period and
-  its tuned values);
+* ``rphi-no-penalties``: without R_phi's drift and extreme-output penalties
+  (``drift_weight``, ``extreme_weight`` 0), which IRCR does not have;
+* ``rphi-as-ircr``: IRCR's three properties together (replaced, per-step,
+  min-max; what remains is R_phi's network head, tanh against IRCR's linear
+  output, its anti-collusion penalties, its refit period and its tuned values);
 
 then, from ``rphi-as-ircr``, the remaining differences one at a time, each on
 top of the one before:
@@ -36,7 +38,7 @@ choice against the ground truth (``_study.analysis.chain_credit``: the gap
 between correct and wrong choices at the choice and at the last step, where the
 action has no effect, and top-1). The rule, fixed in advance: a property
 *helps* on a task when the lower end of its arm's P(> reference) is above 0.5,
-the reference being ``rphi`` for the first three properties and
+the reference being ``rphi`` for the arms up to ``rphi-as-ircr`` and
 ``rphi-as-ircr`` for the later ones.
 
     python sweeps/ircr_ablation.py                      # both chains, 20 seeds
@@ -67,6 +69,7 @@ ABLATIONS = {
     "rphi-replaced": (BASE, {"beta_ext": 0.0}),
     "rphi-per-step": (BASE, {"per_step_weight": 1.0}),
     "rphi-minmax": (BASE, {"minmax_target": 1.0}),
+    "rphi-no-penalties": (BASE, {"drift_weight": 0.0, "extreme_weight": 0.0}),
     AS_IRCR: (BASE, _AS_IRCR),
     "as-ircr-no-penalties": (AS_IRCR, _NO_PENALTIES),
     "as-ircr-k1": (AS_IRCR, {**_NO_PENALTIES, "k": 1}),
@@ -152,7 +155,7 @@ def report(args, results) -> str:
     table = write_table(os.path.join(args.out, "ircr_ablation.md"), rows, header)
     atomic_write_text(os.path.join(args.out, "ircr_ablation.csv"), rows_to_csv(rows))
     verdict = ("rule (fixed in advance): a property helps on a task when the lower end of its arm's P(> reference) is"
-               f" above 0.5 (reference: {BASE} for the first three properties, {AS_IRCR} for the later ones); "
+               f" above 0.5 (reference: {BASE} up to {AS_IRCR}, {AS_IRCR} for the later arms); "
                + (f"helps: {', '.join(helps)}" if helps else "no property helps on any task"))
     notes = f"\nwithdrawn from the comparisons (it cannot rank methods; the credit still shows): {'; '.join(withdrawn)}"
     return f"{header}\n{table}\n{verdict}" + (notes if withdrawn else "")

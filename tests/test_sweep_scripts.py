@@ -176,10 +176,11 @@ def test_default_studies_keep_each_protocol():
     assert dict(arms["ircr@ppo"].fixed) == at_ppo and dict(arms["ircr+ext@ppo"].fixed) == {**at_ppo, "beta_ext": 1.0}
     (abl,) = built("ircr_ablation", ["--tasks", "chain-l16-n05"])  # R_phi toward IRCR, one property per arm
     arms = {a.name: a for a in abl.arms}
-    assert list(arms) == ["ppo", "ircr", "rphi", "rphi-replaced", "rphi-per-step", "rphi-minmax", "rphi-as-ircr",
-                          "as-ircr-no-penalties", "as-ircr-k1", "as-ircr-ircr-values"]
+    assert list(arms) == ["ppo", "ircr", "rphi", "rphi-replaced", "rphi-per-step", "rphi-minmax", "rphi-no-penalties",
+                          "rphi-as-ircr", "as-ircr-no-penalties", "as-ircr-k1", "as-ircr-ircr-values"]
     base = chain_task.tuned["coevo-regression"]
     assert dict(arms["rphi"].fixed) == base and dict(arms["rphi-per-step"].fixed) == {**base, "per_step_weight": 1.0}
+    assert dict(arms["rphi-no-penalties"].fixed) == {**base, "drift_weight": 0.0, "extreme_weight": 0.0}
     as_ircr = {**base, "beta_ext": 0.0, "per_step_weight": 1.0, "minmax_target": 1.0}
     assert dict(arms["rphi-as-ircr"].fixed) == as_ircr
     no_penalties = {**as_ircr, "drift_weight": 0.0, "extreme_weight": 0.0}  # the fit's own weight (anchor_weight) stays
