@@ -18,25 +18,28 @@ oracle:
   credit method was tuned to, for each such pair that is not PPO's own: did the
   reward help, or the policy's values?
 
-Two tables:
+Three tables:
 
-1. final success IQM [95% CI], AUC, P(> ppo) [95% CI] (rliable, paired seeds),
-   P(> ppo at its own lr, ent) [95% CI], and the verdict, fixed in advance: **a
-   credit method beats PPO** when the lower end of its P(> ppo) CI is above 0.5,
-   and **its reward is why** when the lower end of P(> ppo at its own lr, ent) is
-   above 0.5 too;
+1. final success IQM [95% CI], AUC, P(> ppo) [95% CI] (rliable: all pairs of runs),
+   P(> ppo at its own lr, ent) [95% CI], and a screen fixed in advance: which
+   credit methods have the lower end of P(> ppo)'s CI above 0.5, and of P(> ppo at
+   their own lr, ent) too (the verdict rule, which also holds each method against
+   the tuned controls with a Holm correction, is ``compare_methods.py``'s);
 2. per learned reward of (state, action) and snapshot, its credit at the choice
    step against the ground truth (:mod:`_study.analysis.chain_credit`): the
    Spearman correlation over every (cue, action), the share of cues whose correct
    action it pays most, and its gap between correct and wrong choices, at the
    choice and (the same pairs) at the last step, where the action has no
-   effect; IQM [95% CI] over seeds.
+   effect; IQM [95% CI] over seeds;
+3. part 2 of the verdict rule (:func:`decision_credit`): per seed at the end of
+   training, the gap at the choice less the gap at the last step; it holds when
+   the 95% CI of the mean difference has its lower end above 0.
 
     python sweeps/chain_credit.py                       # chain-l16-n05, 20 seeds, 4 snapshots
     python sweeps/chain_credit.py --num-seeds 8 --methods ppo,dense,coevo-regression
 
 Outputs (``--out``, default ``results/chain_credit``): the study folder,
-``chain_credit.md`` / ``.csv``, ``choice_credit.csv`` and ``choice_credit.png``
+``chain_credit.md`` / ``.csv``, ``choice_credit.csv``, ``decision_credit.md`` and ``choice_credit.png``
 (IQM Spearman with the ground truth vs env steps, 95% bands).
 """
 from __future__ import annotations
@@ -120,7 +123,7 @@ def credit_curves(result) -> dict:
 
 
 def beats_ppo(poi: dict) -> bool:
-    """The verdict rule, fixed in advance: the lower end of P(> ppo)'s 95% CI is above 0.5."""
+    """The screen, fixed in advance: the lower end of P(> ppo)'s 95% CI is above 0.5."""
     return poi["ci_low"] > 0.5
 
 
@@ -155,10 +158,11 @@ def report(args, results) -> str:
                 reward_wins += [arm] if beats_ppo(poi) and beats_ppo(own_poi) else []
         row["below random"] = "BELOW" if r["final_success_iqm"] < floor["final_success_iqm"] else ""
         rows.append(row)
-    verdict = ("verdict (rule fixed in advance: the lower end of P(> ppo)'s CI above 0.5; the reward is why when the"
-               " lower end of P(> ppo at its lr, ent) is above 0.5 too): "
-               + (f"{', '.join(winners)} beat PPO; the reward is why for {', '.join(reward_wins) or 'none of them'}"
-                  if winners else "no credit method beats PPO"))
+    verdict = ("screen against PPO alone (the verdict rule, with the tuned controls and a Holm correction, is"
+               " compare_methods.py's; fixed in advance: the lower end of P(> ppo)'s 95% CI above 0.5, and of"
+               " P(> ppo at its lr, ent) too): "
+               + (f"{', '.join(winners)} above PPO; above PPO at its own lr, ent too:"
+                  f" {', '.join(reward_wins) or 'none'}" if winners else "no credit method above PPO"))
     os.makedirs(args.out, exist_ok=True)
     header = f"{study.name} ({study.env} {dict(study.env_kwargs)})\n{definitions(study)}"
     table = write_table(os.path.join(args.out, "chain_credit.md"), rows, header)
@@ -171,6 +175,9 @@ def report(args, results) -> str:
             credit_rows.append({"arm": arm, "env steps": f"{s:,.0f}",
                                 **{f"{k} IQM [95% CI]": stats.iqm_text(v[:, j], j, 3) for k, v in scores.items()}})
     credit_table = write_table(os.path.join(args.out, "choice_credit.md"), credit_rows)
+    part2 = [{"arm": arm, **decision_credit(sc["gap"][:, -1], sc["gap, last step"][:, -1])}
+             for arm, (_, sc) in curves.items()]
+    part2_table = write_table(os.path.join(args.out, "decision_credit.md"), part2) if part2 else ""
     atomic_write_text(os.path.join(args.out, "choice_credit.csv"), rows_to_csv(credit_rows))
     if curves:
         plots.plot_learning_curves({"choice-step credit": {a: (st, sc["spearman"]) for a, (st, sc) in curves.items()}},
@@ -179,8 +186,8 @@ def report(args, results) -> str:
     notes = (f"\nnot tuned by sweeps/tune.py on {study.name} (at PPO's lr / ent_coef and library defaults):"
              f" {', '.join(untuned)}" if untuned else "")
     static = ", ".join(f"{k}={v}" for k, v in task.static_overrides.items())
-    return (f"{header}\nevery arm with the task's StaticConfig overrides ({static or 'none'}); P(> ppo) over paired"
-            f" seeds (rliable)\n{table}\n{verdict}{notes}\n\n"
+    return (f"{header}\nevery arm with the task's StaticConfig overrides ({static or 'none'}); P(> ppo) from"
+            f" rliable (over all pairs of runs; the arms share their seeds)\n{table}\n{verdict}{notes}\n\n"
             "Credit at the choice step (sweeps/_study/analysis/chain_credit.py): each learned reward of (state,"
             " action) on every (cue, action) at time 0 against the ground truth (the outcome on the correct choice, 0"
             " else): Spearman over the pairs, top1 = share of cues whose correct action is paid most (a guess: 1/K),"
@@ -188,7 +195,22 @@ def report(args, results) -> str:
             " action has no effect (a reward that tells the steps apart pays 0 there); IQM [95% CI] over seeds."
             " SIOP's credit and PPO's critic are functions of the state and the chain's states do not show the"
             " choice: no row, by construction.\n"
-            + credit_table)
+            + credit_table
+            + ("\n\nPart 2 of the verdict rule (fixed in advance): at the end of training, per seed, the gap at the"
+               " choice less the gap at the last step (paired); it holds when the 95% bootstrap CI of the mean"
+               " difference has its lower end above 0\n" + part2_table if part2 else ""))
+
+
+def decision_credit(at_choice: np.ndarray, at_last: np.ndarray) -> dict:
+    """Part 2 of the verdict rule on per-seed gaps ``[S]`` at the choice and at the last step (paired):
+    the mean difference with its 95% bootstrap CI, and whether its lower end is above 0."""
+    from coevo_jax.analysis import stats
+
+    d = np.asarray(at_choice, np.float64) - np.asarray(at_last, np.float64)
+    low, high = stats.bootstrap_ci(d)
+    return {"gap at the choice": f"{np.nanmean(at_choice):.4f}", "gap at the last step": f"{np.nanmean(at_last):.4f}",
+            "difference [95% CI]": f"{np.nanmean(d):.4f} [{low:.4f}, {high:.4f}]",
+            "part 2": "holds" if low > 0 else "fails"}
 
 
 def main(argv=None) -> int:

@@ -32,7 +32,7 @@ The verdict rule (:mod:`_study.verdict`, fixed in advance) is printed with a tab
 task: P(> tuned ppo) and P(> each tuned control) per method, Holm-corrected.
 
 Reported per task and arm: final success IQM with its 95% stratified-bootstrap
-CI, AUC, P(> ppo) with its CI (rliable, paired seeds), P(> ppo at the arm's own
+CI, AUC, P(> ppo) with its CI (rliable: all pairs of runs), P(> ppo at the arm's own
 policy lr and entropy) with its CI, P(> the best control)
 with its CI for every arm that is not a control (the best control: the control
 arm with the highest final success IQM on the task, a rule fixed in advance; a
@@ -56,6 +56,7 @@ from __future__ import annotations
 import os
 import sys
 
+from coevo_jax.config import ConfigError
 from coevo_jax.experiment import Study
 from coevo_jax.analysis.tables import rows_to_csv
 from coevo_jax.files import atomic_write_text
@@ -103,6 +104,9 @@ def studies(args) -> list:
     out = []
     for name in tasks:
         task = admitted[name]
+        if args.seed in task.stage_bases():
+            raise ConfigError(f"--seed={args.seed} is the base seed of a tuning stage on {name}"
+                              f" ({sorted(task.stage_bases())}): the evaluation needs seeds the tuning never saw")
         arms = [task.arm(m) for m in methods]
         if controls:
             arms += [task.arm(TUNED_CONTROLS[c].method, c, dict(TUNED_CONTROLS[c].fixed), tuned_as=c)
@@ -176,9 +180,13 @@ def report(args, results) -> str:
                     and m not in ("ppo", "dense")]
         against = ["ppo"] + [c for c in ctrl if c in finals[task]] if "ppo" in finals[task] else []
         if compared and against:
+            gaps = admitted[task].not_two_stage(against) if task in admitted else against
+            why = ("no tuned control ran" if len(against) < 2 else
+                   f"{', '.join(gaps)} not tuned with the two-stage protocol" if gaps else "")
             verdicts.append(f"\n**{task}**: each method against tuned ppo and the tuned controls"
                             f" ({', '.join(f'{c}: {TUNED_CONTROLS[c].rules_out}' for c in ctrl)})\n\n"
-                            + format_table(verdict_rows(finals[task], compared, against), markdown=True))
+                            + format_table(verdict_rows(finals[task], compared, against, undecidable=why),
+                                           markdown=True))
     table = write_table(os.path.join(args.out, "comparison.md"), rows)
     atomic_write_text(os.path.join(args.out, "comparison.csv"), rows_to_csv(rows))
     plots.plot_learning_curves(plots.arm_panels(results, "success_rate", panel=lambda r: r.study.name),
@@ -187,10 +195,11 @@ def report(args, results) -> str:
     plots.plot_interval_estimates(finals, os.path.join(args.out, "final_success.png"), xlabel="final success",
                                   title="final success (episodes of the last 10% of env steps)")
     return ("final = episodes finished in the last 10% of env steps; IQM, 95% stratified-bootstrap CIs and"
-            " P(> ppo) from rliable over paired seeds; steps to threshold: median over the seeds that reach it\n"
+            " P(> ppo) from rliable (over all pairs of runs; the arms share their seeds); steps to threshold: median"
+            " over the seeds that reach it\n"
             + table + "".join(f"\n{n}" for n in notes)
             + (f"\n\n## Verdicts\n\nThe rule, fixed in advance: {RULE}. Part 1 below; part 2 on the DelayedChain"
-               " in chain_credit.md.\n" + "\n".join(verdicts) if verdicts else ""))
+               " in chain_credit.md (its part-2 table).\n" + "\n".join(verdicts) if verdicts else ""))
 
 
 def main(argv=None) -> int:

@@ -133,10 +133,18 @@ def tune_studies(args, earlier) -> list:
     return [_study(task, arms, args.tune_seeds, bases[0], args)]
 
 
-def screened(result, n: int) -> dict:
-    """``{method: (finalist configurations, their stage-1 AUCs [F, S1])}`` of a finished stage 1."""
+def screened(result, n: int, sample_seed: int = 0) -> dict:
+    """``{method: (finalist configurations, their stage-1 AUCs [F, S1])}`` of a finished stage 1;
+    :class:`ConfigError` when an arm's configurations are not the sample (``sample_seed``) of its
+    search space today (a range changed since stage 1 ran: the edge flags and the recorded space
+    would describe a search that never ran)."""
     out = {}
     for arm in result.study.arms:
+        configs = arm.settings()
+        if configs != tuning.sample_configs(tuning.search_space(arm.name), len(configs), sample_seed):
+            raise ConfigError(f"{arm.name}: stage 1's configurations are not today's sample of its search space"
+                              f" {tuning.search_space(arm.name)} (a range changed since stage 1 ran?): rerun the"
+                              " tuning into a new --out")
         scores = tuning.arm_scores(result, arm.name)
         idx = tuning.finalists(scores, n)
         out[arm.name] = ([arm.settings()[i] for i in idx], scores[idx])
@@ -146,16 +154,16 @@ def screened(result, n: int) -> dict:
 def finalist_studies(args, earlier) -> list:
     """Stage 2: per method a zipped arm of its ``--finalists`` best configurations, on fresh seeds."""
     task, methods, steps, bases = _setup(args)
-    best = screened(earlier[0][0], args.finalists)
+    best = screened(earlier[0][0], args.finalists, args.sample_seed)
     arms = [tuning.arm_of(m, task.static(tuning.method_of(m), total_steps=steps), best[m][0]) for m in methods]
     return [_study(task, arms, args.finalist_seeds, bases[1], args)]
 
 
-def chosen(stage1, stage2, n: int) -> dict:
+def chosen(stage1, stage2, n: int, sample_seed: int = 0) -> dict:
     """``{method: {"config", "index", "finalists", "stage1", "stage2", "final", "verdict"}}``: each method's
     pick by :data:`_study.tuning.FINAL_RULE` among its finalists, with the scores behind it."""
     out = {}
-    for m, (configs, s1) in screened(stage1, n).items():
+    for m, (configs, s1) in screened(stage1, n, sample_seed).items():
         s2, final = tuning.arm_scores(stage2, m), tuning.arm_scores(stage2, m, "final")
         best = tuning.select_finalist(s2)
         out[m] = {"config": configs[best], "index": best, "finalists": configs, "stage1": s1, "stage2": s2,
@@ -167,7 +175,7 @@ def eval_studies(args, earlier) -> list:
     """Evaluation on fresh paired seeds: each method at its pick, and dense at its recorded
     values when it is not tuned here."""
     task, methods, steps, bases = _setup(args)
-    picks = chosen(earlier[0][0], earlier[1][0], args.finalists)
+    picks = chosen(earlier[0][0], earlier[1][0], args.finalists, args.sample_seed)
     arms = [tuning.arm_of(m, task.static(tuning.method_of(m), total_steps=steps), pick=picks[m]["config"])
             for m in methods]
     if "dense" not in methods:
@@ -220,7 +228,7 @@ def report(args, stages) -> str:
 
     task, methods, steps, bases = _setup(args)
     s1, s2, ev = (stage[0] for stage in stages)
-    picks = chosen(s1, s2, args.finalists)
+    picks = chosen(s1, s2, args.finalists, args.sample_seed)
     finals = arm_finals(ev)
     floor = random_row(ev.study)
     summ = {r["arm"]: r for r in ev.summary}

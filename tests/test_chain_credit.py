@@ -148,3 +148,20 @@ def test_a_recurrent_policy_is_scored_on_the_episode_history_up_to_the_pair():
             feats = trainer.network.apply(pick(state.params, i), np.zeros((9, 8), np.float32), h, first)[1][2][:, -1]
             expect.append(np.asarray(net.apply(pick(state.signal_state.params, i), feats, choice_pairs(3)[1])[0]))
         np.testing.assert_allclose(choice_rewards(trainer, state, elapsed), np.stack(expect), rtol=1e-5, atol=1e-7)
+
+
+def test_part_two_of_the_verdict_rule_holds_only_where_the_choice_is_paid_more_than_the_last_step():
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sweeps", "chain_credit.py")
+    spec = importlib.util.spec_from_file_location("sweep_chain_credit", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rng = np.random.default_rng(0)
+    last = rng.normal(0.01, 0.005, 20)  # an "action = cue" bonus paid at every step alike
+    same = mod.decision_credit(last + rng.normal(0.0, 0.005, 20), last)
+    assert same["part 2"] == "fails"
+    paired = mod.decision_credit(last + 0.002, last)  # a small gap, but in every seed: the pairing shows it
+    assert paired["part 2"] == "holds" and paired["difference [95% CI]"].startswith("0.0020 [0.0020, 0.0020]")
+    assert mod.decision_credit(last + 0.002, rng.permutation(last) + 0.004)["part 2"] == "fails"

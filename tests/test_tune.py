@@ -67,6 +67,14 @@ def test_a_pick_at_the_edge_of_its_range_is_flagged():
     assert tuning.edge_fields({"lr": 1.1e-4, "gae_lambda": 0.9}, space) == ["lr (low)"]
     assert tuning.edge_fields({"lr": 1.2e-3, "gae_lambda": 0.995}, space) == ["gae_lambda (high)"]
     assert tuning.edge_fields({"lr": 9.5e-3, "gae_lambda": 0.805}, space) == ["lr (high)", "gae_lambda (low)"]
+    # the scale matters: 9e-3 is 98% up the lr range in log (90% in linear), 0.809 4.5% up lambda's in linear
+    # (5.01% in log)
+    assert tuning.edge_fields({"lr": 9e-3, "gae_lambda": 0.809}, space) == ["lr (high)", "gae_lambda (low)"]
+    assert tuning.edge_fields({"lr": 1e-3, "gae_lambda": 0.811}, space) == []
+    mod = load("tune")
+    pick = {"config": {"lr": 9e-3, "gae_lambda": 0.9},
+            "verdict": {"runner_up": 1, "p": 0.7, "ci_low": 0.6, "ci_high": 0.8, "confident": True, "beaten_by": []}}
+    assert mod._verdict_text(pick, space).endswith("; EDGE: lr (high)")
     for rng in space.values():
         assert tuning.to_unit(tuning.from_unit(0.3, rng), rng) == pytest.approx(0.3)
 
@@ -132,6 +140,11 @@ def test_the_protocol_screens_then_picks_on_fresh_seeds_and_says_when_it_cannot_
     assert pick["index"] == 2 and pick["config"] == settings[5]
     v = pick["verdict"]
     assert v["runner_up"] == 0 and v["ci_low"] <= 0.5 and not v["confident"] and v["beaten_by"] == []
+    # P(pick > runner-up) is stage 2's (12 seeds), not stage 1's (where config 5 against config 3 is 0.5)
+    from coevo_jax.analysis import stats
+
+    assert pick["stage2"].shape == (4, 12) and v["p"] > 0.5
+    assert v["p"] == pytest.approx(stats.probability_of_improvement(pick["stage2"][2], pick["stage2"][0])["p"])
     assert "cannot pick with confidence" in mod._verdict_text(pick, tuning.search_space("ppo"))
     # a clear winner is confident, and a pick that another finalist beats with confidence says so
     s = np.array([[0.5] * 12, [0.1] * 12, [0.2] * 12, [0.3] * 12]) + 0.01 * rng.random((4, 12))
@@ -160,6 +173,11 @@ def test_the_protocol_screens_then_picks_on_fresh_seeds_and_says_when_it_cannot_
     assert len(keys(study) | keys(fin) | keys(ev) | keys(r1) | keys(r2)) == 2 * (2 + 12) + 20
     with pytest.raises(ConfigError, match="meet the evaluation's"):
         tuning.stage_bases(1000, tune_base=0)
+    with pytest.raises(ConfigError, match="meet the default run's"):  # a reproduction on the pick's own seeds
+        tuning.stage_bases(0, tune_base=2000)
+    # a stage 1 whose sample is not today's (a range changed since it ran) is refused, not re-read
+    with pytest.raises(ConfigError, match="not today's sample"):
+        mod.screened(stage1, 4, sample_seed=1)
 
 
 def task_values(method, path):
@@ -372,23 +390,41 @@ def test_the_verdict_rule_needs_every_comparison_and_corrects_for_the_methods():
     rng = np.random.default_rng(0)
     base = rng.random(20)
     finals = {"ppo": base, "step-bonus": base + 0.3,
-              "clear": base + 0.6,  # beats ppo and the control
-              "ppo-only": base + 0.15,  # beats ppo, not the control
-              "marginal": base + 0.7}
-    finals["marginal"] = np.where(np.arange(20) < 12, base + 0.9, base - 0.2)
+              "clear": base + 0.8,  # beats ppo and the control: p 0
+              "ppo-only": base + 0.38,  # beats ppo alone (p 0.001), not the control (p 0.20)
+              "marginal": base + 0.52}  # beats both, the control with p 0.022: alone yes, second of three no
+    p = {m: max(stats.improvement_pvalue(finals[m], finals[a]) for a in ("ppo", "step-bonus")) for m in finals}
+    assert stats.improvement_pvalue(finals["ppo-only"], base) < 0.0125 and p["ppo-only"] > 0.1
+    assert 0.025 / 2 < p["marginal"] < 0.025 and p["clear"] < 0.025 / 3
     rows = {r["method"]: r for r in verdict_rows(finals, ["clear", "ppo-only", "marginal"], ["ppo", "step-bonus"])}
-    assert rows["clear"]["verdict"] == "wins (1)" and rows["ppo-only"]["verdict"] == "no"
+    assert {m: r["verdict"] for m, r in rows.items()} == {"clear": "wins (1)", "ppo-only": "no", "marginal": "no"}
+    assert [rows[m]["Holm threshold"] for m in ("clear", "marginal", "ppo-only")] == ["0.0083", "0.0125", "0.0250"]
+    alone = verdict_rows(finals, ["marginal"], ["ppo", "step-bonus"])[0]
+    assert alone["verdict"] == "wins (1)"  # with one method the rule is its 95% CIs' lower ends
+    assert all(float(c.split("[")[1].split(",")[0]) > 0.5 for k, c in alone.items() if k.startswith("P(>"))
     assert set(rows["clear"]) >= {"P(> ppo)", "P(> step-bonus)", "p (largest)", "Holm threshold"}
+    undecided = verdict_rows(finals, ["clear"], ["ppo"], undecidable="no tuned control ran")
+    assert undecided[0]["verdict"] == "undecidable: no tuned control ran"
     # Holm: three p-values just under 0.05 each pass alone, not as a family of three
     assert stats.holm({"a": 0.04, "b": 0.045, "c": 0.049}) == {"a": False, "b": False, "c": False}
     assert stats.holm({"a": 0.01, "b": 0.02, "c": 0.049}) == {"a": True, "b": True, "c": True}
     assert stats.holm({"a": 0.03, "b": 0.06, "c": 0.001}) == {"c": True, "a": False, "b": False}  # 0.03 > 0.05 / 2
     # the p-value agrees with rliable's percentile CI: below alpha exactly when the 1 - 2 alpha CI's low end > 0.5
     x, y = rng.random(20) + 0.2, rng.random(20)
-    p = stats.improvement_pvalue(x, y)
+    pv = stats.improvement_pvalue(x, y)
     for alpha in (0.025, 0.05, 0.1):
         low = stats.probability_of_improvement(x, y, alpha=2 * alpha)["ci_low"]
-        assert (p < alpha) == (low > 0.5) or abs(low - 0.5) < 0.01
+        assert (pv < alpha) == (low > 0.5) or abs(low - 0.5) < 0.01
+    # which records count as the two-stage protocol (a verdict against anything else is undecidable)
+    from _study.admitted import load_admitted
+
+    admitted = load_admitted(ADMITTED)
+    assert admitted["doorkey5-t60"].not_two_stage(["ppo", "dense"]) == ["ppo", "dense"]  # 16 x 3, no lambda
+    assert admitted["fourrooms-t100"].not_two_stage(["ppo", "step-bonus", "rphi-shuffled", "nope"]) == ["nope"]
+    # and an evaluation on a tuning stage's seeds is refused before anything runs
+    compare = load("compare_methods")
+    assert 1000 in admitted["fourrooms-t100"].stage_bases()
+    assert compare.main(["--tasks", "fourrooms-t100", "--seed", "1000", "--out", "/nonexistent/x"]) == 2
 
 
 def test_the_k_study_runs_the_tunings_settings_and_its_row_at_the_tuned_k_is_the_tuning():

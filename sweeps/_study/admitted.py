@@ -56,6 +56,22 @@ class AdmittedTask:
         """The ``methods`` whose values here did not come from the equal-budget tuning (``sweeps/tune.py``)."""
         return [m for m in methods if m not in self.tuning]
 
+    def not_two_stage(self, methods) -> list[str]:
+        """The ``methods`` whose values here did not come from the two-stage protocol of
+        :mod:`_study.tuning` (no record, or one of the older single-stage 16 x 3 tunings, or one
+        without GAE lambda in its space): a verdict against them would rest on a mis-selection."""
+        from _study import tuning
+
+        def two_stage(r):
+            return (r.get("num_configs", 0) >= tuning.MIN_CONFIGS and r.get("finalists", 0) >= tuning.MIN_FINALISTS
+                    and r.get("finalist_seeds", 0) >= tuning.MIN_FINALIST_SEEDS and "gae_lambda" in r.get("space", {}))
+
+        return [m for m in methods if not two_stage(self.tuning.get(m, {}))]
+
+    def stage_bases(self) -> set[int]:
+        """The base seeds of every recorded tuning stage here (an evaluation must use none of them)."""
+        return {r[k] for r in self.tuning.values() for k in ("tune_base_seed", "finalist_base_seed") if k in r}
+
     def static(self, method: str, **overrides):
         """The :class:`~coevo_jax.config.StaticConfig` of ``method`` at this task's budget, rollout
         shape, PPO passes and ``static_overrides`` (those of its fields ``method`` has:

@@ -155,12 +155,17 @@ def edge_fields(config: Mapping[str, float], space: Mapping[str, tuple], edge: f
 
 def stage_bases(seed: int, tune_base: int | None = None) -> tuple[int, int, int]:
     """``(stage 1, stage 2, evaluation)`` base seeds: ``tune_base`` (default ``seed + TUNE_SEED_OFFSET``),
-    ``tune_base + FINALIST_SEED_OFFSET`` and ``seed``; :class:`ConfigError` unless all three differ."""
+    ``tune_base + FINALIST_SEED_OFFSET`` and ``seed``; :class:`ConfigError` unless all three differ and,
+    for a reproduction (``tune_base`` given), its two stages also miss the default run's stage seeds."""
     b1 = seed + TUNE_SEED_OFFSET if tune_base is None else tune_base
     bases = (b1, b1 + FINALIST_SEED_OFFSET, seed)
+    default = {seed + TUNE_SEED_OFFSET, seed + TUNE_SEED_OFFSET + FINALIST_SEED_OFFSET}
     if len(set(bases)) < 3 or min(bases) < 0:
         raise ConfigError(f"--tune-base={b1} gives stage base seeds {bases[:2]} that meet the evaluation's"
                           f" {seed} (or are negative); choose another")
+    if tune_base is not None and tune_base != seed + TUNE_SEED_OFFSET and default & set(bases[:2]):
+        raise ConfigError(f"--tune-base={b1} gives stage base seeds {bases[:2]} that meet the default run's"
+                          f" {sorted(default)}: a reproduction needs seeds of its own; choose another")
     return bases
 
 
