@@ -38,7 +38,9 @@ with its CI for every arm that is not a control (the best control: the control
 arm with the highest final success IQM on the task, a rule fixed in advance; a
 gain over PPO is learned credit only where this CI's lower end is above 0.5
 too), the steps until success
-stays >= 0.8 (fixed in advance) with the fraction of seeds reaching it, and a
+stays >= 0.8 (fixed in advance) with the fraction of seeds reaching it, the size
+an R_phi pays per step (:func:`paid_size`: is the frozen control the trained
+R_phi's size?), and a
 flag on any arm below the random row (definitions:
 :mod:`coevo_jax.analysis.metrics`).
 
@@ -129,6 +131,26 @@ def best_control(summary: list) -> str | None:
     return max(controls, key=lambda r: r["final_success_iqm"])["arm"] if controls else None
 
 
+def paid_size(result, label: str) -> str:
+    """The learned reward's size as paid, ``|beta_int| x`` R_phi's mean absolute value per step, averaged over
+    the second half of training and the arm's runs (``"-"`` for an arm without R_phi): whether the frozen
+    R_phi control pays a reward of the trained R_phi's size."""
+    import numpy as np
+
+    from coevo_jax.config import default_hparams
+
+    metric = "signal/r_phi_abs_mean"
+    if metric not in result.curves:
+        return "-"
+    _, arm = result.arm(label)
+    n = arm.static.num_iterations
+    late = result.curves[metric][result.select(label), n // 2:n]
+    if not np.isfinite(late).any():
+        return "-"
+    beta = arm.fixed.get("beta_int", default_hparams(arm.static.method).signal.beta_int)
+    return f"{abs(float(beta)) * float(np.nanmean(late)):.2g}"
+
+
 def report(args, results) -> str:
     from coevo_jax.analysis import plots, stats
 
@@ -174,6 +196,7 @@ def report(args, results) -> str:
             if best and r["arm"] in finals[task] and kind in ("", "ablation") and r["arm"] != "ppo":
                 poi = stats.improvement_cell(finals[task][r["arm"]], finals[task][best])
                 row["P(> best control) [95% CI]"] = f"{poi} ({best})"
+            row["|beta_int R_phi| per step"] = paid_size(res, arm) if arm in finals[task] else "-"
             row["below random"] = "BELOW" if r["final_success_iqm"] < floor["final_success_iqm"] else ""
             rows.append(row)
         compared = [m for m in labels if m not in CONTROLS and m not in ABLATIONS and not m.startswith("ppo@")

@@ -455,3 +455,27 @@ def test_the_k_study_runs_the_tunings_settings_and_its_row_at_the_tuned_k_is_the
     args = ks.build_parser().parse_args([])
     assert "**doorkey5-t60 is withdrawn** (at tuned values" in ks.withdrawn_note(args, "doorkey5-t60")
     assert ks.withdrawn_note(args, "chain-l16-n05") == ""
+
+
+def test_the_comparison_shows_the_size_each_learned_reward_pays_per_step():
+    """The frozen R_phi control is matched to the trained R_phi by size: the table reports |beta_int| x
+    R_phi's mean absolute value per step over the second half of training, for every arm with an R_phi."""
+    import types
+
+    import coevo_jax as cj
+    from coevo_jax.experiment.spec import Arm
+
+    compare = load("compare_methods")
+    frozen = Arm(cj.static_config("coevo-regression", total_steps=1024, num_envs=4, rollout_len=32),
+                 fixed={"beta_int": -40.0}, label="frozen-rphi")
+    ppo = Arm(cj.static_config("ppo", total_steps=1024, num_envs=4, rollout_len=32), label="ppo")
+    n = frozen.static.num_iterations
+    size = np.full((4, n), np.nan)
+    size[:2] = np.linspace(0.0, 2e-3, n)  # frozen's two runs: 1e-3 early, 1.5e-3 on average over the late half
+    arms = {"frozen-rphi": (0, frozen), "ppo": (1, ppo)}
+    result = types.SimpleNamespace(curves={"signal/r_phi_abs_mean": size}, arm=lambda label: arms[label],
+                                   select=lambda label: np.arange(2) + 2 * arms[label][0])
+    late = np.linspace(0.0, 2e-3, n)[n // 2:].mean()
+    assert compare.paid_size(result, "frozen-rphi") == f"{40 * late:.2g}"
+    assert compare.paid_size(result, "ppo") == "-"
+    assert compare.paid_size(types.SimpleNamespace(curves={}), "ppo") == "-"

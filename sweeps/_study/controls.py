@@ -10,8 +10,9 @@ counts as credit assignment only if it beats every control of its task (the verd
   a living bonus or a step penalty). Rules out: a shift of every step's reward.
 * ``frozen-rphi``: coevo-regression's R_phi never refit (``reward_lr_ratio = 0``), its weight
   ``beta_int`` searched over [1, 1000], so that its per-step size spans the trained R_phi's
-  (R_phi starts with an output gain of 1e-3). Rules out: an action-dependent reward of the
-  learned one's size that learned nothing.
+  (R_phi starts with an output gain of 1e-3); every comparison prints the size each R_phi pays
+  per step (``compare_methods.paid_size``), the trained one's beside the frozen one's. Rules out:
+  an action-dependent reward of the learned one's size that learned nothing.
 * ``rphi-shuffled``: the trained R_phi's rewards moved to random steps of the same episode
   (``coevo-shuffled``: each episode's multiset of rewards kept), searched like coevo-regression.
   Rules out: the learned reward's size and per-episode sums without its timing.
