@@ -47,7 +47,7 @@ flag on any arm below the random row (definitions:
     python sweeps/compare_methods.py                               # the default tasks, 20 seeds
     python sweeps/compare_methods.py --tasks all --no-controls
     python sweeps/compare_methods.py --tasks doorkey8-t100 --methods ppo,dense,siop
-    python sweeps/compare_methods.py --tasks doorkey5-h40 --methods ppo,dense,siop --ablations
+    python sweeps/compare_methods.py --tasks fourrooms-t100 --methods ppo,dense,siop --ablations
 
 Outputs (``--out``, default ``results/compare_methods``): one study folder per
 task, ``comparison.csv`` / ``.md``, ``sample_efficiency.png`` (IQM success vs
@@ -68,7 +68,7 @@ from _study.admitted import add_admitted_option, comparable, load_admitted
 from _study.controls import CONTROLS as TUNED_CONTROLS, controls_for
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_TASKS = ("doorkey5-h40", "keytodoor-a1")
+DEFAULT_TASKS = ("doorkey8-t100", "keytodoor-a1")
 METHODS = ("ppo", "dense", "icm", "coevo-regression", "coevo-ranking", "coevo-novelty", "siop", "meta", "ircr",
            "siop-critic")
 PLACEBOS = {"siop-shuffled": ("siop-shuffled", "siop")}  # label -> (method, the method whose values it runs at)

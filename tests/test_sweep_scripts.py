@@ -49,7 +49,8 @@ def test_help_lists_a_default_for_every_own_option(name):
     ("ppo_learning", ["--tasks", "keydoor", "--num-seeds", "0"], "--num-seeds=0 must be >= 1"),
     ("calibrate", ["--tasks", "atari"], "--tasks: unknown 'atari'"),
     ("calibrate", ["--grid", "lr=fast"], "--grid: lr='fast' is not a number"),
-    ("compare_methods", ["--tasks", "doorkey5-h40,KeyDoor-5x5"], "--tasks: unknown 'KeyDoor-5x5'; choose from"),
+    ("compare_methods", ["--tasks", "doorkey8-t100,KeyDoor-5x5"], "--tasks: unknown 'KeyDoor-5x5'; choose from"),
+    ("compare_methods", ["--tasks", "doorkey5-h40"], "doorkey5-h40 is withdrawn (at tuned values: ppo 0.81 > 0.8"),
     ("compare_methods", ["--methods", "ppo,lirpg"], "--methods: unknown 'lirpg'"),
     ("compare_methods", ["--admitted", "/nonexistent/admitted.json"], "run sweeps/calibrate.py first"),
     ("credit_quality", ["--task", "doorkey5-h40"], "exact advantages are computed on KeyDoor with its time limit only"),
@@ -99,20 +100,20 @@ def test_default_studies_keep_each_protocol():
     assert all(s.env_kwargs == {"use_legal_mask": False} for s in text)
     assert [s.name for s in built("ppo_learning")] == ["cartpole", "keydoor"]
     compare = built("compare_methods")
-    assert [s.name for s in compare] == ["doorkey5-h40", "keytodoor-a1"] and all(s.num_seeds == 20 for s in compare)
+    assert [s.name for s in compare] == ["doorkey8-t100", "keytodoor-a1"] and all(s.num_seeds == 20 for s in compare)
     arms = {a.name: a for a in compare[0].arms}
     methods = load("compare_methods").METHODS
     assert tuple(arms)[:len(methods)] == methods and "meta" in arms
-    tuned = load("compare_methods").load_admitted(os.path.join(ROOT, "sweeps", "admitted_tasks.json"))["doorkey5-h40"]
+    tuned = load("compare_methods").load_admitted(os.path.join(ROOT, "sweeps", "admitted_tasks.json"))["doorkey8-t100"]
     assert dict(arms["dense"].fixed) == tuned.tuned["dense"] and dict(arms["siop"].fixed) == tuned.tuned["siop"]
-    # the controls of _study/controls.py, each with its held values (not tuned on doorkey5-h40: PPO's values)
+    # the controls of _study/controls.py, each at its tuned values with its held ones on top
     assert [n for n in arms if n in compare_mod_controls()] == ["step-bonus", "frozen-rphi", "rphi-shuffled",
                                                                 "siop-shuffled"]  # no cue bonus off the chain
     assert arms["step-bonus"].static.method == "constant" and arms["step-bonus"].fixed["beta_int"] == 1.0
     assert arms["frozen-rphi"].static.method == "coevo-regression" and arms["frozen-rphi"].fixed["reward_lr_ratio"] == 0
     assert arms["rphi-shuffled"].static.method == "coevo-shuffled"
-    assert {f: arms["frozen-rphi"].fixed[f] for f in ("lr", "ent_coef")} == tuned.tuned["ppo"]
-    assert arms["siop-shuffled"].static.method == "siop-shuffled" and compare[0].env_kwargs == {"fixed_horizon": 40}
+    assert dict(arms["frozen-rphi"].fixed) == {**tuned.tuned["frozen-rphi"], "reward_lr_ratio": 0.0}
+    assert arms["siop-shuffled"].static.method == "siop-shuffled" and compare[0].env_kwargs == {"max_steps": 100}
     assert arms["ppo"].static.total_steps == tuned.total_steps and compare[0].threshold == 0.8
     assert not any(n.startswith("siop-replay") for n in arms)
     # sparse PPO at each other (lr, ent_coef) a learned reward was tuned to on the task, and at no other
@@ -130,7 +131,7 @@ def test_default_studies_keep_each_protocol():
     assert same_as_ppo
     (same,) = built("compare_methods", ["--tasks", "keytodoor-a1", "--methods", ",".join(["ppo"] + same_as_ppo)])
     assert not any(a.name.startswith("ppo@") for a in same.arms)
-    (ablate,) = built("compare_methods", ["--tasks", "doorkey5-h40", "--methods", "siop", "--no-controls", "--ablations"])
+    (ablate,) = built("compare_methods", ["--tasks", "fourrooms-t100", "--methods", "siop", "--no-controls", "--ablations"])
     arms = {a.name: a for a in ablate.arms}
     assert list(arms)[:3] == ["siop", "siop-replay-8", "siop-replay-256"] and len(arms) == 7
     assert arms["siop-replay-8"].static.signal.potential_buffer_episodes == 8
