@@ -139,7 +139,9 @@ def paid_size(result, label: str) -> str:
 
     from coevo_jax.config import default_hparams
 
-    metric = "signal/r_phi_abs_mean"
+    from _study.tuning import R_PHI_METRICS
+
+    metric = R_PHI_METRICS["|R_phi| per step"]
     if metric not in result.curves:
         return "-"
     _, arm = result.arm(label)

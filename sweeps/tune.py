@@ -147,7 +147,7 @@ def screened(result, n: int, sample_seed: int = 0) -> dict:
                               " tuning into a new --out")
         scores = tuning.arm_scores(result, arm.name)
         idx = tuning.finalists(scores, n)
-        out[arm.name] = ([arm.settings()[i] for i in idx], scores[idx])
+        out[arm.name] = ([configs[i] for i in idx], scores[idx])
     return out
 
 
