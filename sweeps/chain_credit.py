@@ -1,9 +1,11 @@
 #!/usr/bin/env python
-"""Credit methods on the DelayedChain positive control: does each learned reward find
+"""Credit methods on a positive control with a known decision: does each learned reward find
 the decision that matters, and does its policy then beat sparse PPO?
 
 On an admitted DelayedChain task (default ``chain-l16-n05``: the first of 16
-steps decides the outcome, 15 noisy rewards follow) the arms run at the values
+steps decides the outcome, 15 noisy rewards follow) or KeyToDoor task
+(``keytodoor-a1``: taking the key in the first room pays at the door, behind the
+apple room's distractor rewards) the arms run at the values
 ``sweeps/tune.py`` chose for them on the task (``sweeps/admitted_tasks.json``; a
 method without its own at PPO's), with the task's ``static_overrides``, on
 paired seeds through the one runner, with the uniform-random row and the dense
@@ -25,18 +27,22 @@ Three tables:
    credit methods have the lower end of P(> ppo)'s CI above 0.5, and of P(> ppo at
    their own lr, ent) too (the verdict rule, which also holds each method against
    the tuned controls with a Holm correction, is ``compare_methods.py``'s);
-2. per learned reward of (state, action) and snapshot, its credit at the choice
-   step against the ground truth (:mod:`_study.analysis.chain_credit`): the
+2. per learned reward of (state, action) and snapshot, its credit at the decision
+   against the ground truth: on the chain (:mod:`_study.analysis.chain_credit`) the
    Spearman correlation over every (cue, action), the share of cues whose correct
    action it pays most, and its gap between correct and wrong choices, at the
    choice and (the same pairs) at the last step, where the action has no
-   effect; IQM [95% CI] over seeds;
+   effect; on KeyToDoor (:mod:`_study.analysis.key_credit`) the same over every
+   key-room state next to the key and its 4 moves, and the gap of the same moves
+   once the key is taken; IQM [95% CI] over seeds;
 3. part 2 of the verdict rule (:func:`decision_credit`): per seed at the end of
-   training, the gap at the choice less the gap at the last step; it holds when
-   the 95% CI of the mean difference has its lower end above 0.
+   training, the gap at the decision less the gap where the action has no
+   effect; it holds when the 95% CI of the mean difference has its lower end
+   above 0.
 
     python sweeps/chain_credit.py                       # chain-l16-n05, 20 seeds, 4 snapshots
     python sweeps/chain_credit.py --num-seeds 8 --methods ppo,dense,coevo-regression
+    python sweeps/chain_credit.py --task keytodoor-a1     # credit at the key pick-up
 
 Outputs (``--out``, default ``results/chain_credit``): the study folder,
 ``chain_credit.md`` / ``.csv``, ``choice_credit.csv``, ``decision_credit.md`` and ``choice_credit.png``
@@ -63,11 +69,34 @@ METHODS = ("ppo", "dense", "ircr", "coevo-regression", "coevo-ranking", "coevo-n
 FROZEN = "coevo-frozen"  # coevo-regression at its tuned values with R_phi never refit
 CREDIT_METHODS = REWARD_METHODS + ("siop",)  # the learned rewards of (state, action), and SIOP's potential
 THRESHOLD = 0.8
+#: env -> (the decision that matters, the control: the same pairs where the action has no effect)
+DECISIONS = {"DelayedChain": ("choice", "last step"), "KeyToDoor-Distractor": ("pick-up", "key taken")}
+#: env -> what the credit table scores, in the report
+CREDIT_TEXT = {
+    "DelayedChain": (
+        "Credit at the choice step (sweeps/_study/analysis/chain_credit.py): each learned reward of (state, action)"
+        " on every (cue, action) at time 0 against the ground truth (the outcome on the correct choice, 0 else):"
+        " Spearman over the pairs, top1 = share of cues whose correct action is paid most (a guess: 1/K), gap = mean"
+        " reward of correct less wrong choices; gap, last step = the same at the last step, where the action has no"
+        " effect (a reward that tells the steps apart pays 0 there); IQM [95% CI] over seeds. SIOP's credit and"
+        " PPO's critic are functions of the state and the chain's states do not show the choice: no row, by"
+        " construction."),
+    "KeyToDoor-Distractor": (
+        "Credit at the key pick-up (sweeps/_study/analysis/key_credit.py): each learned reward of (state, action) on"
+        " every key-room state with the agent next to the key (every key cell, neighbour and step of the room) and"
+        " each of the 4 moves, against the ground truth (envs_jax.grid.keytodoor.key_credit: the door's payoff on"
+        " the move onto the key, 0 else): Spearman over the pairs, top1 = share of states whose pick-up move is paid"
+        " most (a guess: 1/4), gap = mean reward of the pick-up moves less the other moves; gap, key taken = the"
+        " same moves after the key was taken, where the move toward its old cell has no effect (a reward that"
+        " learned the pick-up, not a direction or a place, pays 0 there); IQM [95% CI] over seeds. SIOP's credit"
+        " is a function of the state: no row, by construction."),
+}
 
 
 def build_parser():
     p = cli.study_parser("chain_credit.py", __doc__.split("\n\n")[0], os.path.join("results", "chain_credit"))
-    p.add_argument("--task", default=DEFAULT_TASK, help=f"an admitted DelayedChain task (default: {DEFAULT_TASK})")
+    p.add_argument("--task", default=DEFAULT_TASK, help=f"an admitted DelayedChain or KeyToDoor task (default:"
+                   f" {DEFAULT_TASK})")
     p.add_argument("--methods", default=",".join(METHODS), help=f"comma list of methods (default: {','.join(METHODS)})")
     p.add_argument("--no-controls", action="store_true",
                    help=f"leave out {FROZEN} and sparse PPO at the credit methods' policy values (default: run them)")
@@ -81,9 +110,10 @@ def studies(args) -> list:
     from coevo_jax.registry import registered_methods
 
     task, admitted = chosen_task(args)
-    if task.env != "DelayedChain":
-        raise ConfigError(f"--task {task.task} runs on {task.env}: the choice-step ground truth is DelayedChain's;"
-                          " such tasks: " + ", ".join(t for t, a in admitted.items() if a.env == "DelayedChain"))
+    if task.env not in DECISIONS:
+        raise ConfigError(f"--task {task.task} runs on {task.env}: the ground truth of the decision is known on"
+                          f" {' and '.join(DECISIONS)}; such tasks: "
+                          + ", ".join(t for t, a in admitted.items() if a.env in DECISIONS))
     methods = options.names(args.methods, "--methods", registered_methods())
     if "ppo" not in methods:
         raise ConfigError("--methods must include ppo (every P(> ppo) is against it)")
@@ -95,13 +125,30 @@ def studies(args) -> list:
                   num_chunks=args.num_chunks, threshold=args.threshold, name=task.task, save_chunks=True)]
 
 
+def decision_scores(trainer, states) -> dict:
+    """``{score: [R]}`` of stacked states' learned reward at the task's decision (``spearman``, ``top1``,
+    ``gap``) and ``gap, <control>`` at the same pairs where the action has no effect (:data:`DECISIONS`)."""
+    from _study.analysis.chain_credit import choice_rewards, choice_scores
+    from _study.analysis.key_credit import key_pairs, key_rewards, key_scores, key_truth
+
+    env, params = trainer.env.unwrapped, trainer.env_params
+    control = f"gap, {DECISIONS[trainer.env.name][1]}"
+    if trainer.env.name == "DelayedChain":
+        k, outcome = env.num_choices, float(params.outcome_reward)
+        last = (int(params.length) - 1) / int(params.length)  # the last step's elapsed fraction
+        return {**choice_scores(choice_rewards(trainer, states), k, outcome),
+                control: choice_scores(choice_rewards(trainer, states, last), k, outcome)["gap"]}
+    toward, truth = key_pairs(env, params)[2], key_truth(env, params)
+    return {**key_scores(key_rewards(trainer, states), toward, truth),
+            control: key_scores(key_rewards(trainer, states, key_taken=True), toward, truth)["gap"]}
+
+
 def credit_curves(result) -> dict:
     """``{arm: (env steps [S], {score: [R, S]})}`` of the arms with a learned reward of (state, action)."""
     import jax
 
     from coevo_jax.experiment.spec import chunk_length
 
-    from _study.analysis.chain_credit import choice_rewards, choice_scores
     from _study.analysis.final_policies import trainer_for
 
     study, out = result.study, {}
@@ -112,11 +159,7 @@ def credit_curves(result) -> dict:
         chunk = chunk_length(arm.static.num_iterations, study.num_chunks)
         snapshots = range(1, arm.static.num_iterations // chunk + 1)
         states = jax.tree.map(lambda *x: np.concatenate(x), *[result.chunk_states(arm.name, c) for c in snapshots])
-        params = trainer.env_params
-        k, outcome = trainer.env.unwrapped.num_choices, float(params.outcome_reward)
-        scores = choice_scores(choice_rewards(trainer, states), k, outcome)
-        last = (int(params.length) - 1) / int(params.length)  # the last step's elapsed fraction
-        scores["gap, last step"] = choice_scores(choice_rewards(trainer, states, last), k, outcome)["gap"]
+        scores = decision_scores(trainer, states)
         steps = np.array([c * chunk * arm.static.steps_per_iteration for c in snapshots], np.float64)
         out[arm.name] = (steps, {k: v.reshape(len(snapshots), -1).T for k, v in scores.items()})
     return out
@@ -175,40 +218,38 @@ def report(args, results) -> str:
             credit_rows.append({"arm": arm, "env steps": f"{s:,.0f}",
                                 **{f"{k} IQM [95% CI]": stats.iqm_text(v[:, j], j, 3) for k, v in scores.items()}})
     credit_table = write_table(os.path.join(args.out, "choice_credit.md"), credit_rows)
-    part2 = [{"arm": arm, **decision_credit(sc["gap"][:, -1], sc["gap, last step"][:, -1])}
+    decision, control = DECISIONS[study.env]
+    part2 = [{"arm": arm, **decision_credit(sc["gap"][:, -1], sc[f"gap, {control}"][:, -1], decision, control)}
              for arm, (_, sc) in curves.items()]
     part2_table = write_table(os.path.join(args.out, "decision_credit.md"), part2) if part2 else ""
     atomic_write_text(os.path.join(args.out, "choice_credit.csv"), rows_to_csv(credit_rows))
     if curves:
-        plots.plot_learning_curves({"choice-step credit": {a: (st, sc["spearman"]) for a, (st, sc) in curves.items()}},
+        plots.plot_learning_curves({f"{decision} credit": {a: (st, sc["spearman"]) for a, (st, sc) in curves.items()}},
                                    os.path.join(args.out, "choice_credit.png"), ylabel="Spearman with the ground truth",
-                                   title=f"learned reward vs ground-truth credit at the choice step, {study.name}")
+                                   title=f"learned reward vs ground-truth credit at the {decision}, {study.name}")
     notes = (f"\nnot tuned by sweeps/tune.py on {study.name} (at PPO's lr / ent_coef and library defaults):"
              f" {', '.join(untuned)}" if untuned else "")
     static = ", ".join(f"{k}={v}" for k, v in task.static_overrides.items())
     return (f"{header}\nevery arm with the task's StaticConfig overrides ({static or 'none'}); P(> ppo) from"
             f" rliable (over all pairs of runs; the arms share their seeds)\n{table}\n{verdict}{notes}\n\n"
-            "Credit at the choice step (sweeps/_study/analysis/chain_credit.py): each learned reward of (state,"
-            " action) on every (cue, action) at time 0 against the ground truth (the outcome on the correct choice, 0"
-            " else): Spearman over the pairs, top1 = share of cues whose correct action is paid most (a guess: 1/K),"
-            " gap = mean reward of correct less wrong choices; gap, last step = the same at the last step, where the"
-            " action has no effect (a reward that tells the steps apart pays 0 there); IQM [95% CI] over seeds."
-            " SIOP's credit and PPO's critic are functions of the state and the chain's states do not show the"
-            " choice: no row, by construction.\n"
+            f"{CREDIT_TEXT[study.env]}\n"
             + credit_table
-            + ("\n\nPart 2 of the verdict rule (fixed in advance): at the end of training, per seed, the gap at the"
-               " choice less the gap at the last step (paired); it holds when the 95% bootstrap CI of the mean"
-               " difference has its lower end above 0\n" + part2_table if part2 else ""))
+            + (f"\n\nPart 2 of the verdict rule (fixed in advance): at the end of training, per seed, the gap at the"
+               f" {decision} less the gap where the action has no effect ({control}; paired); it holds when the 95%"
+               f" bootstrap CI of the mean difference has its lower end above 0\n" + part2_table if part2 else ""))
 
 
-def decision_credit(at_choice: np.ndarray, at_last: np.ndarray) -> dict:
-    """Part 2 of the verdict rule on per-seed gaps ``[S]`` at the choice and at the last step (paired):
-    the mean difference with its 95% bootstrap CI, and whether its lower end is above 0."""
+def decision_credit(at_choice: np.ndarray, at_last: np.ndarray, decision: str = "choice",
+                    control: str = "last step") -> dict:
+    """Part 2 of the verdict rule on per-seed gaps ``[S]`` at the decision and where the action has no
+    effect (the chain's last step; paired): the mean difference with its 95% bootstrap CI, and whether its
+    lower end is above 0. ``decision``, ``control``: the two columns' names."""
     from coevo_jax.analysis import stats
 
     d = np.asarray(at_choice, np.float64) - np.asarray(at_last, np.float64)
     low, high = stats.bootstrap_ci(d)
-    return {"gap at the choice": f"{np.nanmean(at_choice):.4f}", "gap at the last step": f"{np.nanmean(at_last):.4f}",
+    where = "at the last step" if control == "last step" else f"({control})"
+    return {f"gap at the {decision}": f"{np.nanmean(at_choice):.4f}", f"gap {where}": f"{np.nanmean(at_last):.4f}",
             "difference [95% CI]": f"{np.nanmean(d):.4f} [{low:.4f}, {high:.4f}]",
             "part 2": "holds" if low > 0 else "fails"}
 

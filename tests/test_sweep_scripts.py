@@ -56,7 +56,7 @@ def test_help_lists_a_default_for_every_own_option(name):
     ("credit_quality", ["--task", "doorkey5-h40"], "exact advantages are computed on KeyDoor with its time limit only"),
     ("credit_quality", ["--task", "tetris"], "--task: unknown 'tetris'"),
     ("collusion", ["--task", "doorkey5-h40"], "has a fixed horizon"),
-    ("chain_credit", ["--task", "keytodoor-a1"], "the choice-step ground truth is DelayedChain's"),
+    ("chain_credit", ["--task", "doorkey8-t100"], "the ground truth of the decision is known on DelayedChain and"),
     ("chain_credit", ["--methods", "dense,ircr"], "--methods must include ppo"),
     ("ircr_horizon", ["--task", "chain-l16-n05"], "runs on DelayedChain; such tasks: keytodoor-a1"),
     ("ircr_horizon", ["--arms", "ircr,dense"], "--arms must include ppo"),
@@ -166,6 +166,9 @@ def test_default_studies_keep_each_protocol():
     assert all(arms[e].static.method == "ppo" and arms[e].fixed["lr"] in {dict(p)["lr"] for p in pairs} for e in extra)
     assert arms["coevo-frozen"].fixed["reward_lr_ratio"] == 0
     assert arms["coevo-frozen"].static.method == "coevo-regression"
+    (key,) = built("chain_credit", ["--task", "keytodoor-a1"])  # credit at the key pick-up: the same arms
+    assert key.save_chunks and key.env == "KeyToDoor-Distractor" and key.name == "keytodoor-a1"
+    assert {a.name for a in key.arms} >= set(chain_mod.METHODS) | {"coevo-frozen"}
     ends, fixed = built("ircr_horizon")
     ktd = load("compare_methods").load_admitted(os.path.join(ROOT, "sweeps", "admitted_tasks.json"))["keytodoor-a1"]
     assert (ends.env_kwargs["door_ends_episode"], fixed.env_kwargs["door_ends_episode"]) == (1, 0)

@@ -74,6 +74,20 @@ def choice_histories(num_choices: int, length: int, elapsed: float = 0.0, hide_c
 def choice_rewards(trainer, states, elapsed: float = 0.0) -> np.ndarray:
     """The learned reward ``[R, K*K]`` of stacked :class:`~coevo_jax.train.TrainState`
     (leaves ``[R, ...]``) on :func:`choice_pairs` of ``trainer``'s DelayedChain."""
+    k = trainer.env.unwrapped.num_choices
+    hide = bool(trainer.env_params.hide_cue)
+    obs, action = choice_pairs(k, elapsed, hide)
+    hist = choice_histories(k, int(trainer.env_params.length), elapsed, hide)
+    return pair_rewards(trainer, states, obs, action, float(trainer.env_params.outcome_reward), hist)
+
+
+def pair_rewards(trainer, states, obs: np.ndarray, action: np.ndarray, z: float,
+                 histories: np.ndarray | None = None) -> np.ndarray:
+    """The learned reward ``[R, P]`` of stacked :class:`~coevo_jax.train.TrainState` (leaves ``[R, ...]``)
+    on the pairs ``obs [P, D]``, ``action [P]``: what the method pays for taking ``action`` at ``obs``
+    (the module docstring's list). ``z``: the return ``hca``'s credit is conditioned on; ``histories
+    [P, n, D]``: each pair's episode up to its observation, which a recurrent policy reads (required
+    for one)."""
     from coevo_jax.ppo import policy_outputs
     from coevo_jax.recurrent import is_recurrent
     from coevo_jax.reward_net import make_reward_net
@@ -83,21 +97,20 @@ def choice_rewards(trainer, states, elapsed: float = 0.0) -> np.ndarray:
     static = trainer.static
     if static.method not in REWARD_METHODS:
         raise ValueError(f"method {static.method!r} has no learned reward of (state, action); one of {REWARD_METHODS}")
-    k = trainer.env.unwrapped.num_choices
-    obs, action = choice_pairs(k, elapsed, bool(trainer.env_params.hide_cue))
+    recurrent = is_recurrent(trainer.network)
+    if recurrent and histories is None:
+        raise ValueError("a recurrent policy reads each pair's history: pass histories [P, n, D]")
     q_credit, hindsight = static.method == "q-advantage", static.method == "hca"
     net = (make_q_net if q_credit else make_hindsight_net if hindsight else make_reward_net)(
         static, trainer.env, trainer.env_params)
-    z = jnp.full(action.shape, float(trainer.env_params.outcome_reward))  # hca: a successful episode's return
+    zs = jnp.full(action.shape, z)  # hca: the return of the pair's episode
     linear = static.method in ("ircr", "rrd")  # IRCR and RRD pay the pre-tanh output
 
-    hide = bool(trainer.env_params.hide_cue)
-
     def policy(policy_params):  # (logits, features) of each pair's observation
-        if not is_recurrent(trainer.network):
+        if not recurrent:
             logits, _, features = policy_outputs(trainer.network, policy_params, jnp.asarray(obs))
             return logits, features
-        hist = jnp.asarray(choice_histories(k, int(trainer.env_params.length), elapsed, hide))
+        hist = jnp.asarray(histories)
         first = jnp.zeros(hist.shape[:2], bool).at[:, 0].set(True)
         _, (logits, _, features) = trainer.network.apply(
             policy_params, trainer.network.initialize_carry(hist.shape[:1]), hist, first)
@@ -108,9 +121,9 @@ def choice_rewards(trainer, states, elapsed: float = 0.0) -> np.ndarray:
         x = features if static.signal.reward_input == "features" else jnp.asarray(obs)
         if hindsight:
             pi = jax.nn.softmax(logits)
-            h = jax.nn.softmax(bayes_logits(pi, net.apply(reward_params, x, z)))
+            h = jax.nn.softmax(bayes_logits(pi, net.apply(reward_params, x, zs)))
             a = jnp.asarray(action)
-            return hca_credit(taken(pi, a), taken(h, a), z, HCAParams().ratio_clip)
+            return hca_credit(taken(pi, a), taken(h, a), zs, HCAParams().ratio_clip)
         if q_credit:
             return action_credit(net.apply(reward_params, x), jax.nn.softmax(logits), jnp.asarray(action))
         r, pre = net.apply(reward_params, x, jnp.asarray(action))
