@@ -84,9 +84,10 @@ CREDIT_TEXT = {
     "KeyToDoor-Distractor": (
         "Credit at the key pick-up (sweeps/_study/analysis/key_credit.py): each learned reward of (state, action) on"
         " every key-room state with the agent next to the key (every key cell, neighbour and step of the room) and"
-        " each of the 4 moves, against the ground truth (envs_jax.grid.keytodoor.key_credit: the door's payoff on"
-        " the move onto the key, 0 else): Spearman over the pairs, top1 = share of states whose pick-up move is paid"
-        " most (a guess: 1/4), gap = mean reward of the pick-up moves less the other moves; gap, key taken = the"
+        " each move that stays on the grid (a move into the wall, never the pick-up, wastes a step), against the"
+        " ground truth (envs_jax.grid.keytodoor.key_credit: the door's payoff on the move onto the key, 0 else):"
+        " Spearman over the pairs, top1 = share of states whose pick-up move is paid most (a uniform guess: 1/3),"
+        " gap = mean reward of the pick-up moves less the other moves; gap, key taken = the"
         " same moves after the key was taken, where the move toward its old cell has no effect (a reward that"
         " learned the pick-up, not a direction or a place, pays 0 there); IQM [95% CI] over seeds. SIOP's credit"
         " is a function of the state: no row, by construction."),
@@ -138,9 +139,9 @@ def decision_scores(trainer, states) -> dict:
         last = (int(params.length) - 1) / int(params.length)  # the last step's elapsed fraction
         return {**choice_scores(choice_rewards(trainer, states), k, outcome),
                 control: choice_scores(choice_rewards(trainer, states, last), k, outcome)["gap"]}
-    toward, truth = key_pairs(env, params)[2], key_truth(env, params)
-    return {**key_scores(key_rewards(trainer, states), toward, truth),
-            control: key_scores(key_rewards(trainer, states, key_taken=True), toward, truth)["gap"]}
+    (_, _, toward, on_grid), truth = key_pairs(env, params), key_truth(env, params)
+    return {**key_scores(key_rewards(trainer, states), toward, on_grid, truth),
+            control: key_scores(key_rewards(trainer, states, key_taken=True), toward, on_grid, truth)["gap"]}
 
 
 def credit_curves(result) -> dict:

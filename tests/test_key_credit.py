@@ -24,9 +24,10 @@ def _env():
 
 def test_pick_up_moves_are_the_env_own_pick_ups():
     env, params = _env()
-    obs, action, toward = key_pairs(env, params)
+    obs, action, toward, on_grid = key_pairs(env, params)
     s = key_states(env.size, int(params.key_steps))
     assert len(obs) == len(s) * NUM_MOVES and toward.reshape(-1, NUM_MOVES).sum(-1).tolist() == [1] * len(s)
+    assert (on_grid[toward]).all() and 2 <= on_grid.reshape(-1, NUM_MOVES).sum(-1).min()
     np.testing.assert_array_equal(key_truth(env, params) > 0, toward)  # the env's ground truth, from obs alone
     for i in range(0, len(s), 37):  # step the env from each sampled state with each move
         k, ax, ay, t = (int(v) for v in s[i])
@@ -37,16 +38,19 @@ def test_pick_up_moves_are_the_env_own_pick_ups():
                                door_pos=jnp.zeros(2, jnp.int32))
         np.testing.assert_array_equal(obs[i * NUM_MOVES], np.asarray(observe(state, params)))
         for a in range(NUM_MOVES):
-            info = env.step_env(jax.random.PRNGKey(0), state, jnp.int32(a), params)[4]
+            nxt, info = env.step_env(jax.random.PRNGKey(0), state, jnp.int32(a), params)[1::3]
             assert bool(info["key_picked"]) == bool(toward[i * NUM_MOVES + a])
+            moved = bool((np.asarray(nxt.agent_pos) != np.array([ax, ay])).any())
+            assert moved == bool(on_grid[i * NUM_MOVES + a])  # a move off the grid leaves the agent in place
 
 
 def test_key_taken_pairs_keep_the_moves_and_show_no_key():
     env, params = _env()
-    obs, action, toward = key_pairs(env, params)
-    taken, action2, toward2 = key_pairs(env, params, key_taken=True)
+    obs, action, toward, on_grid = key_pairs(env, params)
+    taken, action2, toward2, on_grid2 = key_pairs(env, params, key_taken=True)
     np.testing.assert_array_equal(action, action2)
     np.testing.assert_array_equal(toward, toward2)
+    np.testing.assert_array_equal(on_grid, on_grid2)
     n2 = env.size * env.size
     assert not taken[:, :n2 * 4].reshape(-1, n2, 4)[..., 1].any()  # no key on the floor
     assert (taken[:, n2 * 4 + 3] == 1).all() and (obs[:, n2 * 4 + 3] == 0).all()  # carrying flag (key room)
@@ -55,16 +59,18 @@ def test_key_taken_pairs_keep_the_moves_and_show_no_key():
 
 def test_scores_and_part_two_separate_the_pick_up_from_a_direction():
     env, params = _env()
-    _, action, toward = key_pairs(env, params)
+    _, action, toward, on_grid = key_pairs(env, params)
     truth = key_truth(env, params)
     rng = np.random.default_rng(0)
     pick_up = truth + 0.01 * rng.standard_normal(truth.shape)  # pays the pick-up
     right = (action == 1).astype(float)  # pays "move right" everywhere
-    s = key_scores(np.stack([pick_up, right]), toward, truth)
+    walls = np.where(on_grid, 0.0, -1.0)  # charges a move into the wall, and nothing else
+    s = key_scores(np.stack([pick_up, right, walls]), toward, on_grid, truth)
     assert s["top1"][0] == 1.0 and abs(s["gap"][0] - 1.0) < 0.01 and s["spearman"][0] > 0.5
-    assert s["top1"][1] < 0.35  # right is the pick-up only where the key lies right of the agent
+    assert s["top1"][1] < 0.45  # right is the pick-up only where the key lies right of the agent
+    assert s["gap"][2] == 0.0  # among the moves that stay on the grid it pays nothing for the key
     # with the key taken, the pick-up reward pays nothing special; the direction reward pays what it paid before
-    taken = key_scores(np.stack([0.01 * rng.standard_normal(truth.shape), right]), toward, truth)["gap"]
+    taken = key_scores(np.stack([0.01 * rng.standard_normal(truth.shape), right]), toward, on_grid, truth)["gap"]
     assert abs(taken[1] - s["gap"][1]) < 1e-12
     seeds = 12
     holds = decision_credit(np.full(seeds, s["gap"][0]) + 0.01 * rng.standard_normal(seeds),
@@ -83,7 +89,7 @@ def test_key_rewards_read_the_fitted_reward():
                                    jax.tree.map(lambda x: np.stack([x, x]), cj.default_hparams(static.method)))
     net = make_reward_net(static, env, params)
     for taken in (False, True):
-        obs, action, _ = key_pairs(env, params, taken)
+        obs, action = key_pairs(env, params, taken)[:2]
         expect = np.stack([np.asarray(net.apply(jax.tree.map(lambda x: x[i], state.signal_state.params), obs,
                                                 action)[0]) for i in range(2)])
         np.testing.assert_allclose(key_rewards(trainer, state, taken), expect, rtol=1e-5, atol=1e-7)

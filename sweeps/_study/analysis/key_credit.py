@@ -8,7 +8,10 @@ payoff on the move that takes the key and 0 elsewhere
 enumerable: each key cell, each agent cell next to it (4-neighbours), each
 step of the key room, each of the 4 moves (:func:`key_pairs`). A learned
 per-step reward ``r(s, a)`` that has learned the credit pays the move onto
-the key more than the other moves of the same state.
+the key more than the other moves of the same state. Only moves that stay on
+the grid are compared: a move into the wall wastes a step, and a reward that
+learned to charge for it would otherwise look like credit for the key (the
+move onto the key never hits the wall).
 
 The control is the same geometry with the key already taken
 (``key_taken=True``): the key is gone from the floor and the carrying flag
@@ -16,10 +19,11 @@ is set, so the move toward its old cell changes nothing. A reward that pays
 that move there too has learned a direction or a place, not the pick-up.
 
 Scored per run (:func:`key_scores`), as :mod:`_study.analysis.chain_credit`
-scores the chain's choice: ``spearman`` with the ground truth over the pairs,
-``top1`` (the share of states whose pick-up move is paid most; a guess: 1/4)
-and ``gap`` (the mean reward of the pick-up moves less that of the other
-moves, in the reward's own units). Which reward: as
+scores the chain's choice, over the on-grid moves: ``spearman`` with the
+ground truth over the pairs, ``top1`` (the share of states whose pick-up move
+is paid most; a uniform guess: 1/3, the mean of 1 / on-grid moves) and
+``gap`` (the mean reward of the pick-up moves less that of the other moves,
+in the reward's own units). Which reward: as
 :func:`_study.analysis.chain_credit.pair_rewards`, with ``hca``'s return
 ``Z`` that of a successful episode that ate every apple at its mean payoff
 (``door_reward + num_apples * apple_reward``).
@@ -52,9 +56,10 @@ def key_states(size: int, key_steps: int) -> np.ndarray:
 
 
 def key_pairs(env, params, key_taken: bool = False):
-    """``(obs [P*4, D], action [P*4], toward [P*4])``: the observations of :func:`key_states` (state-major,
-    each with the 4 moves), as the env shows them; ``toward`` marks the move onto the key's cell. With
-    ``key_taken`` the key is off the floor and carried: the same moves, none of them a pick-up."""
+    """``(obs [P*4, D], action [P*4], toward [P*4], on_grid [P*4])``: the observations of :func:`key_states`
+    (state-major, each with the 4 moves), as the env shows them; ``toward`` marks the move onto the key's
+    cell, ``on_grid`` the moves that do not hit the wall. With ``key_taken`` the key is off the floor and
+    carried: the same moves, none of them a pick-up."""
     n = env.size
     s = key_states(n, int(params.key_steps))
     p = len(s)
@@ -65,26 +70,28 @@ def key_pairs(env, params, key_taken: bool = False):
     obs = np.repeat(np.asarray(jax.vmap(observe, (0, None))(state, params)), NUM_MOVES, axis=0)
     action = np.tile(np.arange(NUM_MOVES, dtype=np.int32), p)
     step = DIRS[action]
-    target = (s[:, 2].repeat(NUM_MOVES) + step[:, 1]) * n + s[:, 1].repeat(NUM_MOVES) + step[:, 0]
-    return obs, action, target == s[:, 0].repeat(NUM_MOVES)
+    tx, ty = s[:, 1].repeat(NUM_MOVES) + step[:, 0], s[:, 2].repeat(NUM_MOVES) + step[:, 1]
+    on_grid = (tx >= 0) & (tx < n) & (ty >= 0) & (ty < n)
+    return obs, action, on_grid & (ty * n + tx == s[:, 0].repeat(NUM_MOVES)), on_grid
 
 
 def key_truth(env, params) -> np.ndarray:
     """Float64 ``[P*4]``: the env's own ground-truth credit (:func:`~envs_jax.grid.keytodoor.key_credit`) of
     :func:`key_pairs` with the key on the floor."""
-    obs, action, _ = key_pairs(env, params)
+    obs, action = key_pairs(env, params)[:2]
     return key_credit(obs, action, env.size, float(params.door_reward))
 
 
-def key_scores(reward: np.ndarray, toward: np.ndarray, truth: np.ndarray) -> dict:
-    """``{"spearman", "top1", "gap"}``, each ``[R]``, of rewards ``[R, P*4]`` on :func:`key_pairs`
-    (``toward``: the move onto the key's cell; ``truth``: :func:`key_truth`, for the Spearman)."""
+def key_scores(reward: np.ndarray, toward: np.ndarray, on_grid: np.ndarray, truth: np.ndarray) -> dict:
+    """``{"spearman", "top1", "gap"}``, each ``[R]``, of rewards ``[R, P*4]`` on :func:`key_pairs`, over
+    the ``on_grid`` moves (``toward``: the move onto the key's cell; ``truth``: :func:`key_truth`)."""
     reward = np.asarray(reward, np.float64)
-    table = reward.reshape(len(reward), -1, NUM_MOVES)
+    table = np.where(on_grid, reward, -np.inf).reshape(len(reward), -1, NUM_MOVES)
     right = np.asarray(toward).reshape(-1, NUM_MOVES).argmax(-1)
-    return {"spearman": np.array([spearman(r, truth) for r in reward]),
+    other = on_grid & ~toward
+    return {"spearman": np.array([spearman(r[on_grid], truth[on_grid]) for r in reward]),
             "top1": (table.argmax(-1) == right).mean(-1),
-            "gap": reward[:, toward].mean(-1) - reward[:, ~toward].mean(-1)}
+            "gap": reward[:, toward].mean(-1) - reward[:, other].mean(-1)}
 
 
 def key_rewards(trainer, states, key_taken: bool = False) -> np.ndarray:
@@ -93,6 +100,6 @@ def key_rewards(trainer, states, key_taken: bool = False) -> np.ndarray:
     from _study.analysis.chain_credit import pair_rewards
 
     env, params = trainer.env.unwrapped, trainer.env_params
-    obs, action, _ = key_pairs(env, params, key_taken)
+    obs, action = key_pairs(env, params, key_taken)[:2]
     z = float(params.door_reward) + float(params.num_apples) * float(params.apple_reward)
     return pair_rewards(trainer, states, obs, action, z)
