@@ -323,6 +323,11 @@ def test_chunk_states_end_at_the_final_states_and_differ_over_training(reference
     assert not np.allclose(jax.tree.leaves(first.params)[0], jax.tree.leaves(last.params)[0])
     with pytest.raises(StudyError, match="after chunk 3"):
         reference.chunk_states("ppo", 3)
+    with pytest.MonkeyPatch.context() as mp:  # a folder named relative to the working directory reads the same
+        mp.chdir(os.path.dirname(reference.out))
+        again = load_result(os.path.basename(reference.out)).chunk_states("ppo", 1)
+    for a, b in zip(jax.tree.leaves(again), jax.tree.leaves(first)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_a_version_3_config_reads_back_with_its_methods_fields_only(workdir):

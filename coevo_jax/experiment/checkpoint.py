@@ -31,11 +31,11 @@ class BatchRecord:
 
 
 def _open(path: str, **options):
-    """An orbax ``CheckpointManager`` of ``path`` (synchronous saves; under ``jax.distributed``
-    every host writes its devices' part of each save)."""
+    """An orbax ``CheckpointManager`` of ``path`` (made absolute, as orbax requires; synchronous saves;
+    under ``jax.distributed`` every host writes its devices' part of each save)."""
     import orbax.checkpoint as ocp
 
-    return ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(enable_async_checkpointing=False,
+    return ocp.CheckpointManager(os.path.abspath(path), options=ocp.CheckpointManagerOptions(enable_async_checkpointing=False,
                                                                             **options))
 
 
