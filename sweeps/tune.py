@@ -21,10 +21,11 @@ Per method (rules fixed in advance, :mod:`_study.tuning`):
    beside the uniform-random row and the dense oracle (at its tuned values when it is
    not tuned here).
 
-When PPO is among the methods, the admission rule of ``sweeps/calibrate.py`` is
-checked again at the tuned values (random, tuned PPO, dense); a task that fails it
-now (for example, tuned PPO solves it) is recorded as ``withdrawn`` and the
-comparisons leave it out.
+When PPO or the dense oracle is among the methods, the admission rule of
+``sweeps/calibrate.py`` is checked again at the tuned values (random, tuned PPO,
+dense; the one not tuned here at its recorded values); a task that fails it now
+(for example, tuned PPO solves it) is recorded as ``withdrawn`` and the
+comparisons leave it out, and one that passes it again loses the mark.
 
 The picks go into ``--admitted`` (default ``sweeps/admitted_tasks.json``) under
 the task's ``tuned`` (with how they were chosen under ``tuning``), which every study
@@ -63,6 +64,7 @@ from _study.controls import controls_for
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_TASK = "doorkey5-t60-16k"  # the main job's task (sweeps/k_sensitivity.py)
+ADMISSION_ARMS = ("ppo", "dense")  # the admission rule's arms (with the random row)
 METHODS = ("ppo", "dense", "icm", "coevo-regression", "coevo-ranking", "coevo-novelty", "siop", "meta", "ircr",
            "siop-critic")
 THRESHOLD = 0.8  # success rate that steps-to-threshold waits for, fixed in advance
@@ -173,13 +175,15 @@ def chosen(stage1, stage2, n: int, sample_seed: int = 0) -> dict:
 
 def eval_studies(args, earlier) -> list:
     """Evaluation on fresh paired seeds: each method at its pick, and dense at its recorded
-    values when it is not tuned here."""
+    values when it is not tuned here (and PPO at its recorded values when dense is: the
+    admission rule's two arms)."""
     task, methods, steps, bases = _setup(args)
     picks = chosen(earlier[0][0], earlier[1][0], args.finalists, args.sample_seed)
     arms = [tuning.arm_of(m, task.static(tuning.method_of(m), total_steps=steps), pick=picks[m]["config"])
             for m in methods]
-    if "dense" not in methods:
-        arms.append(task.arm("dense", static_overrides={"total_steps": steps}))
+    for ref in ADMISSION_ARMS:
+        if ref not in methods and (ref == "dense" or "dense" in methods):
+            arms.append(task.arm(ref, static_overrides={"total_steps": steps}))
     return [_study(task, arms, args.num_seeds, bases[2], args)]
 
 
@@ -253,8 +257,8 @@ def report(args, stages) -> str:
             sections.append(f"**{label}** (stage 1: best {mean.max():.3f}, median {np.median(mean):.3f} of"
                             f" {len(mean)} configurations): {_verdict_text(pick, space)}\n\n"
                             + format_table(table, markdown=True))
-        elif label == "dense":
-            row["pick"] = "recorded: " + ", ".join(f"{f}={x:g}" for f, x in task.hparams("dense").items())
+        elif label in ADMISSION_ARMS:
+            row["pick"] = "recorded: " + ", ".join(f"{f}={x:g}" for f, x in task.hparams(label).items())
         row.update({"seeds": r["n_seeds"], "success IQM [95% CI]": ci(r, "final_success"),
                     "AUC success": f"{r['auc_success_iqm']:.3f}"})
         if "ppo" in finals and label in finals and label != "ppo":
@@ -274,7 +278,7 @@ def report(args, stages) -> str:
                                   "records": records}, indent=1))
     # the admission rule again, now that sparse PPO had the same tuning budget as every method
     withdrawn, rule = None, ""
-    if "ppo" in picks:
+    if any(m in picks for m in ADMISSION_ARMS):  # either arm of the rule re-tuned: judge it again
         v = admit(floor["final_success_iqm"], finals["ppo"], finals["dense"])
         withdrawn = "" if v["admitted"] else f"at tuned values: {v['why_not']} (sweeps/tune.py)"
         rule = ("\n\nadmission rule of sweeps/calibrate.py at the tuned values: "

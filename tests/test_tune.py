@@ -159,6 +159,14 @@ def test_the_protocol_screens_then_picks_on_fresh_seeds_and_says_when_it_cannot_
     from _study.admitted import load_admitted
 
     assert dict(arms["dense"].fixed) == load_admitted(ADMITTED)[TASK].tuned["dense"]
+    # the oracle tuned alone: PPO joins at its recorded values, so the admission rule is judged again
+    dense_args = mod.build_parser().parse_args(["--methods", "dense"])
+    (d1,) = mod.tune_studies(dense_args, [])
+    d_stage1 = _synthetic_result(d1, success)
+    (d2,) = mod.finalist_studies(dense_args, [[d_stage1]])
+    (d_ev,) = mod.eval_studies(dense_args, [[d_stage1], [_synthetic_result(d2, s2)]])
+    assert [a.name for a in d_ev.arms] == ["dense", "ppo"]
+    assert dict(d_ev.arms[1].fixed) == load_admitted(ADMITTED)[TASK].tuned["ppo"]
     # the seeds of the two stages and of the evaluation never meet, nor do a reproduction's
     from coevo_jax.experiment.plan import run_keys
 
