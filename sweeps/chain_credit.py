@@ -33,8 +33,8 @@ Three tables:
    action it pays most, and its gap between correct and wrong choices, at the
    choice and (the same pairs) at the last step, where the action has no
    effect; on KeyToDoor (:mod:`_study.analysis.key_credit`) the same over every
-   key-room state next to the key and its 4 moves, and the gap of the same moves
-   once the key is taken; IQM [95% CI] over seeds;
+   key-room state next to the key and its moves that stay on the grid, and the gap
+   of the same moves once the key is taken; IQM [95% CI] over seeds;
 3. part 2 of the verdict rule (:func:`decision_credit`): per seed at the end of
    training, the gap at the decision less the gap where the action has no
    effect; it holds when the 95% CI of the mean difference has its lower end
