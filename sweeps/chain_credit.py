@@ -43,6 +43,7 @@ Three tables:
     python sweeps/chain_credit.py                       # chain-l16-n05, 20 seeds, 4 snapshots
     python sweeps/chain_credit.py --num-seeds 8 --methods ppo,dense,coevo-regression
     python sweeps/chain_credit.py --task keytodoor-a1     # credit at the key pick-up
+    python sweeps/chain_credit.py --methods ppo,hca --noise-std 0   # the chain without its distractor noise
 
 Outputs (``--out``, default ``results/chain_credit``): the study folder,
 ``chain_credit.md`` / ``.csv``, ``choice_credit.csv``, ``decision_credit.md`` and ``choice_credit.png``
@@ -101,6 +102,9 @@ def build_parser():
     p.add_argument("--methods", default=",".join(METHODS), help=f"comma list of methods (default: {','.join(METHODS)})")
     p.add_argument("--no-controls", action="store_true",
                    help=f"leave out {FROZEN} and sparse PPO at the credit methods' policy values (default: run them)")
+    p.add_argument("--noise-std", type=float, default=None, metavar="X",
+                   help="DelayedChain only: the std of the distractor rewards, >= 0, in place of the task's; every"
+                        " arm keeps the values tuned on the task (default: the task's)")
     add_admitted_option(p, os.path.join(HERE, "admitted_tasks.json"))
     options.add_study_options(p, 20, THRESHOLD)
     p.set_defaults(num_chunks=4)
@@ -115,6 +119,12 @@ def studies(args) -> list:
         raise ConfigError(f"--task {task.task} runs on {task.env}: the ground truth of the decision is known on"
                           f" {' and '.join(DECISIONS)}; such tasks: "
                           + ", ".join(t for t, a in admitted.items() if a.env in DECISIONS))
+    env_kwargs = dict(task.env_kwargs)
+    if args.noise_std is not None:
+        if task.env != "DelayedChain" or not args.noise_std >= 0:
+            raise ConfigError(f"--noise-std={args.noise_std} must be >= 0, on a DelayedChain task (--task {task.task}"
+                              f" runs on {task.env})")
+        env_kwargs["noise_std"] = args.noise_std
     methods = options.names(args.methods, "--methods", registered_methods())
     if "ppo" not in methods:
         raise ConfigError("--methods must include ppo (every P(> ppo) is against it)")
@@ -122,7 +132,7 @@ def studies(args) -> list:
     if not args.no_controls:
         arms.append(task.arm("coevo-regression", FROZEN, {"reward_lr_ratio": 0.0}))
         arms += task.own_ppo_arms([m for m in methods if m in CREDIT_METHODS])
-    return [Study(task.env, tuple(arms), args.num_seeds, env_kwargs=dict(task.env_kwargs), base_seed=args.seed,
+    return [Study(task.env, tuple(arms), args.num_seeds, env_kwargs=env_kwargs, base_seed=args.seed,
                   num_chunks=args.num_chunks, threshold=args.threshold, name=task.task, save_chunks=True)]
 
 
@@ -230,6 +240,9 @@ def report(args, results) -> str:
                                    title=f"learned reward vs ground-truth credit at the {decision}, {study.name}")
     notes = (f"\nnot tuned by sweeps/tune.py on {study.name} (at PPO's lr / ent_coef and library defaults):"
              f" {', '.join(untuned)}" if untuned else "")
+    if dict(study.env_kwargs) != dict(task.env_kwargs):
+        notes += (f"\nthe env is not the task's: {dict(study.env_kwargs)} (the task: {dict(task.env_kwargs)}); every"
+                  f" arm keeps the values tuned on {task.task}")
     static = ", ".join(f"{k}={v}" for k, v in task.static_overrides.items())
     return (f"{header}\nevery arm with the task's StaticConfig overrides ({static or 'none'}); P(> ppo) from"
             f" rliable (over all pairs of runs; the arms share their seeds)\n{table}\n{verdict}{notes}\n\n"

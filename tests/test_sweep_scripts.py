@@ -58,6 +58,8 @@ def test_help_lists_a_default_for_every_own_option(name):
     ("collusion", ["--task", "doorkey5-h40"], "has a fixed horizon"),
     ("chain_credit", ["--task", "doorkey8-t100"], "the ground truth of the decision is known on DelayedChain and"),
     ("chain_credit", ["--methods", "dense,ircr"], "--methods must include ppo"),
+    ("chain_credit", ["--task", "keytodoor-a1", "--noise-std", "0"], "--noise-std=0.0 must be >= 0, on a DelayedChain"),
+    ("chain_credit", ["--noise-std", "-1"], "--noise-std=-1.0 must be >= 0, on a DelayedChain task (--task chain-l16"),
     ("ircr_horizon", ["--task", "chain-l16-n05"], "runs on DelayedChain; such tasks: keytodoor-a1"),
     ("ircr_horizon", ["--arms", "ircr,dense"], "--arms must include ppo"),
     ("ircr_horizon", ["--arms", "ppo,ircr@dense"], "--arms: unknown 'ircr@dense'"),
@@ -166,6 +168,8 @@ def test_default_studies_keep_each_protocol():
     assert all(arms[e].static.method == "ppo" and arms[e].fixed["lr"] in {dict(p)["lr"] for p in pairs} for e in extra)
     assert arms["coevo-frozen"].fixed["reward_lr_ratio"] == 0
     assert arms["coevo-frozen"].static.method == "coevo-regression"
+    (quiet,) = built("chain_credit", ["--noise-std", "0"])  # the chain without its noise, at the task's values
+    assert quiet.env_kwargs == {**chain.env_kwargs, "noise_std": 0.0} and quiet.arms == chain.arms
     (key,) = built("chain_credit", ["--task", "keytodoor-a1"])  # credit at the key pick-up: the same arms
     assert key.save_chunks and key.env == "KeyToDoor-Distractor" and key.name == "keytodoor-a1"
     assert {a.name for a in key.arms} >= set(chain_mod.METHODS) | {"coevo-frozen"}
