@@ -66,7 +66,7 @@ from _study.analysis.chain_credit import REWARD_METHODS
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_TASK = "chain-l16-n05"
 METHODS = ("ppo", "dense", "ircr", "coevo-regression", "coevo-ranking", "coevo-novelty", "meta", "siop", "q-advantage",
-           "rrd", "hca")
+           "rrd", "hca", "cca")
 FROZEN = "coevo-frozen"  # coevo-regression at its tuned values with R_phi never refit
 CREDIT_METHODS = REWARD_METHODS + ("siop",)  # the learned rewards of (state, action), and SIOP's potential
 THRESHOLD = 0.8

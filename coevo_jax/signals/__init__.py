@@ -28,6 +28,7 @@ from coevo_jax.signals import ircr  # noqa: F401  ircr
 from coevo_jax.signals import q_advantage  # noqa: F401  q-advantage
 from coevo_jax.signals import rrd  # noqa: F401  rrd
 from coevo_jax.signals import hca  # noqa: F401  hca
+from coevo_jax.signals import cca  # noqa: F401  cca
 
 
 def make_signal(static, network, env, env_params) -> Signal:

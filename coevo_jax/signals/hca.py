@@ -60,19 +60,17 @@ import jax
 import jax.numpy as jnp
 
 from coevo_jax.encoding import encode_obs, obs_vocab
-from coevo_jax.episodes import (
-    VAL_EVERY, EpisodeReplay, add_rollout, buffer_mask, discounted_to_go, episode_window, init_replay, refit_ready,
-    replay_episodes,
-)
+from coevo_jax.episodes import buffer_mask, discounted_to_go, refit_ready
 from coevo_jax.fit import fit, init_optimizer, make_optimizer, refit_steps, refit_when
 from coevo_jax.networks import orthogonal
 from coevo_jax.params import default_of, hyperparams, param, weight
 from coevo_jax.ppo import gae
 from coevo_jax.registry import MethodSpec, register_method
-from coevo_jax.reward_net import RewardNetStatic, reward_inputs
+from coevo_jax.reward_net import RewardNetStatic
 from coevo_jax.signals.base import REFIT_STEPS, RewardStreams, Signal, SignalParams, float_metrics
 from coevo_jax.signals.learned import RewardNetParams
-from coevo_jax.signals.q_advantage import ReplayModelState, taken
+from coevo_jax.signals.q_advantage import taken
+from coevo_jax.signals.replay_model import ReplayModelState, replay_model
 
 
 class HindsightNet(nn.Module):
@@ -133,13 +131,9 @@ def make_hindsight_net(static, env, env_params) -> HindsightNet:
 
 def make_hca(static, network, env, env_params) -> Signal:
     """The return-conditional hindsight credit signal (see the module docstring)."""
-    window = episode_window("max_episode_len", static.signal.max_episode_len, env, env_params)
-    kept = replay_episodes(static.signal.buffer_episodes, static.num_envs, static.rollout_len, env, env_params)
-    obs_ndim = len(env.observation_space(env_params).shape)
     net = make_hindsight_net(static, env, env_params)
-
-    def inputs(traj):
-        return reward_inputs(traj, static.signal.reward_input, obs_ndim)
+    model = replay_model(static, env, env_params, with_probs=True, method="hca")
+    inputs = model.inputs
 
     def fit_data(buf, gamma):
         """``(x [E, L, D], action [E, L], return-to-go [E, L], acting probs [E, L, A], mask [E, L])``."""
@@ -148,23 +142,10 @@ def make_hca(static, network, env, env_params) -> Signal:
         return buf.steps["x"], buf.steps["action"], z, buf.steps["probs"], mask
 
     def init(key, traj, hp):
-        if traj.probs is None:
-            raise ValueError("hca reads Trajectory.probs (the policy's probabilities when it acted);"
-                             " this trajectory has none")
+        replay = model.init_replay(traj)
         x = inputs(traj)
         params = net.init(key, x[0], jnp.zeros(x.shape[1], jnp.float32))
-        replay = init_replay(kept, window, traj.action.shape[1],
-                             {"x": x[0, 0], "action": jnp.int32(0), "reward": jnp.float32(0.0),
-                              "probs": traj.probs[0, 0]},
-                             {"full_return": jnp.float32(0.0)}, VAL_EVERY)
         return ReplayModelState(params, init_optimizer(params), replay)
-
-    def observe(state: ReplayModelState, traj, hp, key):
-        steps = {"x": inputs(traj), "action": traj.action.astype(jnp.int32), "reward": traj.reward.astype(jnp.float32),
-                 "probs": traj.probs}
-        replay = add_rollout(state.replay, steps, {"full_return": traj.episode_return.astype(jnp.float32)},
-                             traj.episode_done)
-        return state.replace(replay=replay), {}
 
     def update(state: ReplayModelState, traj, policy, hp, key):
         buf = state.replay.train
@@ -208,7 +189,7 @@ def make_hca(static, network, env, env_params) -> Signal:
         episodic = hp.signal.beta_ext * traj.reward + hp.signal.beta_int * credit
         return state, RewardStreams(episodic, None), float_metrics(metrics)
 
-    return Signal(init, observe, update, rewards)
+    return Signal(init, model.observe, update, rewards)
 
 
 @hyperparams

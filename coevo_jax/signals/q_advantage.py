@@ -32,25 +32,20 @@ iteration; gated like R_phi's (``min_refit_episodes``). The replay is R_phi's
 """
 from __future__ import annotations
 
-from typing import Any
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from flax import struct
 
 from coevo_jax.encoding import encode_obs, obs_vocab
-from coevo_jax.episodes import (
-    VAL_EVERY, EpisodeReplay, add_rollout, buffer_mask, discounted_to_go, episode_window, init_replay, refit_ready,
-    replay_episodes,
-)
+from coevo_jax.episodes import buffer_mask, discounted_to_go, refit_ready
 from coevo_jax.fit import fit, init_optimizer, make_optimizer, refit_steps, refit_when
 from coevo_jax.networks import orthogonal
 from coevo_jax.params import default_of, hyperparams, weight
 from coevo_jax.registry import MethodSpec, register_method
-from coevo_jax.reward_net import HEAD_GAIN, RewardNetStatic, reward_inputs
+from coevo_jax.reward_net import HEAD_GAIN, RewardNetStatic
 from coevo_jax.signals.base import REFIT_STEPS, RewardStreams, Signal, SignalParams, float_metrics
 from coevo_jax.signals.learned import RewardNetParams
+from coevo_jax.signals.replay_model import ReplayModelState, replay_model
 
 
 class QNet(nn.Module):
@@ -93,16 +88,6 @@ def q_loss(q: jax.Array, action: jax.Array, target: jax.Array, mask: jax.Array) 
     return (err * mask).sum() / jnp.maximum(mask.sum(), 1.0)
 
 
-@struct.dataclass
-class ReplayModelState:
-    """A model fit on the episode replay (q-advantage's return model, hca's hindsight
-    model): its parameters and Adam state, and the replay."""
-
-    params: Any
-    opt_state: Any
-    replay: EpisodeReplay
-
-
 def make_q_net(static, env, env_params) -> QNet:
     """The return model for ``static`` (``reward_hidden``, ``reward_input``) and ``env``."""
     vocab = obs_vocab(env, env_params) if static.signal.reward_input == "obs" else 0
@@ -111,13 +96,9 @@ def make_q_net(static, env, env_params) -> QNet:
 
 def make_q_advantage(static, network, env, env_params) -> Signal:
     """The action-value credit signal (see the module docstring)."""
-    window = episode_window("max_episode_len", static.signal.max_episode_len, env, env_params)
-    kept = replay_episodes(static.signal.buffer_episodes, static.num_envs, static.rollout_len, env, env_params)
-    obs_ndim = len(env.observation_space(env_params).shape)
     net = make_q_net(static, env, env_params)
-
-    def inputs(traj):
-        return reward_inputs(traj, static.signal.reward_input, obs_ndim)
+    model = replay_model(static, env, env_params, with_probs=False, method="q-advantage")
+    inputs = model.inputs
 
     def fit_data(buf, gamma):
         """``(x [E, L, D], action [E, L], return-to-go [E, L], mask [E, L])`` of a buffer."""
@@ -126,21 +107,9 @@ def make_q_advantage(static, network, env, env_params) -> Signal:
         return buf.steps["x"], buf.steps["action"], target, mask
 
     def init(key, traj, hp):
-        if traj.probs is None:
-            raise ValueError("q-advantage reads Trajectory.probs (the policy's probabilities when it acted);"
-                             " this trajectory has none")
-        x = inputs(traj)
-        params = net.init(key, x[0])
-        replay = init_replay(kept, window, traj.action.shape[1],
-                             {"x": x[0, 0], "action": jnp.int32(0), "reward": jnp.float32(0.0)},
-                             {"full_return": jnp.float32(0.0)}, VAL_EVERY)
+        replay = model.init_replay(traj)
+        params = net.init(key, inputs(traj)[0])
         return ReplayModelState(params, init_optimizer(params), replay)
-
-    def observe(state: ReplayModelState, traj, hp, key):
-        steps = {"x": inputs(traj), "action": traj.action.astype(jnp.int32), "reward": traj.reward.astype(jnp.float32)}
-        replay = add_rollout(state.replay, steps, {"full_return": traj.episode_return.astype(jnp.float32)},
-                             traj.episode_done)
-        return state.replace(replay=replay), {}
 
     def update(state: ReplayModelState, traj, policy, hp, key):
         buf = state.replay.train
@@ -181,7 +150,7 @@ def make_q_advantage(static, network, env, env_params) -> Signal:
         episodic = hp.signal.beta_ext * traj.reward + hp.signal.beta_int * credit
         return state, RewardStreams(episodic, None), float_metrics(metrics)
 
-    return Signal(init, observe, update, rewards)
+    return Signal(init, model.observe, update, rewards)
 
 
 @hyperparams

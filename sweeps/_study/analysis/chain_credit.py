@@ -24,7 +24,9 @@ co-evolution methods (what the policy is paid, times ``beta_int``), IRCR's
 linear guidance reward, RRD's linear proxy reward, ``q-advantage``'s credit ``Q(h, a) - sum_b pi(b | h)
 Q(h, b)`` under the policy of the same snapshot, ``hca``'s credit ``(1 - pi(a | x) / h(a | x, Z)) Z`` of a
 successful episode (``Z = outcome_reward``; a failure's ``Z = 0`` pays no hindsight credit), under the
-same snapshot's policy and the method's default ratio clip. On the memory chain
+same snapshot's policy and the method's default ratio clip; ``cca``'s credit ``Q(x, Phi, a) - sum_b pi(b | x)
+Q(x, Phi, b)`` with ``Phi`` read from the pair's whole episode, noise-free and successful (the luck held
+fixed; :func:`cca_choice_rewards`). On the memory chain
 (``hide_cue``) the later pairs show no cue, as the env does. On features input (``reward_input="features"``) R_phi
 reads the policy's hidden state of the pair's observation; a recurrent policy's
 (:mod:`coevo_jax.recurrent`) after the episode's observations up to that step
@@ -44,7 +46,8 @@ from envs_jax.chain import choice_credit
 from _study.analysis.credit import spearman
 
 #: methods with a learned per-step reward of (state, action) that this module scores
-REWARD_METHODS = ("coevo-regression", "coevo-ranking", "coevo-novelty", "ircr", "meta", "q-advantage", "rrd", "hca")
+REWARD_METHODS = ("coevo-regression", "coevo-ranking", "coevo-novelty", "ircr", "meta", "q-advantage", "rrd", "hca",
+                  "cca")
 
 
 def choice_pairs(num_choices: int, elapsed: float = 0.0, hide_cue: bool = False):
@@ -78,6 +81,8 @@ def choice_rewards(trainer, states, elapsed: float = 0.0) -> np.ndarray:
     hide = bool(trainer.env_params.hide_cue)
     obs, action = choice_pairs(k, elapsed, hide)
     hist = choice_histories(k, int(trainer.env_params.length), elapsed, hide)
+    if trainer.static.method == "cca":
+        return cca_choice_rewards(trainer, states, elapsed)
     return pair_rewards(trainer, states, obs, action, float(trainer.env_params.outcome_reward), hist)
 
 
@@ -132,6 +137,45 @@ def pair_rewards(trainer, states, obs: np.ndarray, action: np.ndarray, z: float,
     sig = states.signal_state
     reward_params = sig.phi if static.method == "meta" else sig.params
     return np.asarray(jax.jit(jax.vmap(one))(states.params, reward_params), np.float64)
+
+
+def cca_choice_rewards(trainer, states, elapsed: float = 0.0) -> np.ndarray:
+    """``cca``'s credit ``[R, K*K]`` on :func:`choice_pairs` at ``elapsed``: each pair's episode is
+    the whole chain of its cue (:func:`choice_histories` to the last step; the observations do not
+    depend on the action), without distractor noise and with the outcome paid at the end (a
+    success), and ``Phi`` at the pair's step is read from the steps after it."""
+    from coevo_jax.ppo import policy_outputs
+    from coevo_jax.recurrent import is_recurrent
+    from coevo_jax.signals.cca import make_cca_nets
+    from coevo_jax.signals.q_advantage import action_credit
+
+    static, env, params = trainer.static, trainer.env, trainer.env_params
+    k, length = env.unwrapped.num_choices, int(params.length)
+    step = int(round(elapsed * length))
+    hist = jnp.asarray(choice_histories(k, length, (length - 1) / length, bool(params.hide_cue)))  # [P, L, D]
+    action = jnp.asarray(choice_pairs(k)[1])
+    r = jnp.zeros(hist.shape[:2]).at[:, -1].set(float(params.outcome_reward)).T  # [L, P]
+    end = jnp.zeros(r.shape, bool).at[-1].set(True)
+    obs_input = static.signal.reward_input == "obs"
+    stat_net, q_net, _ = make_cca_nets(static, env, params)
+
+    def policy(policy_params):  # (logits [L, P, A], features [L, P, H]) along each pair's episode
+        if not is_recurrent(trainer.network):
+            logits, _, features = policy_outputs(trainer.network, policy_params, hist)
+        else:
+            first = jnp.zeros(hist.shape[:2], bool).at[:, 0].set(True)
+            _, (logits, _, features) = trainer.network.apply(
+                policy_params, trainer.network.initialize_carry(hist.shape[:1]), hist, first)
+        return jnp.swapaxes(logits, 0, 1), jnp.swapaxes(features, 0, 1)
+
+    def one(policy_params, model_params):
+        logits, features = policy(policy_params)
+        x = jnp.swapaxes(hist, 0, 1) if obs_input else features
+        phi = stat_net.apply(model_params["stat"], x, r, end, jnp.zeros_like(end))
+        q = q_net.apply(model_params["q"], x[step], phi[step])
+        return action_credit(q, jax.nn.softmax(logits[step]), action)
+
+    return np.asarray(jax.jit(jax.vmap(one))(states.params, states.signal_state.params), np.float64)
 
 
 def choice_scores(reward: np.ndarray, num_choices: int, outcome_reward: float = 1.0) -> dict:

@@ -1,0 +1,268 @@
+"""Counterfactual credit (method ``cca``): the action's advantage with the luck that followed held fixed.
+
+Counterfactual Credit Assignment (Mesnard et al. 2021, "Counterfactual Credit
+Assignment in Model-Free Reinforcement Learning", ICML; their CCA-PG with the
+all-action, future-conditional critic). A hindsight statistic ``Phi_t`` is read
+from what happened *after* step ``t`` (a backward GRU over the later steps'
+inputs and rewards, :class:`HindsightStat`), and a future-conditional return
+model ``Q(x_t, Phi_t, a)`` is fit to the return that followed. Each step is paid
+
+    c_t = Q(x_t, Phi_t, a_t) - sum_a pi(a | x_t) Q(x_t, Phi_t, a),
+
+``q-advantage``'s credit with the future's "luck" (the distractor rewards, the
+environment's noise) given to the return model, so that its regression target
+loses the variance the action did not cause. ``Phi_t`` must not tell the action:
+a hindsight classifier ``h(a | x_t, Phi_t)`` is fit by cross-entropy to the
+action taken, and ``Phi``'s own parameters minimise the paper's independence
+loss ``KL(pi(. | x_t) || h(. | x_t, Phi_t))`` (``hp.signal.indep_coef``), which
+is 0 only when ``Phi_t`` holds nothing about ``a_t`` beyond ``x_t``. Then
+``Q(x_t, Phi_t, a)`` for an action not taken is a counterfactual: the return
+the other action would have had in the same luck. ``c_t`` has mean 0 under the
+policy at every step for any ``Phi`` (no living reward); where the action
+changes nothing, ``Q`` is flat in ``a`` and the credit is 0.
+
+Losses, each on the parameters the paper trains with it: the return model's
+squared error (``Q`` and ``Phi``), the classifier's cross-entropy (``h`` only,
+``Phi`` held fixed), the independence loss (``Phi`` only, ``h`` held fixed).
+
+Deviations, each for a reason the paper's setting does not have:
+
+* ``h`` is in :mod:`~coevo_jax.signals.hca`'s Bayes form, ``softmax(log pi + g)``
+  with the acting policy's stored probabilities, so that a replay of earlier
+  policies does not read as action information (``g`` flat: independent).
+* PPO's rollouts cut episodes: a step whose episode runs past the rollout's end
+  sees the future up to that end, with a flag that says so. The models are fit
+  on complete episodes of the replay, half of them cut at a uniformly drawn
+  step the same way (each fitting step draws new cuts), so ``Q(x, Phi, a)`` on
+  a cut future is the return expected from what was seen.
+* ``Phi`` reads the later steps' inputs and rewards, not their actions.
+* the credit is added to the environment's reward and PPO's GAE runs on the sum
+  (the library's interface, as ``q-advantage`` and ``hca``), a single-sample
+  form of the paper's all-action gradient ``sum_a grad pi(a | x) Q(x, Phi, a)``.
+
+``x_t`` is the policy's features (``RewardNetStatic.reward_input =
+"features"``) or the observation (``"obs"``). **Rewards**: one episodic stream
+``beta_ext * r_ext + beta_int * c_t``. **Refit** every ``K`` iterations,
+``static.signal.reward_steps`` full-batch Adam steps (times ``K`` under
+``refit_steps_per_k``) at ``hp.signal.reward_lr_ratio`` times the policy's lr of
+the iteration; gated like R_phi's (``min_refit_episodes``). The replay is R_phi's
+(:mod:`coevo_jax.episodes`).
+"""
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from coevo_jax.encoding import encode_obs, obs_vocab
+from coevo_jax.episodes import buffer_mask, discounted_to_go, refit_ready, to_time_order
+from coevo_jax.fit import fit, init_optimizer, make_optimizer, refit_steps, refit_when
+from coevo_jax.networks import orthogonal
+from coevo_jax.params import default_of, hyperparams, weight
+from coevo_jax.registry import MethodSpec, register_method
+from coevo_jax.reward_net import HEAD_GAIN, RewardNetStatic
+from coevo_jax.signals.base import REFIT_STEPS, RewardStreams, Signal, SignalParams, float_metrics
+from coevo_jax.signals.hca import bayes_logits, hindsight_loss
+from coevo_jax.signals.learned import RewardNetParams
+from coevo_jax.signals.q_advantage import action_credit, q_loss
+from coevo_jax.signals.replay_model import ReplayModelState, replay_model
+
+CUT_SHARE = 0.5  # the share of replayed episodes whose future is cut for a fitting step
+
+
+class _BackwardStep(nn.Module):
+    """One step of the backward scan: ``(b [B, H], (e [B, D], end [B])) -> (b', f)``:
+    ``f`` the summary of what follows the step (zeros where nothing visible does),
+    ``b'`` the summary from the step on."""
+
+    size: int
+
+    @nn.compact
+    def __call__(self, carry, inputs):
+        e, end = inputs
+        after = jnp.where(end[:, None], jnp.zeros_like(carry), carry)
+        # orthogonal(): the QR-free initialiser (see coevo_jax.runtime)
+        carry, _ = nn.GRUCell(self.size, recurrent_kernel_init=orthogonal(), name="cell")(after, e)
+        return carry, after
+
+
+class HindsightStat(nn.Module):
+    """``Phi``: ``(x [T, B, D], r [T, B], end [T, B], cut [T, B]) -> [T, B, P]``, time-major.
+
+    ``end[t]``: nothing after step ``t`` is visible (its episode ends there, or
+    the data does); ``cut[t]``: the future after ``t`` is cut short, not over.
+    A GRU of ``hidden[-1]`` units scans the steps' encoded ``(x, r)`` backward;
+    ``Phi_t`` is an MLP (``hidden``) of its summary of the steps after ``t``,
+    ``x_t`` and ``cut_t``. ``vocab > 0``: ``x`` holds token ids."""
+
+    hidden: tuple = (64, 64)
+    vocab: int = 0
+
+    @nn.compact
+    def __call__(self, x, r, end, cut):
+        xe = encode_obs(x, 1, self.vocab)
+        e = nn.relu(nn.Dense(self.hidden[0], name="embed")(jnp.concatenate([xe, r[..., None]], -1)))
+        scan = nn.scan(_BackwardStep, variable_broadcast="params", split_rngs={"params": False}, reverse=True)
+        _, after = scan(self.hidden[-1], name="backward")(jnp.zeros(e.shape[1:2] + (self.hidden[-1],)), (e, end))
+        h = jnp.concatenate([after, xe, cut[..., None].astype(jnp.float32)], -1)
+        for i, width in enumerate(self.hidden):
+            h = nn.relu(nn.Dense(width, name=f"dense_{i}")(h))
+        return h
+
+
+class ConditionalHead(nn.Module):
+    """``(x [..., D], phi [..., P]) -> [..., A]``: Dense+ReLU per ``hidden`` on
+    ``x``'s encoding and ``phi``, a linear head per action (orthogonal, ``gain``)."""
+
+    num_actions: int
+    hidden: tuple = (64, 64)
+    vocab: int = 0
+    gain: float = HEAD_GAIN
+
+    @nn.compact
+    def __call__(self, x, phi):
+        h = jnp.concatenate([encode_obs(x, 1, self.vocab), phi], -1)
+        for i, width in enumerate(self.hidden):
+            h = nn.relu(nn.Dense(width, name=f"dense_{i}")(h))
+        return nn.Dense(self.num_actions, kernel_init=orthogonal(self.gain), name="head")(h)
+
+
+def independence_loss(probs: jax.Array, g: jax.Array, mask: jax.Array) -> jax.Array:
+    """Masked mean of ``KL(pi || h)`` with ``h = softmax(log pi + g)``: ``probs, g [..., A]``,
+    ``mask [...]`` -> ``()``. Per step ``log E_pi[exp g] - E_pi[g] >= 0``, 0 iff ``g`` is flat
+    where ``pi > 0`` (``h = pi``: the statistic says nothing about the action)."""
+    log_h = jax.nn.log_softmax(bayes_logits(probs, g))
+    kl = (probs * (jnp.log(jnp.maximum(probs, 1e-30)) - log_h)).sum(-1)
+    return (kl * mask).sum() / jnp.maximum(mask.sum(), 1.0)
+
+
+def future_cut(end: jax.Array) -> jax.Array:
+    """``[T, B]`` bool: no episode ends at or after step ``t`` within the data, so the
+    future after ``t`` is cut by the data's end (``end [T, B]`` bool, time-major)."""
+    return ~jax.lax.cummax(end[::-1].astype(jnp.int32), axis=0)[::-1].astype(bool)
+
+
+def cut_episodes(key: jax.Array, kept: jax.Array, max_len: int):
+    """Random cuts of ``E`` time-ordered episodes of ``kept [E]`` steps: ``(end [L, E], cut [L, E])``
+    bool, time-major. A share :data:`CUT_SHARE` of the episodes of 2 steps or more see their
+    future up to a step ``c`` drawn uniformly from ``1..kept - 1`` (steps ``t < c`` are cut at
+    ``c - 1``); the others see it up to their end."""
+    k_which, k_where = jax.random.split(key)
+    e = kept.shape[0]
+    c = jax.random.randint(k_where, (e,), 1, jnp.maximum(kept, 2))
+    c = jnp.where((jax.random.uniform(k_which, (e,)) < CUT_SHARE) & (kept >= 2), c, 0)  # 0: no cut
+    t = jnp.arange(max_len)[:, None]
+    end = (t == kept[None, :] - 1) | (t == c[None, :] - 1)
+    return end, t < c[None, :]
+
+
+def make_cca_nets(static, env, env_params):
+    """``(Phi, Q, h)`` for ``static`` (``reward_hidden``, ``reward_input``) and ``env``:
+    :class:`HindsightStat` and two :class:`ConditionalHead` (``h``'s at gain 0.01: it starts at ``pi``)."""
+    vocab = obs_vocab(env, env_params) if static.signal.reward_input == "obs" else 0
+    hidden, num_actions = tuple(static.signal.reward_hidden), int(env.action_space(env_params).n)
+    return (HindsightStat(hidden, vocab), ConditionalHead(num_actions, hidden, vocab),
+            ConditionalHead(num_actions, hidden, vocab, gain=0.01))
+
+
+def cca_losses(nets, params, x, r, action, ret, mask, probs, end, cut):
+    """``(return model's error, classifier's cross-entropy, independence KL)``, each ``()``, of
+    ``nets = (Phi, Q, h)`` (:func:`make_cca_nets`) with ``params = {"stat", "q", "h"}`` on time-major
+    data: ``x [T, B, D]``; ``r, action, ret`` (the return-to-go), ``mask, end, cut [T, B]``; the acting
+    ``probs [T, B, A]``. Each loss reaches only the parameters the module docstring gives it."""
+    stat_net, q_net, h_net = nets
+    phi = stat_net.apply(params["stat"], x, r, end, cut)
+    lq = q_loss(q_net.apply(params["q"], x, phi), action, ret, mask)
+    lh = hindsight_loss(bayes_logits(probs, h_net.apply(params["h"], x, jax.lax.stop_gradient(phi))), action, mask)
+    li = independence_loss(probs, h_net.apply(jax.lax.stop_gradient(params["h"]), x, phi), mask)
+    return lq, lh, li
+
+
+def make_cca(static, network, env, env_params) -> Signal:
+    """The counterfactual credit signal (see the module docstring)."""
+    nets = stat_net, q_net, h_net = make_cca_nets(static, env, env_params)
+    model = replay_model(static, env, env_params, with_probs=True, method="cca")
+
+    def fit_data(buf, gamma):
+        """The buffer in time-major time order: ``x [L, E, D]``, ``r, action, return-to-go, mask
+        [L, E]``, acting ``probs [L, E, A]``, ``kept [E]``."""
+        mask = buffer_mask(buf)
+        ret = discounted_to_go(buf.steps["reward"] * mask, buf.length, gamma)
+        order = lambda v: jnp.swapaxes(to_time_order(v, buf.length), 0, 1)  # noqa: E731
+        kept = jnp.minimum(buf.length, mask.shape[1])
+        return (order(buf.steps["x"]), order(buf.steps["reward"]), order(buf.steps["action"]), order(ret),
+                order(mask), order(buf.steps["probs"]), kept)
+
+    def init(key, traj, hp):
+        x = model.inputs(traj)
+        k_stat, k_q, k_h = jax.random.split(key, 3)
+        r, end = traj.reward.astype(jnp.float32), traj.episode_done
+        phi = stat_net.apply(stat := stat_net.init(k_stat, x, r, end, end), x, r, end, end)
+        params = {"stat": stat, "q": q_net.init(k_q, x[0], phi[0]), "h": h_net.init(k_h, x[0], phi[0])}
+        return ReplayModelState(params, init_optimizer(params), model.init_replay(traj))
+
+    def update(state: ReplayModelState, traj, policy, hp, key):
+        buf = state.replay.train
+        data = fit_data(buf, hp.ppo.gamma)
+        step_size = hp.signal.reward_lr_ratio * hp.ppo.lr * policy.lr_frac
+        tx = make_optimizer(hp.signal.reward_max_grad_norm, step_size)
+        steps = refit_steps(static.signal.reward_steps, static, hp)
+
+        def refit(learner):
+            params, opt_state = learner
+
+            def loss_fn(p, cuts):
+                lq, lh, li = cca_losses(nets, p, *data[:-1], *cuts)
+                return lq + lh + hp.signal.indep_coef * li, {"q_loss": lq, "h_loss": lh, "indep_kl": li}
+
+            params, opt_state, ms = fit(loss_fn, params, opt_state, tx, lambda k: cut_episodes(k, data[-1], data[0].shape[0]),
+                                        key, steps=steps)
+            metrics = {"first_q_loss": ms["q_loss"][0], "q_loss": ms["q_loss"][-1], "h_loss": ms["h_loss"][-1],
+                       "indep_kl": ms["indep_kl"][-1], "cca_grad_norm": ms["grad_norm"][-1],
+                       "reward_step_size": step_size, REFIT_STEPS: steps}
+            return (params, opt_state), float_metrics(metrics)
+
+        (params, opt_state), metrics = refit_when(refit_ready(buf, hp), refit, (state.params, state.opt_state))
+        metrics["buffer_size"] = buf.valid.sum().astype(jnp.float32)
+        return state.replace(params=params, opt_state=opt_state), metrics
+
+    def rewards(state: ReplayModelState, traj, hp):
+        x, r, end = model.inputs(traj), traj.reward.astype(jnp.float32), traj.episode_done
+        cut = future_cut(end)
+        q = q_net.apply(state.params["q"], x, stat_net.apply(state.params["stat"], x, r, end, cut))
+        credit = action_credit(q, traj.probs, traj.action)
+        val = fit_data(state.replay.val, hp.ppo.gamma)
+        v_end = jnp.arange(val[0].shape[0])[:, None] == val[-1][None, :] - 1
+        v_q, v_h, v_i = cca_losses(nets, state.params, *val[:-1], v_end, jnp.zeros_like(v_end))
+        metrics = {
+            "r_int_mean": credit.mean(),  # mean 0 in expectation under the policy
+            "r_int_var": credit.var(),
+            "credit_abs_mean": jnp.abs(credit).mean(),
+            "q_spread": (q.max(-1) - q.min(-1)).mean(),
+            "future_cut": cut.mean(),  # the share of steps whose future the rollout cuts
+            "val_q_loss": v_q, "val_h_loss": v_h, "val_indep_kl": v_i,
+            "episodes_committed": state.replay.committed.astype(jnp.float32),
+        }
+        episodic = hp.signal.beta_ext * traj.reward + hp.signal.beta_int * credit
+        return state, RewardStreams(episodic, None), float_metrics(metrics)
+
+    return Signal(init, model.observe, update, rewards)
+
+
+@hyperparams
+class CCAParams(RewardNetParams):
+    """``cca``'s hyperparameters: the credit's weight, the models' step, the independence weight."""
+
+    beta_int: float = default_of(SignalParams, "beta_int", 1.0)
+    reward_lr_ratio: float = weight(1.0, doc="the models' Adam step as a multiple of the policy's lr of the"
+                                             " iteration (annealed with it)")
+    indep_coef: float = weight(1.0, doc="weight of the independence loss KL(pi || h) on the hindsight statistic")
+
+
+register_method(MethodSpec(
+    "cca", make_cca, CCAParams,
+    static=RewardNetStatic, off={"beta_int": 0.0},
+    tune={"reward_lr_ratio": (0.01, 20.0), "beta_int": (0.1, 2.0), "indep_coef": (0.1, 1000.0)},
+    doc="counterfactual credit (Mesnard et al. 2021): Q(x, Phi, a_t) - sum_a pi(a | x) Q(x, Phi, a),"
+        " Phi a hindsight statistic of the future kept independent of the action",
+))

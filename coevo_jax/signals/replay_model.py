@@ -1,0 +1,68 @@
+"""The episode replay that a credit model is fit on (``q-advantage``, ``hca``, ``cca``).
+
+Each of these methods stores, per step, what its model reads (``x``: the
+policy's features or the observation, ``RewardNetStatic.reward_input``), the
+action, the environment's reward and, where the method needs it, the policy's
+probabilities when it acted; and, per episode, its whole return. The replay is
+R_phi's (:mod:`coevo_jax.episodes`: ``static.signal.buffer_episodes`` complete
+episodes of at most ``max_episode_len`` steps, every 4th held out).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from coevo_jax.episodes import VAL_EVERY, EpisodeReplay, add_rollout, episode_window, init_replay, replay_episodes
+from coevo_jax.reward_net import reward_inputs
+
+
+@struct.dataclass
+class ReplayModelState:
+    """A model fit on the episode replay: its parameters and Adam state, and the replay."""
+
+    params: Any
+    opt_state: Any
+    replay: EpisodeReplay
+
+
+class ReplayModel(NamedTuple):
+    """``inputs(traj) -> x [T, N, D]``; ``init_replay(traj) -> EpisodeReplay`` (empty);
+    ``observe(state, traj, hp, key) -> (state, {})`` (the :class:`~coevo_jax.signals.base.Signal`
+    hook: the rollout's complete episodes join the replay)."""
+
+    inputs: Callable
+    init_replay: Callable
+    observe: Callable
+
+
+def replay_model(static, env, env_params, with_probs: bool, method: str) -> ReplayModel:
+    """The replay of ``static``'s ``method``, which reads the acting policy's probabilities
+    (``Trajectory.probs``: a trajectory without them fails at ``init_replay``, naming ``method``);
+    ``with_probs``: store them (``probs [A]`` per step)."""
+    window = episode_window("max_episode_len", static.signal.max_episode_len, env, env_params)
+    kept = replay_episodes(static.signal.buffer_episodes, static.num_envs, static.rollout_len, env, env_params)
+    obs_ndim = len(env.observation_space(env_params).shape)
+
+    def inputs(traj):
+        return reward_inputs(traj, static.signal.reward_input, obs_ndim)
+
+    def steps(traj):
+        out = {"x": inputs(traj), "action": traj.action.astype(jnp.int32), "reward": traj.reward.astype(jnp.float32)}
+        return {**out, "probs": traj.probs} if with_probs else out
+
+    def init(traj):
+        if traj.probs is None:
+            raise ValueError(f"{method} reads Trajectory.probs (the policy's probabilities when it acted);"
+                             " this trajectory has none")
+        example = jax.tree.map(lambda v: v[0, 0], steps(traj))
+        return init_replay(kept, window, traj.action.shape[1], example, {"full_return": jnp.float32(0.0)}, VAL_EVERY)
+
+    def observe(state: ReplayModelState, traj, hp, key):
+        replay = add_rollout(state.replay, steps(traj), {"full_return": traj.episode_return.astype(jnp.float32)},
+                             traj.episode_done)
+        return state.replace(replay=replay), {}
+
+    return ReplayModel(inputs, init, observe)
