@@ -66,6 +66,12 @@ CANDIDATES = {
     # ... with the recurrent policy: learned rewards read its hidden state, which can remember the cue
     "memchain-l16-n05-gru": ("DelayedChain", {"length": 16, "noise_std": 0.5, "hide_cue": 1}, 131_072, 16, 64,
                              {"network": "gru", "buffer_episodes": 256, "reward_steps": 8}),
+    # Key-to-Door's memory version: the door of the key's colour, the colour shown only in the key room
+    "keytodoor-match-gru": ("KeyToDoor-Match", {"apple_reward": 1.0}, 131_072, 16, 64,
+                            {"network": "gru", "buffer_episodes": 256, "reward_steps": 8}),
+    # ... with the feed-forward policy, which cannot remember the colour
+    "keytodoor-match": ("KeyToDoor-Match", {"apple_reward": 1.0}, 131_072, 16, 64,
+                        {"reward_input": "obs", "buffer_episodes": 256, "reward_steps": 8}),
     # the memory chain's easier settings, the recurrent policy's learning check: no distractor noise
     "memchain-l4-n0-gru": ("DelayedChain", {"length": 4, "noise_std": 0.0, "hide_cue": 1}, 32_768, 16, 64,
                            {"network": "gru", "buffer_episodes": 256, "reward_steps": 8}),

@@ -212,6 +212,50 @@ def test_keytodoor_params_are_checked():
     assert int(p.max_steps_in_episode) == 12 and int(p.apple_steps) == 4
 
 
+def _match_state(time, key_color, has_key=True, agent=(0, 0), door=(1, 0), other=(0, 1)):
+    """A KeyToDoor-Match state of a 4x4 room at step ``time``, the agent at ``agent``."""
+    i32 = lambda v: jnp.asarray(v, jnp.int32)  # noqa: E731
+    return KeyToDoorState(time=i32(time), agent_pos=i32(agent), starts=jnp.zeros((3, 2), jnp.int32),
+                          key_pos=i32((3, 3)), has_key=jnp.bool_(has_key), apples=jnp.zeros((4, 4), bool),
+                          door_pos=i32(door), key_color=i32(key_color), other_door=i32(other))
+
+
+def test_the_memory_version_shows_the_key_colour_only_in_the_key_room():
+    """KeyToDoor-Match: the colour channel marks a colour-1 key in the key room; after it, a state
+    and its twin with the other key colour (the doors' colours kept on their cells, so the
+    right door swapped) look the same: only memory tells which door opens."""
+    from envs_jax.grid.keytodoor import observe
+
+    env, params = envs_jax.make("KeyToDoor-Match")
+    assert env.name == "KeyToDoor-Match" and env.observation_space(params).shape == (4 * 4 * 5 + 5,)
+    key_room = [np.asarray(observe(_match_state(0, c, has_key=False), params, 2)) for c in (0, 1)]
+    colour = lambda o: o[: 4 * 4 * 5].reshape(16, 5)[:, 4]  # noqa: E731
+    assert colour(key_room[0]).sum() == 0 and colour(key_room[1])[15] == 1  # the key at (3, 3)
+    for t in (6, 10, 22, 25):  # the apple room and the door room
+        a = np.asarray(observe(_match_state(t, 0, door=(1, 0), other=(0, 1)), params, 2))
+        b = np.asarray(observe(_match_state(t, 1, door=(0, 1), other=(1, 0)), params, 2))
+        np.testing.assert_array_equal(a, b)
+    door_room = np.asarray(observe(_match_state(22, 1, door=(1, 0), other=(0, 1)), params, 2))
+    grid = door_room[: 4 * 4 * 5].reshape(16, 5)
+    assert grid[1, 3] == grid[4, 3] == 1 and grid[1, 4] == 1 and grid[4, 4] == 0  # both doors; (1, 0) is colour 1
+
+
+def test_the_memory_version_opens_the_door_of_the_key_colour_and_ends_on_the_other():
+    env, params = envs_jax.make("KeyToDoor-Match")
+    right = 1  # from (0, 0): action 1 moves to (1, 0), the door of the key's colour
+    _, _, r, term, info = env.step_env(jax.random.PRNGKey(0), _match_state(22, 0), right, params)
+    assert float(r) == float(params.door_reward) and bool(term) and bool(info["success"])
+    down = 2  # to (0, 1): the other colour's door
+    _, _, r, term, info = env.step_env(jax.random.PRNGKey(0), _match_state(22, 0), down, params)
+    assert float(r) == 0.0 and bool(term) and not bool(info["success"])
+    _, _, r, term, info = env.step_env(jax.random.PRNGKey(0), _match_state(22, 0, has_key=False), right, params)
+    assert float(r) == 0.0 and not bool(term)  # without the key the right door blocks, as in KeyToDoor
+    colours = jax.vmap(lambda k: env.reset(k, params)[1].key_color)(jax.random.split(jax.random.PRNGKey(1), 2000))
+    assert 0.45 < float(colours.mean()) < 0.55
+    with pytest.raises(ValueError, match="needs door_ends_episode=1"):
+        envs_jax.make("KeyToDoor-Match", door_ends_episode=0)
+
+
 # ----------------------------------------------------------------------------- delayed chain
 def _chain_policy(state, params, mode, random):
     """Mode 1: always the cue (the expert); 2: the cue first, then random; 3: a wrong first choice, then random."""

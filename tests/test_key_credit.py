@@ -35,7 +35,8 @@ def test_pick_up_moves_are_the_env_own_pick_ups():
                                starts=jnp.zeros((3, 2), jnp.int32), key_pos=jnp.array([k % env.size, k // env.size],
                                                                                     jnp.int32),
                                has_key=jnp.bool_(False), apples=jnp.zeros((env.size, env.size), bool),
-                               door_pos=jnp.zeros(2, jnp.int32))
+                               door_pos=jnp.zeros(2, jnp.int32), key_color=jnp.int32(0),
+                               other_door=jnp.full(2, -1, jnp.int32))
         np.testing.assert_array_equal(obs[i * NUM_MOVES], np.asarray(observe(state, params)))
         for a in range(NUM_MOVES):
             nxt, info = env.step_env(jax.random.PRNGKey(0), state, jnp.int32(a), params)[1::3]

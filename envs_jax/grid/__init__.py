@@ -7,7 +7,8 @@ recorded steps in :mod:`envs_jax.grid.ground_truth`).
 
 Registered names: ``KeyDoor-5x5``, ``KeyDoor-6x6``, ``KeyDoor-8x8``, ``FourRooms``,
 ``KeyToDoor-Distractor`` (4x4 rooms; its params as keyword arguments, e.g.
-``apple_reward=0`` for no distractor reward).
+``apple_reward=0`` for no distractor reward), ``KeyToDoor-Match`` (its memory version:
+two key colours, the door of the key's colour to find).
 """
 from envs_jax.registry import register
 from envs_jax.grid._common import ShapedParams, optimal_advantage
@@ -33,6 +34,7 @@ for _size in (5, 6, 8):
     register(f"KeyDoor-{_size}x{_size}", _keydoor_factory(_size))
 register("FourRooms", lambda **kwargs: FourRooms(**kwargs))
 register("KeyToDoor-Distractor", lambda **kwargs: KeyToDoor(**kwargs))
+register("KeyToDoor-Match", lambda **kwargs: KeyToDoor(colors=2, **kwargs))
 
 __all__ = [
     "FourRooms", "FourRoomsParams", "FourRoomsState", "KeyDoor", "KeyDoorParams", "KeyDoorState",

@@ -59,6 +59,16 @@ a critic cannot carry the door's value back to the pick-up by bootstrapping
 (temporal-difference credit has to cross the whole apple phase); with
 ``show_carrying = 1`` it is always shown.
 
+**The memory version** (``KeyToDoor(colors=2)``, registered as ``KeyToDoor-Match``,
+after the "active visual match" of Hung et al. 2019): the key has one of two colours,
+drawn at reset and shown only in the key room, and the door room holds two doors, one
+of each colour, on random cells. The door of the key's colour opens as above; stepping
+onto the other ends the episode with nothing (``terminated``, no success). Nothing after
+phase 1 shows the key's colour, so a policy without memory picks the right door at
+best half the time: it must remember what it picked up. The observation gains a fifth
+channel, ``colour 1`` (the key in the key room, a door in the door room, where their
+colour is 1); ``door`` marks both doors. Requires ``door_ends_episode = 1``.
+
 Host-side ground truth: :func:`key_pickups` (the steps that took the key, from
 observations and actions) and :func:`key_credit` (the door's payoff on those
 steps: the optimal advantage of taking the key over leaving it when the door
@@ -78,6 +88,7 @@ Array = jax.Array
 
 NUM_CHANNELS = 4  # agent, key, apple, door
 NUM_PHASES = 3  # key room, apple room, door room
+OFF_GRID = (-1, -1)  # the position of what is not there: an opened door, the memory version's other door otherwise
 PHASE_NAMES = ("key", "apples", "door")
 
 
@@ -115,7 +126,9 @@ class KeyToDoorState(EnvState):
     ``starts``: int32 ``(3, 2)`` the agent's start cell in each room;
     ``apples``: bool ``(size, size)`` ``[y, x]`` the apples not yet eaten;
     ``has_key``: bool ``()``; ``time``: int32 ``()`` steps taken; ``door_pos``
-    is ``(-1, -1)`` once the door is open (only with ``door_ends_episode = 0``).
+    is ``(-1, -1)`` once the door is open (only with ``door_ends_episode = 0``);
+    ``key_color``: int32 ``()`` (0 unless ``colors = 2``); ``other_door``: the door
+    of the other colour (``(-1, -1)``, off the grid, unless ``colors = 2``).
     """
 
     agent_pos: Array
@@ -124,6 +137,8 @@ class KeyToDoorState(EnvState):
     has_key: Array
     apples: Array
     door_pos: Array
+    key_color: Array
+    other_door: Array
 
 
 # ----------------------------------------------------------------------------- pure pieces
@@ -143,13 +158,14 @@ def phase_fraction(time: Array, params: KeyToDoorParams) -> Array:
     return jnp.clip(frac, 0.0, 1.0)
 
 
-def sample_layout(key: Array, size: int, params: KeyToDoorParams) -> KeyToDoorState:
+def sample_layout(key: Array, size: int, params: KeyToDoorParams, colors: int = 1) -> KeyToDoorState:
     """A random episode start (``time = 0``, agent in the key room); jittable.
 
     One random order of the cells per room: the key room's first cell is the
     agent's start and its second the key; the apple room's first the agent's
     start and the next ``num_apples`` the apples; the door room's first the
-    agent's start and its second the door."""
+    agent's start, its second the door (of the key's colour) and, with
+    ``colors = 2``, its third the other door; the key's colour is a fair coin."""
     cells = size * size
     order = jnp.argsort(jax.random.uniform(key, (NUM_PHASES, cells)), axis=-1).astype(jnp.int32)
     to_pos = lambda i: jnp.stack([i % size, i // size], axis=-1).astype(jnp.int32)
@@ -159,22 +175,24 @@ def sample_layout(key: Array, size: int, params: KeyToDoorParams) -> KeyToDoorSt
     return KeyToDoorState(
         time=jnp.int32(0), agent_pos=starts[0], starts=starts, key_pos=to_pos(order[0, 1]),
         has_key=jnp.bool_(False), apples=apples, door_pos=to_pos(order[2, 1]),
+        key_color=(jax.random.bernoulli(jax.random.fold_in(key, 1)).astype(jnp.int32) if colors == 2
+                   else jnp.int32(0)),
+        other_door=to_pos(order[2, 2]) if colors == 2 else jnp.asarray(OFF_GRID, jnp.int32),
     )
 
 
-def observe(state: KeyToDoorState, params: KeyToDoorParams) -> Array:
-    """Float32 ``(size * size * 4 + 5,)`` observation (see the module docstring)."""
+def observe(state: KeyToDoorState, params: KeyToDoorParams, colors: int = 1) -> Array:
+    """Float32 ``(obs_size(size, colors),)`` observation (see the module docstring)."""
     n = state.apples.shape[0]
     phase = phase_of(state.time, params)
-    grid = jnp.stack(
-        [
-            cell_mask(state.agent_pos, n),
-            jnp.logical_and(cell_mask(state.key_pos, n), jnp.logical_and(phase == 0, jnp.logical_not(state.has_key))),
-            jnp.logical_and(state.apples, phase == 1),
-            jnp.logical_and(cell_mask(state.door_pos, n), phase == 2),
-        ],
-        axis=-1,
-    ).astype(jnp.float32)
+    key_shown = jnp.logical_and(cell_mask(state.key_pos, n), jnp.logical_and(phase == 0, jnp.logical_not(state.has_key)))
+    doors = jnp.logical_and(jnp.logical_or(cell_mask(state.door_pos, n), cell_mask(state.other_door, n)), phase == 2)
+    channels = [cell_mask(state.agent_pos, n), key_shown, jnp.logical_and(state.apples, phase == 1), doors]
+    if colors == 2:
+        color1_door = jnp.where(state.key_color == 1, state.door_pos, state.other_door)
+        channels.append(jnp.logical_or(jnp.logical_and(key_shown, state.key_color == 1),
+                                       jnp.logical_and(cell_mask(color1_door, n), phase == 2)))
+    grid = jnp.stack(channels, axis=-1).astype(jnp.float32)
     tail = jnp.concatenate([
         jax.nn.one_hot(phase, NUM_PHASES, dtype=jnp.float32),
         jnp.logical_and(state.has_key, jnp.logical_or(phase == 0, params.show_carrying != 0)).astype(jnp.float32)[None],
@@ -183,9 +201,9 @@ def observe(state: KeyToDoorState, params: KeyToDoorParams) -> Array:
     return jnp.concatenate([grid.reshape(-1), tail])
 
 
-def obs_size(size: int) -> int:
-    """Length of the observation vector for ``size x size`` rooms."""
-    return size * size * NUM_CHANNELS + NUM_PHASES + 2
+def obs_size(size: int, colors: int = 1) -> int:
+    """Length of the observation vector for ``size x size`` rooms (``colors = 2``: one more channel)."""
+    return size * size * (NUM_CHANNELS + colors - 1) + NUM_PHASES + 2
 
 
 def potential(state: KeyToDoorState, params: KeyToDoorParams) -> Array:
@@ -195,7 +213,7 @@ def potential(state: KeyToDoorState, params: KeyToDoorParams) -> Array:
             * missing).astype(jnp.float32)
 
 
-OPEN_DOOR = (-1, -1)  # door_pos of an opened door (off the grid: not drawn, blocks nothing)
+OPEN_DOOR = OFF_GRID  # door_pos of an opened door (off the grid: not drawn, blocks nothing)
 
 
 def door_open(state: KeyToDoorState) -> Array:
@@ -204,14 +222,16 @@ def door_open(state: KeyToDoorState) -> Array:
 
 
 def transition(key: Array, state: KeyToDoorState, action: Array, params: KeyToDoorParams):
-    """One step: ``(next state, reward, opened, picked)``; ``time`` advanced, the
+    """One step: ``(next state, reward, opened, picked, wrong)``; ``time`` advanced, the
     agent teleported to the next room's start when the step ends a phase, an
-    opened door moved off the grid (``opened``: on this step)."""
+    opened door moved off the grid (``opened``: on this step; ``wrong``: the step
+    went onto the other colour's door)."""
     n = state.apples.shape[0]
     phase = phase_of(state.time, params)
     front = jnp.clip(state.agent_pos + jnp.asarray(DIRS)[jnp.asarray(action, jnp.int32)], 0, n - 1)
     at_door = jnp.logical_and(phase == 2, same_cell(front, state.door_pos))
     opened = jnp.logical_and(at_door, state.has_key)
+    wrong = jnp.logical_and(phase == 2, same_cell(front, state.other_door))
     pos = jnp.where(jnp.logical_and(at_door, jnp.logical_not(state.has_key)), state.agent_pos, front)
     picked = jnp.logical_and(jnp.logical_and(phase == 0, jnp.logical_not(state.has_key)),
                              same_cell(pos, state.key_pos))
@@ -227,7 +247,7 @@ def transition(key: Array, state: KeyToDoorState, action: Array, params: KeyToDo
         apples=jnp.logical_and(state.apples, jnp.logical_not(jnp.logical_and(here, eaten))),
         door_pos=jnp.where(opened, jnp.asarray(OPEN_DOOR, jnp.int32), state.door_pos),
     )
-    return nxt, reward.astype(jnp.float32), opened, picked
+    return nxt, reward.astype(jnp.float32), opened, picked, wrong
 
 
 # ----------------------------------------------------------------------------- environment
@@ -239,11 +259,13 @@ class KeyToDoor(Environment):
 
     optional_outputs = ("dense_reward", "success")
 
-    def __init__(self, size: int = 4, **param_overrides):
+    def __init__(self, size: int = 4, colors: int = 1, **param_overrides):
         if size < 2:
             raise ValueError(f"KeyToDoor needs size >= 2, got {size}")
-        self.size = int(size)
-        self.name = "KeyToDoor-Distractor"
+        if colors not in (1, 2):
+            raise ValueError(f"KeyToDoor colors must be 1 or 2 (the memory version), got {colors}")
+        self.size, self.colors = int(size), int(colors)
+        self.name = "KeyToDoor-Distractor" if colors == 1 else "KeyToDoor-Match"
         base = KeyToDoorParams()
         unknown = sorted(set(param_overrides) - set(KeyToDoorParams.__dataclass_fields__))
         if unknown:
@@ -257,6 +279,9 @@ class KeyToDoor(Environment):
                              f"got {p.num_apples}")
         if int(p.door_ends_episode) not in (0, 1):
             raise ValueError(f"door_ends_episode must be 0 or 1, got {p.door_ends_episode}")
+        if colors == 2 and (int(p.door_ends_episode) != 1 or self.size * self.size < 3):
+            raise ValueError("the memory version (colors=2) needs door_ends_episode=1 and size >= 2 (3 cells in the"
+                             f" door room), got door_ends_episode={p.door_ends_episode}, size={self.size}")
         if min(int(p.key_steps), int(p.apple_steps), int(p.door_steps)) < 1:
             raise ValueError("key_steps, apple_steps and door_steps must be >= 1, got "
                              f"{p.key_steps}, {p.apple_steps}, {p.door_steps}")
@@ -270,24 +295,24 @@ class KeyToDoor(Environment):
         return Discrete(4)
 
     def observation_space(self, params=None) -> Box:
-        return Box(0.0, 1.0, (obs_size(self.size),), jnp.float32)
+        return Box(0.0, 1.0, (obs_size(self.size, self.colors),), jnp.float32)
 
     def potential(self, state: KeyToDoorState, params: KeyToDoorParams | None = None) -> Array:
         """Float32 ``()`` shaping potential ``Phi(state)`` of ``info["dense_reward"]``."""
         return potential(state, self.default_params if params is None else params)
 
     def reset_env(self, key: Array, params: KeyToDoorParams):
-        state = sample_layout(key, self.size, params)
-        return observe(state, params), state
+        state = sample_layout(key, self.size, params, self.colors)
+        return observe(state, params, self.colors), state
 
     def step_env(self, key: Array, state: KeyToDoorState, action: Array, params: KeyToDoorParams):
-        nxt, reward, opened, picked = transition(key, state, action, params)
-        terminated = jnp.logical_and(opened, params.door_ends_episode != 0)
+        nxt, reward, opened, picked, wrong = transition(key, state, action, params)
+        terminated = jnp.logical_or(jnp.logical_and(opened, params.door_ends_episode != 0), wrong)
         dense = shaped_reward(reward, potential(state, params), potential(nxt, params), terminated,
                               params.shaping_gamma)
         info = {"success": door_open(nxt), "dense_reward": dense, "key_picked": picked,
                 "phase": phase_of(nxt.time, params)}
-        return observe(nxt, params), nxt, reward, terminated, info
+        return observe(nxt, params, self.colors), nxt, reward, terminated, info
 
     def render(self, state: KeyToDoorState, params=None) -> str:
         """Text drawing of the current room: ``A`` agent, ``K`` key, ``a`` apple,
@@ -304,23 +329,26 @@ class KeyToDoor(Environment):
                 rows[y][x] = "a"
         if phase == 2 and not bool(door_open(s)):
             rows[int(s.door_pos[1])][int(s.door_pos[0])] = "D"
+        if phase == 2 and self.colors == 2:
+            rows[int(s.other_door[1])][int(s.other_door[0])] = "X"
         rows[int(s.agent_pos[1])][int(s.agent_pos[0])] = "A"
         carrying = "yes" if bool(s.has_key) else "no"
-        return render_rows(rows) + f"\nphase: {PHASE_NAMES[phase]}, carrying key: {carrying}"
+        colour = f", key colour {int(s.key_color)} (D its door, X the other)" if self.colors == 2 else ""
+        return render_rows(rows) + f"\nphase: {PHASE_NAMES[phase]}, carrying key: {carrying}{colour}"
 
 
 # ----------------------------------------------------------------------------- host-side ground truth
-def key_pickups(obs: np.ndarray, action: np.ndarray, size: int) -> np.ndarray:
+def key_pickups(obs: np.ndarray, action: np.ndarray, size: int, colors: int = 1) -> np.ndarray:
     """Bool ``[...]``: the steps that took the key, from observations ``[..., D]``
     and the actions taken ``[...]``: in the key room, with the key on the floor,
     a move onto its cell (nothing blocks a move there, so the move takes it)."""
     obs, action = np.asarray(obs), np.asarray(action)
-    n = size
-    grid = obs[..., : n * n * NUM_CHANNELS].reshape(obs.shape[:-1] + (n * n, NUM_CHANNELS))
+    n, channels = size, NUM_CHANNELS + colors - 1
+    grid = obs[..., : n * n * channels].reshape(obs.shape[:-1] + (n * n, channels))
     agent = np.argmax(grid[..., 0], -1)
     key_there = grid[..., 1] > 0.5
     key_cell = np.argmax(key_there, -1)
-    in_key_room = obs[..., n * n * NUM_CHANNELS] > 0.5
+    in_key_room = obs[..., n * n * channels] > 0.5
     step = DIRS[np.clip(action, 0, 3)]
     tx = np.clip(agent % n + step[..., 0], 0, n - 1)
     ty = np.clip(agent // n + step[..., 1], 0, n - 1)

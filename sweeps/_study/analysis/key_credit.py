@@ -66,7 +66,8 @@ def key_pairs(env, params, key_taken: bool = False):
     state = KeyToDoorState(
         time=jnp.asarray(s[:, 3]), agent_pos=jnp.asarray(s[:, 1:3]), starts=jnp.zeros((p, 3, 2), jnp.int32),
         key_pos=jnp.stack([s[:, 0] % n, s[:, 0] // n], -1).astype(jnp.int32),
-        has_key=jnp.full((p,), key_taken), apples=jnp.zeros((p, n, n), bool), door_pos=jnp.zeros((p, 2), jnp.int32))
+        has_key=jnp.full((p,), key_taken), apples=jnp.zeros((p, n, n), bool), door_pos=jnp.zeros((p, 2), jnp.int32),
+        key_color=jnp.zeros((p,), jnp.int32), other_door=jnp.full((p, 2), -1, jnp.int32))
     obs = np.repeat(np.asarray(jax.vmap(observe, (0, None))(state, params)), NUM_MOVES, axis=0)
     action = np.tile(np.arange(NUM_MOVES, dtype=np.int32), p)
     step = DIRS[action]
