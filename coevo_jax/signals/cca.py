@@ -55,17 +55,17 @@ import jax
 import jax.numpy as jnp
 
 from coevo_jax.encoding import encode_obs, obs_vocab
-from coevo_jax.episodes import buffer_mask, discounted_to_go, refit_ready, to_time_order
-from coevo_jax.fit import fit, init_optimizer, make_optimizer, refit_steps, refit_when
+from coevo_jax.episodes import buffer_mask, discounted_to_go, to_time_order
+from coevo_jax.fit import fit, init_optimizer
 from coevo_jax.networks import orthogonal
 from coevo_jax.params import default_of, hyperparams, weight
 from coevo_jax.registry import MethodSpec, register_method
 from coevo_jax.reward_net import HEAD_GAIN, RewardNetStatic
-from coevo_jax.signals.base import REFIT_STEPS, RewardStreams, Signal, SignalParams, float_metrics
+from coevo_jax.signals.base import RewardStreams, Signal, SignalParams, float_metrics
 from coevo_jax.signals.hca import bayes_logits, hindsight_loss
 from coevo_jax.signals.learned import RewardNetParams
 from coevo_jax.signals.q_advantage import action_credit, q_loss
-from coevo_jax.signals.replay_model import ReplayModelState, replay_model
+from coevo_jax.signals.replay_model import ReplayModelState, refit_replay_model, replay_model
 
 CUT_SHARE = 0.5  # the share of replayed episodes whose future is cut for a fitting step
 
@@ -202,29 +202,22 @@ def make_cca(static, network, env, env_params) -> Signal:
         return ReplayModelState(params, init_optimizer(params), model.init_replay(traj))
 
     def update(state: ReplayModelState, traj, policy, hp, key):
-        buf = state.replay.train
-        data = fit_data(buf, hp.ppo.gamma)
-        step_size = hp.signal.reward_lr_ratio * hp.ppo.lr * policy.lr_frac
-        tx = make_optimizer(hp.signal.reward_max_grad_norm, step_size)
-        steps = refit_steps(static.signal.reward_steps, static, hp)
+        data = fit_data(state.replay.train, hp.ppo.gamma)
 
-        def refit(learner):
-            params, opt_state = learner
-
+        def refit(params, opt_state, tx, steps):
             def loss_fn(p, cuts):
                 lq, lh, li = cca_losses(nets, p, *data[:-1], *cuts)
                 return lq + lh + hp.signal.indep_coef * li, {"q_loss": lq, "h_loss": lh, "indep_kl": li}
 
-            params, opt_state, ms = fit(loss_fn, params, opt_state, tx, lambda k: cut_episodes(k, data[-1], data[0].shape[0]),
-                                        key, steps=steps)
-            metrics = {"first_q_loss": ms["q_loss"][0], "q_loss": ms["q_loss"][-1], "h_loss": ms["h_loss"][-1],
-                       "indep_kl": ms["indep_kl"][-1], "cca_grad_norm": ms["grad_norm"][-1],
-                       "reward_step_size": step_size, REFIT_STEPS: steps}
-            return (params, opt_state), float_metrics(metrics)
+            def draw_cuts(k):
+                return cut_episodes(k, data[-1], data[0].shape[0])
 
-        (params, opt_state), metrics = refit_when(refit_ready(buf, hp), refit, (state.params, state.opt_state))
-        metrics["buffer_size"] = buf.valid.sum().astype(jnp.float32)
-        return state.replace(params=params, opt_state=opt_state), metrics
+            params, opt_state, ms = fit(loss_fn, params, opt_state, tx, draw_cuts, key, steps=steps)
+            return params, opt_state, {"first_q_loss": ms["q_loss"][0], "q_loss": ms["q_loss"][-1],
+                                       "h_loss": ms["h_loss"][-1], "indep_kl": ms["indep_kl"][-1],
+                                       "cca_grad_norm": ms["grad_norm"][-1]}
+
+        return refit_replay_model(state, policy, hp, static, refit)
 
     def rewards(state: ReplayModelState, traj, hp):
         x, r, end = model.inputs(traj), traj.reward.astype(jnp.float32), traj.episode_done

@@ -60,17 +60,17 @@ import jax
 import jax.numpy as jnp
 
 from coevo_jax.encoding import encode_obs, obs_vocab
-from coevo_jax.episodes import buffer_mask, discounted_to_go, refit_ready
-from coevo_jax.fit import fit, init_optimizer, make_optimizer, refit_steps, refit_when
+from coevo_jax.episodes import buffer_mask, discounted_to_go
+from coevo_jax.fit import fit, init_optimizer
 from coevo_jax.networks import orthogonal
 from coevo_jax.params import default_of, hyperparams, param, weight
 from coevo_jax.ppo import gae
 from coevo_jax.registry import MethodSpec, register_method
 from coevo_jax.reward_net import RewardNetStatic
-from coevo_jax.signals.base import REFIT_STEPS, RewardStreams, Signal, SignalParams, float_metrics
+from coevo_jax.signals.base import RewardStreams, Signal, SignalParams, float_metrics
 from coevo_jax.signals.learned import RewardNetParams
 from coevo_jax.signals.q_advantage import taken
-from coevo_jax.signals.replay_model import ReplayModelState, replay_model
+from coevo_jax.signals.replay_model import ReplayModelState, refit_replay_model, replay_model
 
 
 class HindsightNet(nn.Module):
@@ -148,27 +148,18 @@ def make_hca(static, network, env, env_params) -> Signal:
         return ReplayModelState(params, init_optimizer(params), replay)
 
     def update(state: ReplayModelState, traj, policy, hp, key):
-        buf = state.replay.train
-        x, actions, z, probs, mask = fit_data(buf, hp.ppo.gamma)
-        step_size = hp.signal.reward_lr_ratio * hp.ppo.lr * policy.lr_frac
-        tx = make_optimizer(hp.signal.reward_max_grad_norm, step_size)
-        steps = refit_steps(static.signal.reward_steps, static, hp)
+        x, actions, z, probs, mask = fit_data(state.replay.train, hp.ppo.gamma)
 
-        def refit(learner):
-            params, opt_state = learner
-
+        def refit(params, opt_state, tx, steps):
             def loss_fn(p, batch):
                 loss = hindsight_loss(bayes_logits(probs, net.apply(p, batch, z)), actions, mask)
                 return loss, {"h_loss": loss}
 
             params, opt_state, ms = fit(loss_fn, params, opt_state, tx, lambda _: x, key, steps=steps)
-            metrics = {"first_h_loss": ms["h_loss"][0], "h_loss": ms["h_loss"][-1], "h_grad_norm": ms["grad_norm"][-1],
-                       "reward_step_size": step_size, REFIT_STEPS: steps}
-            return (params, opt_state), float_metrics(metrics)
+            return params, opt_state, {"first_h_loss": ms["h_loss"][0], "h_loss": ms["h_loss"][-1],
+                                       "h_grad_norm": ms["grad_norm"][-1]}
 
-        (params, opt_state), metrics = refit_when(refit_ready(buf, hp), refit, (state.params, state.opt_state))
-        metrics["buffer_size"] = buf.valid.sum().astype(jnp.float32)
-        return state.replace(params=params, opt_state=opt_state), metrics
+        return refit_replay_model(state, policy, hp, static, refit)
 
     def rewards(state: ReplayModelState, traj, hp):
         z = rollout_returns(traj, hp.ppo.gamma)

@@ -15,8 +15,12 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from coevo_jax.episodes import VAL_EVERY, EpisodeReplay, add_rollout, episode_window, init_replay, replay_episodes
+from coevo_jax.episodes import (
+    VAL_EVERY, EpisodeReplay, add_rollout, episode_window, init_replay, refit_ready, replay_episodes,
+)
+from coevo_jax.fit import make_optimizer, refit_steps, refit_when
 from coevo_jax.reward_net import reward_inputs
+from coevo_jax.signals.base import REFIT_STEPS, float_metrics
 
 
 @struct.dataclass
@@ -66,3 +70,23 @@ def replay_model(static, env, env_params, with_probs: bool, method: str) -> Repl
         return state.replace(replay=replay), {}
 
     return ReplayModel(inputs, init, observe)
+
+
+def refit_replay_model(state: ReplayModelState, policy, hp, static, refit: Callable):
+    """The method's ``update``: ``refit(params, opt_state, tx, steps) -> (params, opt_state, metrics)``
+    with Adam at ``hp.signal.reward_lr_ratio`` times the policy's lr of the iteration
+    (``hp.signal.reward_max_grad_norm``) for ``static.signal.reward_steps`` steps (times ``K`` under
+    ``refit_steps_per_k``), when the training buffer holds ``hp.signal.min_refit_episodes`` complete
+    episodes (else nothing changes). Returns ``(state, metrics)``."""
+    buf = state.replay.train
+    step_size = hp.signal.reward_lr_ratio * hp.ppo.lr * policy.lr_frac
+    tx = make_optimizer(hp.signal.reward_max_grad_norm, step_size)
+    steps = refit_steps(static.signal.reward_steps, static, hp)
+
+    def run(learner):
+        params, opt_state, metrics = refit(*learner, tx, steps)
+        return (params, opt_state), float_metrics({**metrics, "reward_step_size": step_size, REFIT_STEPS: steps})
+
+    (params, opt_state), metrics = refit_when(refit_ready(buf, hp), run, (state.params, state.opt_state))
+    metrics["buffer_size"] = buf.valid.sum().astype(jnp.float32)
+    return state.replace(params=params, opt_state=opt_state), metrics

@@ -185,7 +185,8 @@ def observe(state: KeyToDoorState, params: KeyToDoorParams, colors: int = 1) -> 
     """Float32 ``(obs_size(size, colors),)`` observation (see the module docstring)."""
     n = state.apples.shape[0]
     phase = phase_of(state.time, params)
-    key_shown = jnp.logical_and(cell_mask(state.key_pos, n), jnp.logical_and(phase == 0, jnp.logical_not(state.has_key)))
+    on_floor = jnp.logical_and(phase == 0, jnp.logical_not(state.has_key))
+    key_shown = jnp.logical_and(cell_mask(state.key_pos, n), on_floor)
     doors = jnp.logical_and(jnp.logical_or(cell_mask(state.door_pos, n), cell_mask(state.other_door, n)), phase == 2)
     channels = [cell_mask(state.agent_pos, n), key_shown, jnp.logical_and(state.apples, phase == 1), doors]
     if colors == 2:
@@ -355,9 +356,9 @@ def key_pickups(obs: np.ndarray, action: np.ndarray, size: int, colors: int = 1)
     return in_key_room & key_there.any(-1) & (ty * n + tx == key_cell)
 
 
-def key_credit(obs: np.ndarray, action: np.ndarray, size: int, door_reward: float) -> np.ndarray:
+def key_credit(obs: np.ndarray, action: np.ndarray, size: int, door_reward: float, colors: int = 1) -> np.ndarray:
     """Float64 ``[...]``: the ground-truth credit of each step for the door's payoff:
     ``door_reward`` on the steps that took the key (:func:`key_pickups`), 0
     elsewhere (the optimal advantage of taking the key over leaving it, when the
     door can be reached)."""
-    return np.where(key_pickups(obs, action, size), float(door_reward), 0.0)
+    return np.where(key_pickups(obs, action, size, colors), float(door_reward), 0.0)

@@ -68,7 +68,7 @@ def key_pairs(env, params, key_taken: bool = False):
         key_pos=jnp.stack([s[:, 0] % n, s[:, 0] // n], -1).astype(jnp.int32),
         has_key=jnp.full((p,), key_taken), apples=jnp.zeros((p, n, n), bool), door_pos=jnp.zeros((p, 2), jnp.int32),
         key_color=jnp.zeros((p,), jnp.int32), other_door=jnp.full((p, 2), -1, jnp.int32))
-    obs = np.repeat(np.asarray(jax.vmap(observe, (0, None))(state, params)), NUM_MOVES, axis=0)
+    obs = np.repeat(np.asarray(jax.vmap(lambda st: observe(st, params, env.colors))(state)), NUM_MOVES, axis=0)
     action = np.tile(np.arange(NUM_MOVES, dtype=np.int32), p)
     step = DIRS[action]
     tx, ty = s[:, 1].repeat(NUM_MOVES) + step[:, 0], s[:, 2].repeat(NUM_MOVES) + step[:, 1]
@@ -80,7 +80,7 @@ def key_truth(env, params) -> np.ndarray:
     """Float64 ``[P*4]``: the env's own ground-truth credit (:func:`~envs_jax.grid.keytodoor.key_credit`) of
     :func:`key_pairs` with the key on the floor."""
     obs, action = key_pairs(env, params)[:2]
-    return key_credit(obs, action, env.size, float(params.door_reward))
+    return key_credit(obs, action, env.size, float(params.door_reward), env.colors)
 
 
 def key_scores(reward: np.ndarray, toward: np.ndarray, on_grid: np.ndarray, truth: np.ndarray) -> dict:
