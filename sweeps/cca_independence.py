@@ -26,7 +26,7 @@ import numpy as np
 
 from _study.analysis.luck_bandit import STEPS, fit_cca, fit_q_advantage, luck_episodes, true_credit
 
-COEFS = (0.0, 1.0, 3.0, 10.0, 30.0, 100.0)
+COEFS = (0.0, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0)  # the tuning range is [0.1, 1000]
 RECOVERED = 0.5  # a seed recovers the credit when its mean credit of right choices is at least this
 
 

@@ -13,9 +13,11 @@ model ``Q(x_t, Phi_t, a)`` is fit to the return that followed. Each step is paid
 environment's noise) given to the return model, so that its regression target
 loses the variance the action did not cause. ``Phi_t`` must not tell the action:
 a hindsight classifier ``h(a | x_t, Phi_t)`` is fit by cross-entropy to the
-action taken, and ``Phi``'s own parameters minimise the paper's independence
-loss ``KL(pi(. | x_t) || h(. | x_t, Phi_t))`` (``hp.signal.indep_coef``), which
-is 0 only when ``Phi_t`` holds nothing about ``a_t`` beyond ``x_t``. Then
+action taken, and ``Phi``'s own parameters minimise an independence loss,
+``KL(pi(. | x_t) || h(. | x_t, Phi_t))`` (``hp.signal.indep_coef``), which is 0
+only when the classifier can tell nothing about ``a_t`` beyond ``x_t`` (the
+paper's constraint, ``Phi_t`` independent of ``A_t`` given ``X_t``; we did not
+have its exact loss at hand, this one has the same minimiser). Then
 ``Q(x_t, Phi_t, a)`` for an action not taken is a counterfactual: the return
 the other action would have had in the same luck. ``c_t`` has mean 0 under the
 policy at every step for any ``Phi`` (no living reward); where the action
@@ -36,6 +38,14 @@ Deviations, each for a reason the paper's setting does not have:
   step the same way (each fitting step draws new cuts), so ``Q(x, Phi, a)`` on
   a cut future is the return expected from what was seen.
 * ``Phi`` reads the later steps' inputs and rewards, not their actions.
+* the three models share one Adam (``reward_lr_ratio``); the paper's separate
+  learning rates are not exposed.
+
+Whether the independence loss keeps an outcome out of ``Phi`` is measured, with
+ground truth, by ``sweeps/cca_independence.py``: without it ``Phi`` reads the
+outcome and the credit at the choice collapses; with it the game between ``Phi``
+and ``h`` recovers the credit on some seeds only, and biases it where no leak
+was possible.
 * the credit is added to the environment's reward and PPO's GAE runs on the sum
   (the library's interface, as ``q-advantage`` and ``hca``), a single-sample
   form of the paper's all-action gradient ``sum_a grad pi(a | x) Q(x, Phi, a)``.
