@@ -165,3 +165,32 @@ def test_part_two_of_the_verdict_rule_holds_only_where_the_choice_is_paid_more_t
     paired = mod.decision_credit(last + 0.002, last)  # a small gap, but in every seed: the pairing shows it
     assert paired["part 2"] == "holds" and paired["difference [95% CI]"].startswith("0.0020 [0.0020, 0.0020]")
     assert mod.decision_credit(last + 0.002, rng.permutation(last) + 0.004)["part 2"] == "fails"
+
+
+def test_cca_pairs_are_scored_with_the_policy_mean_removed_on_both_policies():
+    """cca's score of the pairs of a cue has mean 0 under the snapshot's policy at that step (its credit
+    is Q(x, Phi, a) - sum_b pi(b | x) Q(x, Phi, b) with Phi read from the pair's episode), with the
+    feed-forward policy on the observation and with the GRU on its hidden state; the perturbed models
+    make the check non-trivial."""
+    from coevo_jax.ppo import policy_outputs
+
+    env, params = envs_jax.make("DelayedChain", num_choices=3, length=4, hide_cue=1)
+    for over in ({"reward_input": "obs"}, {"network": "gru", "gru_size": 8, "num_minibatches": 2}):
+        static = static_config("cca", num_envs=2, rollout_len=8, total_steps=16, **over)
+        trainer = Trainer(static, env, params)
+        hp = jax.tree.map(lambda x: np.stack([x, x]), cj.default_hparams(static.method))
+        state = jax.vmap(trainer.init)(jax.random.split(jax.random.PRNGKey(0), 2), hp)
+        state = state.replace(signal_state=state.signal_state.replace(params=jax.tree.map(
+            lambda x: x + 0.3 * jax.random.normal(jax.random.PRNGKey(5), x.shape), state.signal_state.params)))
+        got = choice_rewards(trainer, state)  # [2 seeds, 9 pairs], cue-major
+        assert got.shape == (2, 9) and np.abs(got).max() > 1e-3
+        obs = choice_pairs(3)[0][::3]  # each cue's observation at the choice
+        for i in range(2):
+            if over.get("network") == "gru":
+                first = np.ones((3, 1), bool)
+                logits = trainer.network.apply(jax.tree.map(lambda x: x[i], state.params), np.zeros((3, 8), np.float32),
+                                               obs[:, None], first)[1][0][:, 0]
+            else:
+                logits = policy_outputs(trainer.network, jax.tree.map(lambda x: x[i], state.params), obs)[0]
+            pi = np.asarray(jax.nn.softmax(logits), np.float64)
+            np.testing.assert_allclose((pi * got[i].reshape(3, 3)).sum(-1), 0.0, atol=1e-5)
