@@ -102,6 +102,9 @@ def pair_rewards(trainer, states, obs: np.ndarray, action: np.ndarray, z: float,
     static = trainer.static
     if static.method not in REWARD_METHODS:
         raise ValueError(f"method {static.method!r} has no learned reward of (state, action); one of {REWARD_METHODS}")
+    if static.method == "cca":
+        raise ValueError("cca's credit reads the pair's future (Phi): it is scored on the chain by cca_choice_rewards,"
+                         " not from (observation, action) pairs alone")
     recurrent = is_recurrent(trainer.network)
     if recurrent and histories is None:
         raise ValueError("a recurrent policy reads each pair's history: pass histories [P, n, D]")
