@@ -72,6 +72,11 @@ CANDIDATES = {
     # ... with the feed-forward policy, which cannot remember the colour
     "keytodoor-match": ("KeyToDoor-Match", {"apple_reward": 1.0}, 131_072, 16, 64,
                         {"reward_input": "obs", "buffer_episodes": 256, "reward_steps": 8}),
+    # ... without the apples, twice the budget: does memory pay (a policy without it succeeds at most half the time)?
+    "keytodoor-match-a0-gru": ("KeyToDoor-Match", {"apple_reward": 0.0}, 262_144, 16, 64,
+                               {"network": "gru", "buffer_episodes": 256, "reward_steps": 8}),
+    "keytodoor-match-a0": ("KeyToDoor-Match", {"apple_reward": 0.0}, 262_144, 16, 64,
+                           {"reward_input": "obs", "buffer_episodes": 256, "reward_steps": 8}),
     # the memory chain's easier settings, the recurrent policy's learning check: no distractor noise
     "memchain-l4-n0-gru": ("DelayedChain", {"length": 4, "noise_std": 0.0, "hide_cue": 1}, 32_768, 16, 64,
                            {"network": "gru", "buffer_episodes": 256, "reward_steps": 8}),
