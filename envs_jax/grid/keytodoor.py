@@ -280,9 +280,9 @@ class KeyToDoor(Environment):
                              f"got {p.num_apples}")
         if int(p.door_ends_episode) not in (0, 1):
             raise ValueError(f"door_ends_episode must be 0 or 1, got {p.door_ends_episode}")
-        if colors == 2 and (int(p.door_ends_episode) != 1 or self.size * self.size < 3):
-            raise ValueError("the memory version (colors=2) needs door_ends_episode=1 and size >= 2 (3 cells in the"
-                             f" door room), got door_ends_episode={p.door_ends_episode}, size={self.size}")
+        if colors == 2 and int(p.door_ends_episode) != 1:
+            raise ValueError("the memory version (colors=2) needs door_ends_episode=1 (the wrong door ends the"
+                             f" episode), got door_ends_episode={p.door_ends_episode}")
         if min(int(p.key_steps), int(p.apple_steps), int(p.door_steps)) < 1:
             raise ValueError("key_steps, apple_steps and door_steps must be >= 1, got "
                              f"{p.key_steps}, {p.apple_steps}, {p.door_steps}")
