@@ -77,6 +77,13 @@ CANDIDATES = {
                                {"network": "gru", "buffer_episodes": 256, "reward_steps": 8}),
     "keytodoor-match-a0": ("KeyToDoor-Match", {"apple_reward": 0.0}, 262_144, 16, 64,
                            {"reward_input": "obs", "buffer_episodes": 256, "reward_steps": 8}),
+    # ... small: 3x3 rooms, 4 steps per phase, no apples (the memory spans 8 steps)
+    "keytodoor-match-s3-gru": ("KeyToDoor-Match", {"size": 3, "key_steps": 4, "apple_steps": 4, "door_steps": 4,
+                                                   "apple_reward": 0.0}, 131_072, 16, 64,
+                               {"network": "gru", "buffer_episodes": 256, "reward_steps": 8}),
+    "keytodoor-match-s3": ("KeyToDoor-Match", {"size": 3, "key_steps": 4, "apple_steps": 4, "door_steps": 4,
+                                               "apple_reward": 0.0}, 131_072, 16, 64,
+                           {"reward_input": "obs", "buffer_episodes": 256, "reward_steps": 8}),
     # the memory chain's easier settings, the recurrent policy's learning check: no distractor noise
     "memchain-l4-n0-gru": ("DelayedChain", {"length": 4, "noise_std": 0.0, "hide_cue": 1}, 32_768, 16, 64,
                            {"network": "gru", "buffer_episodes": 256, "reward_steps": 8}),
