@@ -30,7 +30,6 @@ import json
 import os
 import sys
 
-import numpy as np
 
 from coevo_jax.config import ConfigError, StaticConfig
 from coevo_jax.experiment import Arm, Study
