@@ -44,16 +44,9 @@ def rows(outcome_last: bool, seeds: int, episodes: int, coefs) -> list[tuple[str
     return out
 
 
-def ci(x: np.ndarray) -> str:
-    """``"IQM [low, high]"`` over seeds (rliable's stratified bootstrap)."""
-    from coevo_jax.analysis.stats import bootstrap_ci, iqm
-
-    return "{:.3f} [{:.3f}, {:.3f}]".format(iqm(x), *bootstrap_ci(x, iqm))
-
-
 def table(rows_) -> str:
     """The Markdown table of :func:`rows` (module docstring's columns)."""
-    from coevo_jax.analysis.stats import iqm
+    from coevo_jax.analysis.stats import iqm, iqm_text
 
     lines = ["| arm | credit of right choices IQM [95% CI] (truth 0.75) | credit of wrong choices IQM [95% CI]"
              " (truth -0.25) | RMS error to the truth, IQM | recovered |", "|---|---|---|---|---|"]
@@ -62,7 +55,7 @@ def table(rows_) -> str:
         per_right = np.array([c[m].mean() for c, m in zip(credit, right)])
         per_wrong = np.array([c[~m].mean() for c, m in zip(credit, right)])
         rms = np.sqrt(((credit - truth) ** 2).mean(-1))
-        lines.append(f"| {arm} | {ci(per_right)} | {ci(per_wrong)} | {iqm(rms):.3f} "
+        lines.append(f"| {arm} | {iqm_text(per_right, digits=3)} | {iqm_text(per_wrong, digits=3)} | {iqm(rms):.3f} "
                      f"| {(per_right >= RECOVERED).mean():.2f} |")
     return "\n".join(lines)
 

@@ -96,3 +96,12 @@ def test_cca_is_registered_with_its_declared_range():
     assert float(cj.default_hparams("cca").signal.indep_coef) == 1.0
     with pytest.raises(cj.ConfigError, match="indep_coef"):
         cj.validate_hparams(cj.default_hparams("cca", indep_coef=-1.0))
+
+
+def test_cca_independence_refuses_too_few_seeds_or_episodes_before_fitting(capsys):
+    import cca_independence
+
+    for argv, field in ((["--seeds", "1"], "--seeds"), (["--episodes", "8"], "--episodes")):
+        with pytest.raises(SystemExit):
+            cca_independence.main(argv)
+        assert field in capsys.readouterr().err

@@ -152,6 +152,11 @@ def future_cut(end: jax.Array) -> jax.Array:
     return ~jax.lax.cummax(end[::-1].astype(jnp.int32), axis=0)[::-1].astype(bool)
 
 
+def episode_ends(kept: jax.Array, max_len: int) -> jax.Array:
+    """``[L, E]`` bool, time-major: the last step of each of ``E`` time-ordered episodes of ``kept [E]`` steps."""
+    return jnp.arange(max_len)[:, None] == kept[None, :] - 1
+
+
 def cut_episodes(key: jax.Array, kept: jax.Array, max_len: int):
     """Random cuts of ``E`` time-ordered episodes of ``kept [E]`` steps: ``(end [L, E], cut [L, E])``
     bool, time-major. A share :data:`CUT_SHARE` of the episodes of 2 steps or more see their
@@ -162,8 +167,7 @@ def cut_episodes(key: jax.Array, kept: jax.Array, max_len: int):
     c = jax.random.randint(k_where, (e,), 1, jnp.maximum(kept, 2))
     c = jnp.where((jax.random.uniform(k_which, (e,)) < CUT_SHARE) & (kept >= 2), c, 0)  # 0: no cut
     t = jnp.arange(max_len)[:, None]
-    end = (t == kept[None, :] - 1) | (t == c[None, :] - 1)
-    return end, t < c[None, :]
+    return episode_ends(kept, max_len) | (t == c[None, :] - 1), t < c[None, :]
 
 
 def make_cca_nets(static, env, env_params):
@@ -194,33 +198,34 @@ def make_cca(static, network, env, env_params) -> Signal:
     model = replay_model(static, env, env_params, with_probs=True, method="cca")
 
     def fit_data(buf, gamma):
-        """The buffer in time-major time order: ``x [L, E, D]``, ``r, action, return-to-go, mask
-        [L, E]``, acting ``probs [L, E, A]``, ``kept [E]``."""
+        """``(batch, kept [E])``: the buffer in time-major time order, ``batch = (x [L, E, D], r, action,
+        return-to-go, mask [L, E], acting probs [L, E, A])`` (:func:`cca_losses`'s data)."""
         mask = buffer_mask(buf)
         ret = discounted_to_go(buf.steps["reward"] * mask, buf.length, gamma)
         order = lambda v: jnp.swapaxes(to_time_order(v, buf.length), 0, 1)  # noqa: E731
-        kept = jnp.minimum(buf.length, mask.shape[1])
-        return (order(buf.steps["x"]), order(buf.steps["reward"]), order(buf.steps["action"]), order(ret),
-                order(mask), order(buf.steps["probs"]), kept)
+        batch = tuple(order(v) for v in (buf.steps["x"], buf.steps["reward"], buf.steps["action"], ret, mask,
+                                         buf.steps["probs"]))
+        return batch, jnp.minimum(buf.length, mask.shape[1])
 
     def init(key, traj, hp):
         x = model.inputs(traj)
         k_stat, k_q, k_h = jax.random.split(key, 3)
         r, end = traj.reward.astype(jnp.float32), traj.episode_done
-        phi = stat_net.apply(stat := stat_net.init(k_stat, x, r, end, end), x, r, end, end)
+        stat = stat_net.init(k_stat, x, r, end, end)
+        phi = stat_net.apply(stat, x, r, end, end)
         params = {"stat": stat, "q": q_net.init(k_q, x[0], phi[0]), "h": h_net.init(k_h, x[0], phi[0])}
         return ReplayModelState(params, init_optimizer(params), model.init_replay(traj))
 
     def update(state: ReplayModelState, traj, policy, hp, key):
-        data = fit_data(state.replay.train, hp.ppo.gamma)
+        batch, kept = fit_data(state.replay.train, hp.ppo.gamma)
 
         def refit(params, opt_state, tx, steps):
             def loss_fn(p, cuts):
-                lq, lh, li = cca_losses(nets, p, *data[:-1], *cuts)
+                lq, lh, li = cca_losses(nets, p, *batch, *cuts)
                 return lq + lh + hp.signal.indep_coef * li, {"q_loss": lq, "h_loss": lh, "indep_kl": li}
 
             def draw_cuts(k):
-                return cut_episodes(k, data[-1], data[0].shape[0])
+                return cut_episodes(k, kept, batch[0].shape[0])
 
             params, opt_state, ms = fit(loss_fn, params, opt_state, tx, draw_cuts, key, steps=steps)
             return params, opt_state, {"first_q_loss": ms["q_loss"][0], "q_loss": ms["q_loss"][-1],
@@ -234,9 +239,9 @@ def make_cca(static, network, env, env_params) -> Signal:
         cut = future_cut(end)
         q = q_net.apply(state.params["q"], x, stat_net.apply(state.params["stat"], x, r, end, cut))
         credit = action_credit(q, traj.probs, traj.action)
-        val = fit_data(state.replay.val, hp.ppo.gamma)
-        v_end = jnp.arange(val[0].shape[0])[:, None] == val[-1][None, :] - 1
-        v_q, v_h, v_i = cca_losses(nets, state.params, *val[:-1], v_end, jnp.zeros_like(v_end))
+        val, v_kept = fit_data(state.replay.val, hp.ppo.gamma)
+        v_end = episode_ends(v_kept, val[0].shape[0])
+        v_q, v_h, v_i = cca_losses(nets, state.params, *val, v_end, jnp.zeros_like(v_end))
         metrics = {
             "r_int_mean": credit.mean(),  # mean 0 in expectation under the policy
             "r_int_var": credit.var(),

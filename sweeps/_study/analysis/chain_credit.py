@@ -86,6 +86,21 @@ def choice_rewards(trainer, states, elapsed: float = 0.0) -> np.ndarray:
     return pair_rewards(trainer, states, obs, action, float(trainer.env_params.outcome_reward), hist)
 
 
+def along_histories(network, policy_params, hist):
+    """``(logits [P, n, A], features [P, n, H])`` of a policy at every step of the histories
+    ``hist [P, n, D]``: a recurrent one from a fresh carry at each history's first step, a
+    feed-forward one step by step."""
+    from coevo_jax.ppo import policy_outputs
+    from coevo_jax.recurrent import is_recurrent
+
+    if not is_recurrent(network):
+        logits, _, features = policy_outputs(network, policy_params, hist)
+        return logits, features
+    first = jnp.zeros(hist.shape[:2], bool).at[:, 0].set(True)
+    _, (logits, _, features) = network.apply(policy_params, network.initialize_carry(hist.shape[:1]), hist, first)
+    return logits, features
+
+
 def pair_rewards(trainer, states, obs: np.ndarray, action: np.ndarray, z: float,
                  histories: np.ndarray | None = None) -> np.ndarray:
     """The learned reward ``[R, P]`` of stacked :class:`~coevo_jax.train.TrainState` (leaves ``[R, ...]``)
@@ -118,10 +133,7 @@ def pair_rewards(trainer, states, obs: np.ndarray, action: np.ndarray, z: float,
         if not recurrent:
             logits, _, features = policy_outputs(trainer.network, policy_params, jnp.asarray(obs))
             return logits, features
-        hist = jnp.asarray(histories)
-        first = jnp.zeros(hist.shape[:2], bool).at[:, 0].set(True)
-        _, (logits, _, features) = trainer.network.apply(
-            policy_params, trainer.network.initialize_carry(hist.shape[:1]), hist, first)
+        logits, features = along_histories(trainer.network, policy_params, jnp.asarray(histories))
         return logits[:, -1], features[:, -1]
 
     def one(policy_params, reward_params):
@@ -147,8 +159,6 @@ def cca_choice_rewards(trainer, states, elapsed: float = 0.0) -> np.ndarray:
     the whole chain of its cue (:func:`choice_histories` to the last step; the observations do not
     depend on the action), without distractor noise and with the outcome paid at the end (a
     success), and ``Phi`` at the pair's step is read from the steps after it."""
-    from coevo_jax.ppo import policy_outputs
-    from coevo_jax.recurrent import is_recurrent
     from coevo_jax.signals.cca import make_cca_nets
     from coevo_jax.signals.q_advantage import action_credit
 
@@ -162,17 +172,8 @@ def cca_choice_rewards(trainer, states, elapsed: float = 0.0) -> np.ndarray:
     obs_input = static.signal.reward_input == "obs"
     stat_net, q_net, _ = make_cca_nets(static, env, params)
 
-    def policy(policy_params):  # (logits [L, P, A], features [L, P, H]) along each pair's episode
-        if not is_recurrent(trainer.network):
-            logits, _, features = policy_outputs(trainer.network, policy_params, hist)
-        else:
-            first = jnp.zeros(hist.shape[:2], bool).at[:, 0].set(True)
-            _, (logits, _, features) = trainer.network.apply(
-                policy_params, trainer.network.initialize_carry(hist.shape[:1]), hist, first)
-        return jnp.swapaxes(logits, 0, 1), jnp.swapaxes(features, 0, 1)
-
-    def one(policy_params, model_params):
-        logits, features = policy(policy_params)
+    def one(policy_params, model_params):  # logits [L, P, A], features [L, P, H] along each pair's episode
+        logits, features = (jnp.swapaxes(v, 0, 1) for v in along_histories(trainer.network, policy_params, hist))
         x = jnp.swapaxes(hist, 0, 1) if obs_input else features
         phi = stat_net.apply(model_params["stat"], x, r, end, jnp.zeros_like(end))
         q = q_net.apply(model_params["q"], x[step], phi[step])
