@@ -44,6 +44,7 @@ Three tables:
     python sweeps/chain_credit.py --num-seeds 8 --methods ppo,dense,coevo-regression
     python sweeps/chain_credit.py --task keytodoor-a1     # credit at the key pick-up
     python sweeps/chain_credit.py --methods ppo,hca --noise-std 0   # the chain without its distractor noise
+    python sweeps/chain_credit.py --task memchain-l16-n05-gru --hide-cue 0 --total-steps 262144   # cue shown, longer
 
 Outputs (``--out``, default ``results/chain_credit``): the study folder,
 ``chain_credit.md`` / ``.csv``, ``choice_credit.csv``, ``decision_credit.md`` and ``choice_credit.png``
@@ -51,6 +52,7 @@ Outputs (``--out``, default ``results/chain_credit``): the study folder,
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -105,6 +107,12 @@ def build_parser():
     p.add_argument("--noise-std", type=float, default=None, metavar="X",
                    help="DelayedChain only: the std of the distractor rewards, >= 0, in place of the task's; every"
                         " arm keeps the values tuned on the task (default: the task's)")
+    p.add_argument("--hide-cue", type=int, default=None, metavar="H",
+                   help="DelayedChain only: 1 shows the cue at the first step only, 0 at every step, in place of the"
+                        " task's; every arm keeps the values tuned on the task (default: the task's)")
+    p.add_argument("--total-steps", type=int, default=None, metavar="S",
+                   help="env steps per run, >= 1, in place of the task's budget; every arm keeps the values tuned at"
+                        " the task's budget (default: the task's)")
     add_admitted_option(p, os.path.join(HERE, "admitted_tasks.json"))
     options.add_study_options(p, 20, THRESHOLD)
     p.set_defaults(num_chunks=4)
@@ -125,13 +133,22 @@ def studies(args) -> list:
             raise ConfigError(f"--noise-std={args.noise_std} must be >= 0, on a DelayedChain task (--task {task.task}"
                               f" runs on {task.env})")
         env_kwargs["noise_std"] = args.noise_std
+    if args.hide_cue is not None:
+        if task.env != "DelayedChain" or args.hide_cue not in (0, 1):
+            raise ConfigError(f"--hide-cue={args.hide_cue} must be 0 or 1, on a DelayedChain task (--task {task.task}"
+                              f" runs on {task.env})")
+        env_kwargs["hide_cue"] = args.hide_cue
+    if args.total_steps is not None and args.total_steps < 1:
+        raise ConfigError(f"--total-steps={args.total_steps} must be >= 1")
+    budget = {} if args.total_steps is None else {"total_steps": args.total_steps}
     methods = options.names(args.methods, "--methods", registered_methods())
     if "ppo" not in methods:
         raise ConfigError("--methods must include ppo (every P(> ppo) is against it)")
-    arms = [task.arm(m) for m in methods]
+    arms = [task.arm(m, static_overrides=budget) for m in methods]
     if not args.no_controls:
-        arms.append(task.arm("coevo-regression", FROZEN, {"reward_lr_ratio": 0.0}))
-        arms += task.own_ppo_arms([m for m in methods if m in CREDIT_METHODS])
+        arms.append(task.arm("coevo-regression", FROZEN, {"reward_lr_ratio": 0.0}, static_overrides=budget))
+        arms += [dataclasses.replace(a, static=dataclasses.replace(a.static, **budget))
+                 for a in task.own_ppo_arms([m for m in methods if m in CREDIT_METHODS])]
     return [Study(task.env, tuple(arms), args.num_seeds, env_kwargs=env_kwargs, base_seed=args.seed,
                   num_chunks=args.num_chunks, threshold=args.threshold, name=task.task, save_chunks=True)]
 
@@ -243,6 +260,10 @@ def report(args, results) -> str:
     if dict(study.env_kwargs) != dict(task.env_kwargs):
         notes += (f"\nthe env is not the task's: {dict(study.env_kwargs)} (the task: {dict(task.env_kwargs)}); every"
                   f" arm keeps the values tuned on {task.task}")
+    steps = study.arms[0].static.total_steps
+    if steps != task.total_steps:
+        notes += (f"\nevery run takes {steps:,} env steps (the task's budget: {task.total_steps:,}); every arm keeps the"
+                  f" values tuned at the task's budget")
     static = ", ".join(f"{k}={v}" for k, v in task.static_overrides.items())
     return (f"{header}\nevery arm with the task's StaticConfig overrides ({static or 'none'}); P(> ppo) from"
             f" rliable (over all pairs of runs; the arms share their seeds)\n{table}\n{verdict}{notes}\n\n"
