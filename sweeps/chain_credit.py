@@ -81,8 +81,10 @@ CREDIT_TEXT = {
         " on every (cue, action) at time 0 against the ground truth (the outcome on the correct choice, 0 else):"
         " Spearman over the pairs, top1 = share of cues whose correct action is paid most (a guess: 1/K), gap = mean"
         " reward of correct less wrong choices; gap, last step = the same at the last step, where the action has no"
-        " effect (a reward that tells the steps apart pays 0 there); IQM [95% CI] over seeds. SIOP's credit and"
-        " PPO's critic are functions of the state and the chain's states do not show the choice: no row, by"
+        " effect (a reward that tells the steps apart pays 0 there); p(wrong choice) = the snapshot's policy's"
+        " probability of a wrong action at the choice (the replay holds about buffer_episodes x p / (K (K - 1))"
+        " episodes of each wrong pair: top1 ranks the rest by extrapolation); IQM [95% CI] over seeds. SIOP's credit"
+        " and PPO's critic are functions of the state and the chain's states do not show the choice: no row, by"
         " construction."),
     "KeyToDoor-Distractor": (
         "Credit at the key pick-up (sweeps/_study/analysis/key_credit.py): each learned reward of (state, action) on"
@@ -156,7 +158,7 @@ def studies(args) -> list:
 def decision_scores(trainer, states) -> dict:
     """``{score: [R]}`` of stacked states' learned reward at the task's decision (``spearman``, ``top1``,
     ``gap``) and ``gap, <control>`` at the same pairs where the action has no effect (:data:`DECISIONS`)."""
-    from _study.analysis.chain_credit import choice_rewards, choice_scores
+    from _study.analysis.chain_credit import choice_rewards, choice_scores, wrong_choice_share
     from _study.analysis.key_credit import key_pairs, key_rewards, key_scores, key_truth
 
     env, params = trainer.env.unwrapped, trainer.env_params
@@ -165,7 +167,8 @@ def decision_scores(trainer, states) -> dict:
         k, outcome = env.num_choices, float(params.outcome_reward)
         last = (int(params.length) - 1) / int(params.length)  # the last step's elapsed fraction
         return {**choice_scores(choice_rewards(trainer, states), k, outcome),
-                control: choice_scores(choice_rewards(trainer, states, last), k, outcome)["gap"]}
+                control: choice_scores(choice_rewards(trainer, states, last), k, outcome)["gap"],
+                "p(wrong choice)": wrong_choice_share(trainer, states)}
     (_, _, toward, on_grid), truth = key_pairs(env, params), key_truth(env, params)
     return {**key_scores(key_rewards(trainer, states), toward, on_grid, truth),
             control: key_scores(key_rewards(trainer, states, key_taken=True), toward, on_grid, truth)["gap"]}
@@ -262,8 +265,8 @@ def report(args, results) -> str:
                   f" arm keeps the values tuned on {task.task}")
     steps = study.arms[0].static.total_steps
     if steps != task.total_steps:
-        notes += (f"\nevery run takes {steps:,} env steps (the task's budget: {task.total_steps:,}); every arm keeps the"
-                  f" values tuned at the task's budget")
+        notes += (f"\nevery run takes {steps:,} env steps (the task's budget: {task.total_steps:,}); every arm keeps"
+                  f" the values tuned at the task's budget")
     static = ", ".join(f"{k}={v}" for k, v in task.static_overrides.items())
     return (f"{header}\nevery arm with the task's StaticConfig overrides ({static or 'none'}); P(> ppo) from"
             f" rliable (over all pairs of runs; the arms share their seeds)\n{table}\n{verdict}{notes}\n\n"

@@ -150,6 +150,33 @@ def test_a_recurrent_policy_is_scored_on_the_episode_history_up_to_the_pair():
         np.testing.assert_allclose(choice_rewards(trainer, state, elapsed), np.stack(expect), rtol=1e-5, atol=1e-7)
 
 
+def test_wrong_choice_share_is_the_policys_probability_of_a_wrong_action_at_the_choice():
+    """Any policy that ignores the cue takes a wrong action with probability exactly 1 - 1/K; a policy
+    that reads it, with the probabilities of the choice's own observations."""
+    from _study.analysis.chain_credit import wrong_choice_share
+
+    env, params = envs_jax.make("DelayedChain", num_choices=4, length=5)
+    trainer = Trainer(StaticConfig(method="ppo", num_envs=2, rollout_len=8, total_steps=16), env, params)
+    state = jax.vmap(trainer.init)(jax.random.split(jax.random.PRNGKey(0), 2),
+                                   jax.tree.map(lambda x: np.stack([x, x]), cj.default_hparams("ppo")))
+    keys = iter(jax.random.split(jax.random.PRNGKey(1), 64))
+
+    def rebuild(path, x, blind):  # kernels zeroed: logits = the head's bias, whatever the observation
+        if blind and path[-1].key == "kernel":
+            return np.zeros_like(x)
+        return np.asarray(jax.random.normal(next(keys), x.shape)) * (3.0 if blind else 1.5)
+
+    for blind in (True, False):
+        p = jax.tree_util.tree_map_with_path(lambda path, x: rebuild(path, x, blind), state.params)
+        share = wrong_choice_share(trainer, state.replace(params=p))
+        obs = choice_pairs(4)[0][::4]
+        expect = [1.0 - np.mean(np.diagonal(np.asarray(jax.nn.softmax(
+            trainer.network.apply(jax.tree.map(lambda x: x[i], p), obs)[0])))) for i in range(2)]
+        np.testing.assert_allclose(share, 0.75 if blind else expect, rtol=1e-5)
+        if not blind:
+            assert np.max(np.abs(share - 0.75)) > 0.1  # (the cue matters to this one)
+
+
 def test_part_two_of_the_verdict_rule_holds_only_where_the_choice_is_paid_more_than_the_last_step():
     import importlib.util
     import os

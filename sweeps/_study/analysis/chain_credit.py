@@ -17,7 +17,11 @@ Scored per run (:func:`choice_scores`) on those ``K x K`` pairs:
 * ``gap``: the mean reward of the correct pairs less that of the wrong ones,
   in the reward's own units (a regression onto returns aims at ``outcome_reward``
   on the choice step and 0 later, where the action has no effect: the same
-  scores at a later step show whether the learned reward tells the steps apart).
+  scores at a later step show whether the learned reward tells the steps apart);
+* ``p(wrong choice)`` (:func:`wrong_choice_share`): the snapshot's policy's probability of
+  a wrong action at the choice, mean over the cues: how much of what the replay holds
+  ``top1`` rests on (about ``buffer_episodes * p / (K * (K - 1))`` replayed episodes per
+  wrong pair, the rest of a ranking of the wrong actions is the model's extrapolation).
 
 Which reward (:func:`choice_rewards`): R_phi's ``tanh`` output for the
 co-evolution methods (what the policy is paid, times ``beta_int``), IRCR's
@@ -180,6 +184,19 @@ def cca_choice_rewards(trainer, states, elapsed: float = 0.0) -> np.ndarray:
         return action_credit(q, jax.nn.softmax(logits[step]), action)
 
     return np.asarray(jax.jit(jax.vmap(one))(states.params, states.signal_state.params), np.float64)
+
+
+def wrong_choice_share(trainer, states) -> np.ndarray:
+    """``[R]``: the probability that the policy of each stacked
+    :class:`~coevo_jax.train.TrainState` takes a wrong action at the choice, mean over the cues."""
+    k = trainer.env.unwrapped.num_choices
+    hist = choice_histories(k, int(trainer.env_params.length))[::k]  # [K, 1, D]: one per cue (the choice shows it)
+
+    def one(policy_params):
+        probs = jax.nn.softmax(along_histories(trainer.network, policy_params, hist)[0][:, 0])  # [K, A]
+        return 1.0 - jnp.mean(jnp.diagonal(probs))
+
+    return np.asarray(jax.jit(jax.vmap(one))(states.params), np.float64)
 
 
 def choice_scores(reward: np.ndarray, num_choices: int, outcome_reward: float = 1.0) -> dict:
