@@ -83,6 +83,13 @@ CANDIDATES = {
     "keytodoor-match-s3": ("KeyToDoor-Match", {"size": 3, "key_steps": 4, "apple_steps": 4, "door_steps": 4,
                                                "apple_reward": 0.0}, 131_072, 16, 64,
                            {"reward_input": "obs", "buffer_episodes": 256, "reward_steps": 8}),
+    # ... the same, four times the budget
+    "keytodoor-match-s3-x4-gru": ("KeyToDoor-Match", {"size": 3, "key_steps": 4, "apple_steps": 4, "door_steps": 4,
+                                                      "apple_reward": 0.0}, 524_288, 16, 64,
+                                  {"network": "gru", "buffer_episodes": 256, "reward_steps": 8}),
+    "keytodoor-match-s3-x4": ("KeyToDoor-Match", {"size": 3, "key_steps": 4, "apple_steps": 4, "door_steps": 4,
+                                                  "apple_reward": 0.0}, 524_288, 16, 64,
+                              {"reward_input": "obs", "buffer_episodes": 256, "reward_steps": 8}),
     # the memory chain's easier settings, the recurrent policy's learning check: no distractor noise
     "memchain-l4-n0-gru": ("DelayedChain", {"length": 4, "noise_std": 0.0, "hide_cue": 1}, 32_768, 16, 64,
                            {"network": "gru", "buffer_episodes": 256, "reward_steps": 8}),
