@@ -30,7 +30,6 @@ shrinks ppo, sweep and scale sizes. Explicit options override both presets.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 

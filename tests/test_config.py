@@ -18,7 +18,7 @@ import coevo_jax as cj
 from coevo_jax.config import ConfigError, hparam_fields, validate_hparams, validate_static
 from coevo_jax.params import Param, hyperparams, param, unit
 from coevo_jax.ppo import PPOParams
-from coevo_jax.registry import MethodSpec, StaticOptions, method_spec, register_method
+from coevo_jax.registry import MethodSpec, method_spec, register_method
 from coevo_jax.reward_net import RewardNetStatic
 from coevo_jax.signals.base import SignalParams
 from coevo_jax.signals.meta import MetaStatic

@@ -15,10 +15,8 @@ device count before its first computation).
 from __future__ import annotations
 
 import dataclasses
-import glob
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess

@@ -8,7 +8,6 @@ import types
 
 import gymnax
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from gymnax.environments import spaces

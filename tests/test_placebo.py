@@ -9,7 +9,7 @@ import pytest
 import coevo_jax as cj
 from coevo_jax.signals import PolicyView, make_signal
 from coevo_jax.signals.placebo import shuffle_within_episodes
-from test_signal_contract import STATIC, synthetic_trajectory, tiny_static
+from test_signal_contract import synthetic_trajectory, tiny_static
 from xla_options import OPT0
 
 OBS_SHAPE, NUM_ACTIONS = (5,), 4

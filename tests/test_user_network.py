@@ -2,7 +2,6 @@
 and a module that breaks the contract is refused with a clear error before anything compiles."""
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 

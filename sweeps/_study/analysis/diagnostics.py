@@ -81,8 +81,6 @@ def plot_coevo_diagnostics(metrics: dict, path: str, window: int = 20, title: st
     ``signal/val_ext_return`` and ``signal/val_corr`` are drawn when present).
     Iterations where :func:`collusion_flag` fires are shaded red. Returns ``path``.
     """
-    import matplotlib
-
     from coevo_jax.analysis.plots import subplots
 
     need = ("episode_return", "signal/val_pred_return", "signal/r_int_var")
