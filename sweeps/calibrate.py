@@ -30,7 +30,6 @@ import json
 import os
 import sys
 
-
 from coevo_jax.config import ConfigError, StaticConfig
 from coevo_jax.experiment import Arm, Study
 
@@ -41,6 +40,9 @@ from _study.tuning import TUNE_SEED_OFFSET
 HERE = os.path.dirname(os.path.abspath(__file__))
 # name -> (env, env_kwargs, env steps per run, num_envs, rollout_len[, StaticConfig fields])
 # (PPO passes 4 x 4 where not given; fields other than the passes are the task's static_overrides)
+GRU = {"network": "gru", "buffer_episodes": 256, "reward_steps": 8}  # the recurrent policy, rewards read its state
+OBS = {"reward_input": "obs", "buffer_episodes": 256, "reward_steps": 8}  # feed-forward, rewards read the observation
+S3 = {"size": 3, "key_steps": 4, "apple_steps": 4, "door_steps": 4, "apple_reward": 0.0}  # KeyToDoor-Match, small
 CANDIDATES = {
     "doorkey5-t60": ("KeyDoor-5x5", {"max_steps": 60}, 32_768, 16, 64),
     # the main job's shape (sweeps/k_sensitivity.py): 128 iterations of 8 envs x 16 steps, 2 x 2 PPO passes
@@ -57,44 +59,27 @@ CANDIDATES = {
     "chain-l32-n1": ("DelayedChain", {"length": 32, "noise_std": 1.0}, 65_536, 16, 64),
     "chain-l16-n05": ("DelayedChain", {"length": 16, "noise_std": 0.5}, 131_072, 16, 64),
     # the memory chain: the cue shown only at the choice, so a reward for "action = cue" can only pay there
-    "memchain-l16-n05": ("DelayedChain", {"length": 16, "noise_std": 0.5, "hide_cue": 1}, 131_072, 16, 64,
-                         {"reward_input": "obs", "buffer_episodes": 256, "reward_steps": 8}),
+    "memchain-l16-n05": ("DelayedChain", {"length": 16, "noise_std": 0.5, "hide_cue": 1}, 131_072, 16, 64, OBS),
     # harder: twice as long, twice the noise (tuned PPO solves memchain-l16-n05: 0.84 > 0.8)
-    "memchain-l32-n1": ("DelayedChain", {"length": 32, "noise_std": 1.0, "hide_cue": 1}, 131_072, 16, 64,
-                        {"reward_input": "obs", "buffer_episodes": 256, "reward_steps": 8}),
+    "memchain-l32-n1": ("DelayedChain", {"length": 32, "noise_std": 1.0, "hide_cue": 1}, 131_072, 16, 64, OBS),
     # ... with the recurrent policy: learned rewards read its hidden state, which can remember the cue
-    "memchain-l16-n05-gru": ("DelayedChain", {"length": 16, "noise_std": 0.5, "hide_cue": 1}, 131_072, 16, 64,
-                             {"network": "gru", "buffer_episodes": 256, "reward_steps": 8}),
+    "memchain-l16-n05-gru": ("DelayedChain", {"length": 16, "noise_std": 0.5, "hide_cue": 1}, 131_072, 16, 64, GRU),
     # Key-to-Door's memory version: the door of the key's colour, the colour shown only in the key room
-    "keytodoor-match-gru": ("KeyToDoor-Match", {"apple_reward": 1.0}, 131_072, 16, 64,
-                            {"network": "gru", "buffer_episodes": 256, "reward_steps": 8}),
+    "keytodoor-match-gru": ("KeyToDoor-Match", {"apple_reward": 1.0}, 131_072, 16, 64, GRU),
     # ... with the feed-forward policy, which cannot remember the colour
-    "keytodoor-match": ("KeyToDoor-Match", {"apple_reward": 1.0}, 131_072, 16, 64,
-                        {"reward_input": "obs", "buffer_episodes": 256, "reward_steps": 8}),
+    "keytodoor-match": ("KeyToDoor-Match", {"apple_reward": 1.0}, 131_072, 16, 64, OBS),
     # ... without the apples, twice the budget: does memory pay (a policy without it succeeds at most half the time)?
-    "keytodoor-match-a0-gru": ("KeyToDoor-Match", {"apple_reward": 0.0}, 262_144, 16, 64,
-                               {"network": "gru", "buffer_episodes": 256, "reward_steps": 8}),
-    "keytodoor-match-a0": ("KeyToDoor-Match", {"apple_reward": 0.0}, 262_144, 16, 64,
-                           {"reward_input": "obs", "buffer_episodes": 256, "reward_steps": 8}),
+    "keytodoor-match-a0-gru": ("KeyToDoor-Match", {"apple_reward": 0.0}, 262_144, 16, 64, GRU),
+    "keytodoor-match-a0": ("KeyToDoor-Match", {"apple_reward": 0.0}, 262_144, 16, 64, OBS),
     # ... small: 3x3 rooms, 4 steps per phase, no apples (the memory spans 8 steps)
-    "keytodoor-match-s3-gru": ("KeyToDoor-Match", {"size": 3, "key_steps": 4, "apple_steps": 4, "door_steps": 4,
-                                                   "apple_reward": 0.0}, 131_072, 16, 64,
-                               {"network": "gru", "buffer_episodes": 256, "reward_steps": 8}),
-    "keytodoor-match-s3": ("KeyToDoor-Match", {"size": 3, "key_steps": 4, "apple_steps": 4, "door_steps": 4,
-                                               "apple_reward": 0.0}, 131_072, 16, 64,
-                           {"reward_input": "obs", "buffer_episodes": 256, "reward_steps": 8}),
+    "keytodoor-match-s3-gru": ("KeyToDoor-Match", S3, 131_072, 16, 64, GRU),
+    "keytodoor-match-s3": ("KeyToDoor-Match", S3, 131_072, 16, 64, OBS),
     # ... the same, four times the budget
-    "keytodoor-match-s3-x4-gru": ("KeyToDoor-Match", {"size": 3, "key_steps": 4, "apple_steps": 4, "door_steps": 4,
-                                                      "apple_reward": 0.0}, 524_288, 16, 64,
-                                  {"network": "gru", "buffer_episodes": 256, "reward_steps": 8}),
-    "keytodoor-match-s3-x4": ("KeyToDoor-Match", {"size": 3, "key_steps": 4, "apple_steps": 4, "door_steps": 4,
-                                                  "apple_reward": 0.0}, 524_288, 16, 64,
-                              {"reward_input": "obs", "buffer_episodes": 256, "reward_steps": 8}),
+    "keytodoor-match-s3-x4-gru": ("KeyToDoor-Match", S3, 524_288, 16, 64, GRU),
+    "keytodoor-match-s3-x4": ("KeyToDoor-Match", S3, 524_288, 16, 64, OBS),
     # the memory chain's easier settings, the recurrent policy's learning check: no distractor noise
-    "memchain-l4-n0-gru": ("DelayedChain", {"length": 4, "noise_std": 0.0, "hide_cue": 1}, 32_768, 16, 64,
-                           {"network": "gru", "buffer_episodes": 256, "reward_steps": 8}),
-    "memchain-l16-n0-gru": ("DelayedChain", {"length": 16, "noise_std": 0.0, "hide_cue": 1}, 131_072, 16, 64,
-                            {"network": "gru", "buffer_episodes": 256, "reward_steps": 8}),
+    "memchain-l4-n0-gru": ("DelayedChain", {"length": 4, "noise_std": 0.0, "hide_cue": 1}, 32_768, 16, 64, GRU),
+    "memchain-l16-n0-gru": ("DelayedChain", {"length": 16, "noise_std": 0.0, "hide_cue": 1}, 131_072, 16, 64, GRU),
     # the seeds' running example: a dialogue paid only at its end, one utterance per action
     # (sweeps/turn_learning.py's policy and budget)
     "booking-turns": ("Booking-Turns", {}, 32_768, 16, 32,
