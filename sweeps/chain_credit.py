@@ -142,15 +142,15 @@ def studies(args) -> list:
         env_kwargs["hide_cue"] = args.hide_cue
     if args.total_steps is not None and args.total_steps < 1:
         raise ConfigError(f"--total-steps={args.total_steps} must be >= 1")
-    budget = {} if args.total_steps is None else {"total_steps": args.total_steps}
     methods = options.names(args.methods, "--methods", registered_methods())
     if "ppo" not in methods:
         raise ConfigError("--methods must include ppo (every P(> ppo) is against it)")
-    arms = [task.arm(m, static_overrides=budget) for m in methods]
+    arms = [task.arm(m) for m in methods]
     if not args.no_controls:
-        arms.append(task.arm("coevo-regression", FROZEN, {"reward_lr_ratio": 0.0}, static_overrides=budget))
-        arms += [dataclasses.replace(a, static=dataclasses.replace(a.static, **budget))
-                 for a in task.own_ppo_arms([m for m in methods if m in CREDIT_METHODS])]
+        arms.append(task.arm("coevo-regression", FROZEN, {"reward_lr_ratio": 0.0}))
+        arms += task.own_ppo_arms([m for m in methods if m in CREDIT_METHODS])
+    if args.total_steps is not None:
+        arms = [dataclasses.replace(a, static=a.static.replace(total_steps=args.total_steps)) for a in arms]
     return [Study(task.env, tuple(arms), args.num_seeds, env_kwargs=env_kwargs, base_seed=args.seed,
                   num_chunks=args.num_chunks, threshold=args.threshold, name=task.task, save_chunks=True)]
 
