@@ -43,6 +43,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 GRU = {"network": "gru", "buffer_episodes": 256, "reward_steps": 8}  # the recurrent policy, rewards read its state
 OBS = {"reward_input": "obs", "buffer_episodes": 256, "reward_steps": 8}  # feed-forward, rewards read the observation
 S3 = {"size": 3, "key_steps": 4, "apple_steps": 4, "door_steps": 4, "apple_reward": 0.0}  # KeyToDoor-Match, small
+# ... with time to walk (6 steps in each 3x3 room, the farthest cell 4 moves away) and a 1-step apple room between
+S3_GAP1 = {"size": 3, "key_steps": 6, "apple_steps": 1, "door_steps": 6, "apple_reward": 0.0}
 CANDIDATES = {
     "doorkey5-t60": ("KeyDoor-5x5", {"max_steps": 60}, 32_768, 16, 64),
     # the main job's shape (sweeps/k_sensitivity.py): 128 iterations of 8 envs x 16 steps, 2 x 2 PPO passes
@@ -77,6 +79,9 @@ CANDIDATES = {
     # ... the same, four times the budget
     "keytodoor-match-s3-x4-gru": ("KeyToDoor-Match", S3, 524_288, 16, 64, GRU),
     "keytodoor-match-s3-x4": ("KeyToDoor-Match", S3, 524_288, 16, 64, OBS),
+    # ... a short gap: the colour remembered across one step and the walk to the door
+    "keytodoor-match-s3-gap1-gru": ("KeyToDoor-Match", S3_GAP1, 262_144, 16, 64, GRU),
+    "keytodoor-match-s3-gap1": ("KeyToDoor-Match", S3_GAP1, 262_144, 16, 64, OBS),
     # the memory chain's easier settings, the recurrent policy's learning check: no distractor noise
     "memchain-l4-n0-gru": ("DelayedChain", {"length": 4, "noise_std": 0.0, "hide_cue": 1}, 32_768, 16, 64, GRU),
     "memchain-l16-n0-gru": ("DelayedChain", {"length": 16, "noise_std": 0.0, "hide_cue": 1}, 131_072, 16, 64, GRU),
