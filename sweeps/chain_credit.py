@@ -45,6 +45,7 @@ Three tables:
     python sweeps/chain_credit.py --task keytodoor-a1     # credit at the key pick-up
     python sweeps/chain_credit.py --methods ppo,hca --noise-std 0   # the chain without its distractor noise
     python sweeps/chain_credit.py --task memchain-l16-n05-gru --hide-cue 0 --total-steps 262144   # cue shown, longer
+    python sweeps/chain_credit.py --task memchain-l16-n05-gru --buffer-episodes 1024   # a 4x longer replay
 
 Outputs (``--out``, default ``results/chain_credit``): the study folder,
 ``chain_credit.md`` / ``.csv``, ``choice_credit.csv``, ``decision_credit.md`` and ``choice_credit.png``
@@ -115,6 +116,9 @@ def build_parser():
     p.add_argument("--total-steps", type=int, default=None, metavar="S",
                    help="env steps per run, >= 1, in place of the task's budget; every arm keeps the values tuned at"
                         " the task's budget (default: the task's)")
+    p.add_argument("--buffer-episodes", type=int, default=None, metavar="N",
+                   help="episodes in every learned reward's replay, in [2, 65536], in place of the task's; arms"
+                        " without a replay (ppo, dense, siop) unchanged (default: the task's)")
     add_admitted_option(p, os.path.join(HERE, "admitted_tasks.json"))
     options.add_study_options(p, 20, THRESHOLD)
     p.set_defaults(num_chunks=4)
@@ -142,6 +146,8 @@ def studies(args) -> list:
         env_kwargs["hide_cue"] = args.hide_cue
     if args.total_steps is not None and args.total_steps < 1:
         raise ConfigError(f"--total-steps={args.total_steps} must be >= 1")
+    if args.buffer_episodes is not None and not 2 <= args.buffer_episodes <= 1 << 16:
+        raise ConfigError(f"--buffer-episodes={args.buffer_episodes} must be in [2, 65536]")
     methods = options.names(args.methods, "--methods", registered_methods())
     if "ppo" not in methods:
         raise ConfigError("--methods must include ppo (every P(> ppo) is against it)")
@@ -151,6 +157,9 @@ def studies(args) -> list:
         arms += task.own_ppo_arms([m for m in methods if m in CREDIT_METHODS])
     if args.total_steps is not None:
         arms = [dataclasses.replace(a, static=a.static.replace(total_steps=args.total_steps)) for a in arms]
+    if args.buffer_episodes is not None:
+        arms = [dataclasses.replace(a, static=a.static.replace(buffer_episodes=args.buffer_episodes))
+                if hasattr(a.static.signal, "buffer_episodes") else a for a in arms]
     return [Study(task.env, tuple(arms), args.num_seeds, env_kwargs=env_kwargs, base_seed=args.seed,
                   num_chunks=args.num_chunks, threshold=args.threshold, name=task.task, save_chunks=True)]
 

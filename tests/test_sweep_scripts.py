@@ -63,6 +63,7 @@ def test_help_lists_a_default_for_every_own_option(name):
     ("chain_credit", ["--hide-cue", "2"], "--hide-cue=2 must be 0 or 1, on a DelayedChain task"),
     ("chain_credit", ["--task", "keytodoor-a1", "--hide-cue", "0"], "--hide-cue=0 must be 0 or 1, on a DelayedChain"),
     ("chain_credit", ["--total-steps", "0"], "--total-steps=0 must be >= 1"),
+    ("chain_credit", ["--buffer-episodes", "1"], "--buffer-episodes=1 must be in [2, 65536]"),
     ("ircr_horizon", ["--task", "chain-l16-n05"], "runs on DelayedChain; such tasks: keytodoor-a1"),
     ("ircr_horizon", ["--arms", "ircr,dense"], "--arms must include ppo"),
     ("ircr_horizon", ["--arms", "ppo,ircr@dense"], "--arms: unknown 'ircr@dense'"),
@@ -176,6 +177,10 @@ def test_default_studies_keep_each_protocol():
     (seen,) = built("chain_credit", ["--task", "memchain-l16-n05-gru", "--hide-cue", "0", "--total-steps", "262144"])
     assert seen.env_kwargs["hide_cue"] == 0 and seen.name == "memchain-l16-n05-gru"  # the cue shown, a longer budget
     assert {a.static.total_steps for a in seen.arms} == {262144} and {a.static.network for a in seen.arms} == {"gru"}
+    (long,) = built("chain_credit", ["--task", "memchain-l16-n05-gru", "--buffer-episodes", "1024"])  # a longer replay
+    replays = {a.name: getattr(a.static.signal, "buffer_episodes", None) for a in long.arms}
+    assert replays["q-advantage"] == replays["coevo-frozen"] == 1024
+    assert replays["ppo"] is None and replays["siop"] is None  # no replay: unchanged
     (key,) = built("chain_credit", ["--task", "keytodoor-a1"])  # credit at the key pick-up: the same arms
     assert key.save_chunks and key.env == "KeyToDoor-Distractor" and key.name == "keytodoor-a1"
     assert {a.name for a in key.arms} >= set(chain_mod.METHODS) | {"coevo-frozen"}
