@@ -84,7 +84,7 @@ CREDIT_TEXT = {
         " reward of correct less wrong choices; gap, last step = the same at the last step, where the action has no"
         " effect (a reward that tells the steps apart pays 0 there); p(wrong choice) = the snapshot's policy's"
         " probability of a wrong action at the choice (the replay holds about buffer_episodes x p / (K (K - 1))"
-        " episodes of each wrong pair: top1 ranks the rest by extrapolation); IQM [95% CI] over seeds. SIOP's credit"
+        " episodes of each wrong pair); IQM [95% CI] over seeds. SIOP's credit"
         " and PPO's critic are functions of the state and the chain's states do not show the choice: no row, by"
         " construction."),
     "KeyToDoor-Distractor": (
@@ -276,6 +276,11 @@ def report(args, results) -> str:
     if steps != task.total_steps:
         notes += (f"\nevery run takes {steps:,} env steps (the task's budget: {task.total_steps:,}); every arm keeps"
                   f" the values tuned at the task's budget")
+    replays = {a.static.signal.buffer_episodes for a in study.arms if hasattr(a.static.signal, "buffer_episodes")}
+    own = task.static_overrides.get("buffer_episodes")
+    if replays and replays != {own}:
+        notes += (f"\nevery learned reward's replay holds {', '.join(map(str, sorted(replays, key=str)))} episodes"
+                  f" (the task's: {own}), in place of the task's override above")
     static = ", ".join(f"{k}={v}" for k, v in task.static_overrides.items())
     return (f"{header}\nevery arm with the task's StaticConfig overrides ({static or 'none'}); P(> ppo) from"
             f" rliable (over all pairs of runs; the arms share their seeds)\n{table}\n{verdict}{notes}\n\n"
