@@ -66,6 +66,10 @@ CANDIDATES = {
     "memchain-l32-n1": ("DelayedChain", {"length": 32, "noise_std": 1.0, "hide_cue": 1}, 131_072, 16, 64, OBS),
     # ... with the recurrent policy: learned rewards read its hidden state, which can remember the cue
     "memchain-l16-n05-gru": ("DelayedChain", {"length": 16, "noise_std": 0.5, "hide_cue": 1}, 131_072, 16, 64, GRU),
+    # ... with less distractor noise (its std 0.25: cca's and q-advantage's top-1 at the choice over 0.8), twice as long
+    "memchain-l32-n025-gru": ("DelayedChain", {"length": 32, "noise_std": 0.25, "hide_cue": 1}, 131_072, 16, 64, GRU),
+    # ... and the cue shown at every step, 16 steps
+    "chain-l16-n025-gru": ("DelayedChain", {"length": 16, "noise_std": 0.25}, 131_072, 16, 64, GRU),
     # Key-to-Door's memory version: the door of the key's colour, the colour shown only in the key room
     "keytodoor-match-gru": ("KeyToDoor-Match", {"apple_reward": 1.0}, 131_072, 16, 64, GRU),
     # ... with the feed-forward policy, which cannot remember the colour
