@@ -84,9 +84,8 @@ CREDIT_TEXT = {
         " reward of correct less wrong choices; gap, last step = the same at the last step, where the action has no"
         " effect (a reward that tells the steps apart pays 0 there); p(wrong choice) = the snapshot's policy's"
         " probability of a wrong action at the choice (the replay holds about buffer_episodes x p / (K (K - 1))"
-        " episodes of each wrong pair); IQM [95% CI] over seeds. SIOP's credit"
-        " and PPO's critic are functions of the state and the chain's states do not show the choice: no row, by"
-        " construction."),
+        " episodes of each wrong pair); IQM [95% CI] over seeds. SIOP's credit and PPO's critic are functions of the"
+        " state and the chain's states do not show the choice: no row, by construction."),
     "KeyToDoor-Distractor": (
         "Credit at the key pick-up (sweeps/_study/analysis/key_credit.py): each learned reward of (state, action) on"
         " every key-room state with the agent next to the key (every key cell, neighbour and step of the room) and"
@@ -117,8 +116,9 @@ def build_parser():
                    help="env steps per run, >= 1, in place of the task's budget; every arm keeps the values tuned at"
                         " the task's budget (default: the task's)")
     p.add_argument("--buffer-episodes", type=int, default=None, metavar="N",
-                   help="episodes in every learned reward's replay, in [2, 65536], in place of the task's; arms"
-                        " without a replay (ppo, dense, siop) unchanged (default: the task's)")
+                   help="StaticConfig.buffer_episodes (the replay of every learned reward of (state, action)), in"
+                        " [2, 65536], in place of the task's; arms without that field (ppo, dense, siop) unchanged"
+                        " (default: the task's)")
     add_admitted_option(p, os.path.join(HERE, "admitted_tasks.json"))
     options.add_study_options(p, 20, THRESHOLD)
     p.set_defaults(num_chunks=4)
