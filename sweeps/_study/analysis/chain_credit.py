@@ -19,9 +19,8 @@ Scored per run (:func:`choice_scores`) on those ``K x K`` pairs:
   on the choice step and 0 later, where the action has no effect: the same
   scores at a later step show whether the learned reward tells the steps apart);
 * ``p(wrong choice)`` (:func:`wrong_choice_share`): the snapshot's policy's probability of
-  a wrong action at the choice, mean over the cues: how much of what the replay holds
-  ``top1`` rests on (about ``buffer_episodes * p / (K * (K - 1))`` replayed episodes per
-  wrong pair, the rest of a ranking of the wrong actions is the model's extrapolation).
+  a wrong action at the choice, mean over the cues: how often the replay holds a wrong
+  choice (about ``buffer_episodes * p / (K * (K - 1))`` replayed episodes per wrong pair).
 
 Which reward (:func:`choice_rewards`): R_phi's ``tanh`` output for the
 co-evolution methods (what the policy is paid, times ``beta_int``), IRCR's
