@@ -49,7 +49,6 @@ from __future__ import annotations
 import os
 import sys
 
-
 from coevo_jax.config import ConfigError
 from coevo_jax.experiment import Study
 
