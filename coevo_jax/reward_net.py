@@ -47,6 +47,7 @@ from coevo_jax.registry import StaticOptions
 from coevo_jax.signals.base import flat_obs
 
 REWARD_INPUTS = ("features", "obs")
+BUFFER_EPISODES = (2, 1 << 16)  # the range of RewardNetStatic.buffer_episodes (when given)
 HEAD_GAIN = 1e-3
 
 
@@ -162,4 +163,4 @@ class RewardNetStatic(StaticOptions):
         if self.max_episode_len is not None:
             check_int(self, "max_episode_len", 1, MAX_WINDOW)
         if self.buffer_episodes is not None:
-            check_int(self, "buffer_episodes", 2, 1 << 16)
+            check_int(self, "buffer_episodes", *BUFFER_EPISODES)

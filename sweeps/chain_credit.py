@@ -61,6 +61,7 @@ import numpy as np
 
 from coevo_jax.config import ConfigError
 from coevo_jax.experiment import Study
+from coevo_jax.reward_net import BUFFER_EPISODES
 
 from _study import cli, options
 from _study.admitted import add_admitted_option, chosen_task
@@ -146,8 +147,9 @@ def studies(args) -> list:
         env_kwargs["hide_cue"] = args.hide_cue
     if args.total_steps is not None and args.total_steps < 1:
         raise ConfigError(f"--total-steps={args.total_steps} must be >= 1")
-    if args.buffer_episodes is not None and not 2 <= args.buffer_episodes <= 1 << 16:
-        raise ConfigError(f"--buffer-episodes={args.buffer_episodes} must be in [2, 65536]")
+    low, high = BUFFER_EPISODES
+    if args.buffer_episodes is not None and not low <= args.buffer_episodes <= high:
+        raise ConfigError(f"--buffer-episodes={args.buffer_episodes} must be in [{low}, {high}]")
     methods = options.names(args.methods, "--methods", registered_methods())
     if "ppo" not in methods:
         raise ConfigError("--methods must include ppo (every P(> ppo) is against it)")
