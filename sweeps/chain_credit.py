@@ -145,8 +145,6 @@ def studies(args) -> list:
             raise ConfigError(f"--hide-cue={args.hide_cue} must be 0 or 1, on a DelayedChain task (--task {task.task}"
                               f" runs on {task.env})")
         env_kwargs["hide_cue"] = args.hide_cue
-    if args.total_steps is not None and args.total_steps < 1:
-        raise ConfigError(f"--total-steps={args.total_steps} must be >= 1")
     low, high = BUFFER_EPISODES
     if args.buffer_episodes is not None and not low <= args.buffer_episodes <= high:
         raise ConfigError(f"--buffer-episodes={args.buffer_episodes} must be in [{low}, {high}]")
