@@ -1,15 +1,16 @@
 #!/usr/bin/env python
 """Does CCA's independence loss keep the outcome out of its hindsight statistic? A supervised check.
 
-On the luck task of :mod:`_study.analysis.luck_bandit` (a choice among 4, unit-variance
-luck after it, the outcome paid at the choice or at the end), ``cca``'s three models are
-fit by full-batch Adam to uniform-random episodes, for each weight of the independence
-loss, on ``--seeds`` fresh datasets and initialisations each (one vmapped program per row),
-and the credit at the choice is held to the ground truth (0.75 on a right choice, -0.25 on a
-wrong one). ``q-advantage``'s return model on the same data is the reference row.
+On the luck task of :mod:`_study.analysis.luck_bandit` (a choice among 4, luck of std
+``--luck-std`` after it, default 1, the outcome paid at the choice or at the end), ``cca``'s
+three models are fit by full-batch Adam to uniform-random episodes, for each weight of the
+independence loss, on ``--seeds`` fresh datasets and initialisations each (one vmapped program
+per row), and the credit at the choice is held to the ground truth (0.75 on a right choice,
+-0.25 on a wrong one). ``q-advantage``'s return model on the same data is the reference row.
 
     python sweeps/cca_independence.py                          # 20 seeds, 1024 episodes each
     python sweeps/cca_independence.py --publish docs/results   # also write docs/results/cca_independence.md
+    python sweeps/cca_independence.py --luck-std 2             # near the chain's luck: 15 x std 0.5 (1.94)
 
 Columns: the mean credit of right and of wrong choices (IQM over seeds with a 95%
 stratified-bootstrap CI from rliable), its RMS error to the truth, and "recovered": the share
@@ -30,10 +31,11 @@ COEFS = (0.0, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0)  # the tuning range is
 RECOVERED = 0.5  # a seed recovers the credit when its mean credit of right choices is at least this
 
 
-def rows(outcome_last: bool, seeds: int, episodes: int, coefs) -> list[tuple[str, np.ndarray, np.ndarray]]:
+def rows(outcome_last: bool, seeds: int, episodes: int, coefs,
+         luck_std: float = 1.0) -> list[tuple[str, np.ndarray, np.ndarray]]:
     """``[(arm, credit [S, E], truth [S, E])]``: q-advantage, then cca at each independence weight."""
     keys = jax.random.split(jax.random.key(int(outcome_last)), seeds)
-    data = jax.vmap(lambda k: luck_episodes(k, episodes, outcome_last))(keys)
+    data = jax.vmap(lambda k: luck_episodes(k, episodes, outcome_last, luck_std))(keys)
     x, r, action, ret, cue = data
     truth = np.stack([true_credit(a[0], c) for a, c in zip(np.asarray(action), np.asarray(cue))])
     inits = jax.random.split(jax.random.key(100), seeds)
@@ -64,19 +66,23 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="cca_independence.py", description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=20, help="datasets and initialisations per row (default: 20)")
     parser.add_argument("--episodes", type=int, default=1024, help="episodes per dataset (default: 1024)")
+    parser.add_argument("--luck-std", type=float, default=1.0, help="std of the luck reward (default: 1)")
     parser.add_argument("--publish", default=None, metavar="DIR", help="also write DIR/cca_independence.md")
     args = parser.parse_args(argv)
     if args.seeds < 2 or args.episodes < 16:
         parser.error("--seeds must be >= 2 and --episodes >= 16")
+    if not 0.0 <= args.luck_std <= 100.0:
+        parser.error(f"--luck-std={args.luck_std} must be in [0, 100]")
     t0 = time.time()
     parts = [f"Each row: {args.seeds} seeds (a fresh dataset of {args.episodes} uniform-random episodes and a fresh"
-             f" initialisation each), {STEPS} full-batch Adam steps (sweeps/_study/analysis/luck_bandit.py);"
+             f" initialisation each), luck std {args.luck_std:g}, {STEPS} full-batch Adam steps"
+             f" (sweeps/_study/analysis/luck_bandit.py);"
              f" recovered = share of seeds whose mean credit of right choices is >= {RECOVERED} (fixed in advance)."]
     for outcome_last, title in ((False, "outcome paid at the choice, luck after it: the future cannot tell the"
                                         " action"),
                                 (True, "outcome paid at the end, after the luck: the future tells the action"
                                        " unless the independence loss keeps it out")):
-        parts += ["", f"**{title}**", "", table(rows(outcome_last, args.seeds, args.episodes, COEFS))]
+        parts += ["", f"**{title}**", "", table(rows(outcome_last, args.seeds, args.episodes, COEFS, args.luck_std))]
         print("\n".join(parts[-4:]), flush=True)
     if args.publish:
         from _study import publish

@@ -98,10 +98,11 @@ def test_cca_is_registered_with_its_declared_range():
         cj.validate_hparams(cj.default_hparams("cca", indep_coef=-1.0))
 
 
-def test_cca_independence_refuses_too_few_seeds_or_episodes_before_fitting(capsys):
+def test_cca_independence_refuses_bad_seeds_episodes_or_luck_before_fitting(capsys):
     import cca_independence
 
-    for argv, field in ((["--seeds", "1"], "--seeds"), (["--episodes", "8"], "--episodes")):
+    for argv, field in ((["--seeds", "1"], "--seeds"), (["--episodes", "8"], "--episodes"),
+                        (["--luck-std", "-1"], "--luck-std")):
         with pytest.raises(SystemExit):
             cca_independence.main(argv)
         assert field in capsys.readouterr().err

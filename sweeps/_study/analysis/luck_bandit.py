@@ -1,8 +1,8 @@
 """A one-choice task with luck after it: what CCA's hindsight statistic may and may not carry.
 
 Each episode shows a cue among 4 (``x``: the cue one-hot and the elapsed fraction), the
-first action is the choice (``outcome = 1`` when it equals the cue), and a unit-variance
-"luck" reward independent of the action follows it. Paid at once (``outcome_last=False``:
+first action is the choice (``outcome = 1`` when it equals the cue), and a "luck" reward
+independent of the action follows it (unit variance unless told otherwise). Paid at once (``outcome_last=False``:
 rewards ``[outcome, luck]``), the outcome is not in the future of the choice, so a
 statistic of that future cannot tell the action; paid at the end (``[0, luck, outcome]``),
 it is, and only the independence loss keeps the statistic from reading it. The ground
@@ -26,12 +26,13 @@ from coevo_jax.signals.q_advantage import QNet, action_credit, q_loss
 HIDDEN, STEPS, LR, K = (32, 32), 400, 1e-2, 4
 
 
-def luck_episodes(key, num_episodes: int, outcome_last: bool):
-    """Time-major ``(x [L, E, 5], r [L, E], action [L, E], return-to-go [L, E], cue [E])``, uniform choices."""
+def luck_episodes(key, num_episodes: int, outcome_last: bool, luck_std: float = 1.0):
+    """Time-major ``(x [L, E, 5], r [L, E], action [L, E], return-to-go [L, E], cue [E])``, uniform choices,
+    the luck drawn from ``N(0, luck_std**2)``."""
     k = jax.random.split(key, 3)
     cue = jax.random.randint(k[0], (num_episodes,), 0, K)
     a0 = jax.random.randint(k[1], (num_episodes,), 0, K)
-    luck = jax.random.normal(k[2], (num_episodes,))
+    luck = luck_std * jax.random.normal(k[2], (num_episodes,))
     outcome = (a0 == cue).astype(jnp.float32)
     zero = jnp.zeros(num_episodes)
     r = jnp.stack([zero, luck, outcome]) if outcome_last else jnp.stack([outcome, luck])
