@@ -2,12 +2,12 @@
 
 Each episode shows a cue among 4 (``x``: the cue one-hot and the elapsed fraction), the
 first action is the choice (``outcome = 1`` when it equals the cue), and a "luck" reward
-independent of the action follows it (unit variance unless told otherwise). Paid at once (``outcome_last=False``:
-rewards ``[outcome, luck]``), the outcome is not in the future of the choice, so a
-statistic of that future cannot tell the action; paid at the end (``[0, luck, outcome]``),
-it is, and only the independence loss keeps the statistic from reading it. The ground
-truth of the credit under a uniform policy is ``0.75`` on a right choice, ``-0.25`` on a
-wrong one (:func:`true_credit`).
+independent of the action follows it (unit variance unless told otherwise). Paid at once
+(``outcome_last=False``: rewards ``[outcome, luck]``), the outcome is not in the future of
+the choice, so a statistic of that future cannot tell the action; paid at the end
+(``[0, luck, outcome]``), it is, and only the independence loss keeps the statistic from
+reading it. The ground truth of the credit under a uniform policy is ``0.75`` on a right choice,
+``-0.25`` on a wrong one (:func:`true_credit`).
 
 :func:`fit_cca` fits ``cca``'s three models (:func:`coevo_jax.signals.cca.cca_losses`) by
 full-batch Adam on such episodes and returns the credit at the choice;
