@@ -32,6 +32,7 @@ import coevo_jax as cj
 import envs_jax
 from coevo_jax.analysis import stats
 from coevo_jax.analysis.metrics import final_score
+from coevo_jax.analysis.report import load_report, rebuild_report, write_report
 from coevo_jax.config import ConfigError
 from coevo_jax.experiment import Arm, Study, StudyError, load_result, run_study
 from coevo_jax.experiment.folder import check_out
@@ -123,9 +124,11 @@ def sharded_job(workdir):
 
 @pytest.fixture(scope="module")
 def reference(workdir, sharded_job):
-    """The uninterrupted in-process sweep (2 runs per batch)."""
-    return run_study(CONFIG, os.path.join(workdir, "reference"), max_parallel=2, progress=False,
-                     compile_cache=CACHE)
+    """The uninterrupted in-process sweep (2 runs per batch), with its report."""
+    res = run_study(CONFIG, os.path.join(workdir, "reference"), max_parallel=2, progress=False,
+                    compile_cache=CACHE)
+    assert not os.path.exists(os.path.join(res.out, "summary.csv"))  # the runner computes no statistics
+    return write_report(res)
 
 
 @pytest.fixture(scope="module")
@@ -175,8 +178,14 @@ def test_output_folder_contents(reference):
     for name in ("config.json", "summary.csv", "curves.npz", "run_info.json", "FINISHED", "learning_curves.png",
                  "final_return_vs_vf_coef.png"):
         assert os.path.exists(os.path.join(out, name)), name
-    back = load_result(out)
+    back = load_report(out)
     _assert_same_curves(back.curves, reference.curves)
+    expected = [{k: pytest.approx(v, rel=1e-5, nan_ok=True) if isinstance(v, float) else v for k, v in row.items()}
+                for row in reference.summary]
+    assert back.summary == expected  # summary.csv read back (6 significant digits)
+    os.remove(os.path.join(out, "summary.csv"))  # a kill between FINISHED and the report: loading rebuilds it
+    assert load_report(out).summary == expected
+    assert rebuild_report(out).summary == expected  # recomputed from curves.npz: the same rows
     header = open(os.path.join(out, "summary.csv")).readline().strip().split(",")
     for col in ("env", "arm", "method", "n_seeds", "n_diverged", "final_return_mean", "final_return_iqm",
                 "final_return_ci_low", "final_return_ci_high", "final_success_iqm", "auc_return_iqm",

@@ -104,7 +104,7 @@ def _synthetic_result(study, success):
               "env_steps": np.tile(np.arange(1, iters + 1, dtype=np.float32) * 128, (n * s, 1))}
     runs = {"label": np.full(n * s, arm.name), "setting": setting, "seed": seed,
             **{f"hp/{f}": np.asarray([arm.settings()[i][f] for i in setting]) for f in arm.grid}}
-    return StudyResult("", study, curves, runs, [], {})
+    return StudyResult("", study, curves, runs, {})
 
 
 def test_the_protocol_screens_then_picks_on_fresh_seeds_and_says_when_it_cannot_pick():

@@ -160,33 +160,35 @@ def _setting_label(setting: dict) -> str:
     return text or "default"
 
 
-def study_default_plots(out: str, study, plans, curves: dict, runs: dict) -> list[str]:
+def study_default_plots(out: str, result) -> list[str]:
     """``learning_curves.png`` (IQM return vs env steps per setting, one panel
     per arm) and ``final_return_vs_<field>.png`` for each swept field (arms
-    without a grid drawn as reference lines)."""
+    without a grid drawn as reference lines) of a finished study (a ``StudyResult``)."""
+    study, curves, runs = result.study, result.curves, result.runs
     ret, steps = curves["episode_return"], curves["env_steps"]
+    settings = [a.settings() for a in study.arms]
     panels, final = {}, np.full(len(runs["arm"]), np.nan)
-    for ai, plan in enumerate(plans):
-        n_it, idx = plan.num_iterations, np.nonzero(runs["arm"] == ai)[0]
+    for ai, arm in enumerate(study.arms):
+        n_it, idx = arm.static.num_iterations, np.nonzero(runs["arm"] == ai)[0]
         eps = curves["episodes"][idx, :n_it] if "episodes" in curves else None
         final[idx] = metrics.final_score(ret[idx, :n_it], eps, steps[idx[0], :n_it])
-        setting_runs = [idx[runs["setting"][idx] == si] for si in range(len(plan.settings))]
-        panels[plan.arm.name] = {_setting_label(setting): (steps[i[0], :n_it], ret[i, :n_it])
-                                 for setting, i in zip(plan.settings, setting_runs)}
+        setting_runs = [idx[runs["setting"][idx] == si] for si in range(len(settings[ai]))]
+        panels[arm.name] = {_setting_label(setting): (steps[i[0], :n_it], ret[i, :n_it])
+                            for setting, i in zip(settings[ai], setting_runs)}
     written = [plot_learning_curves(panels, os.path.join(out, "learning_curves.png"),
                                     title=f"{study.env}: IQM return, 95% bootstrap bands")]
-    swept = list(dict.fromkeys(f for p in plans for f in p.arm.grid))
-    refs = {p.arm.name: final[runs["arm"] == ai] for ai, p in enumerate(plans) if not p.arm.grid}
+    swept = list(dict.fromkeys(f for a in study.arms for f in a.grid))
+    refs = {a.name: final[runs["arm"] == ai] for ai, a in enumerate(study.arms) if not a.grid}
     for field in swept:
-        xs = sorted({float(v) for p in plans for v in p.arm.grid.get(field, ())})
+        xs = sorted({float(v) for a in study.arms for v in a.grid.get(field, ())})
         lines = {}
-        for ai, p in ((ai, p) for ai, p in enumerate(plans) if field in p.arm.grid):
-            others = [] if p.arm.zipped else [f for f in p.arm.grid if f != field]  # zipped: one line per arm
-            for combo in sorted({tuple(s[f] for f in others) for s in p.settings}):
-                label = p.arm.name + (f" ({_setting_label(dict(zip(others, combo)))})" if others else "")
+        for ai, a in ((ai, a) for ai, a in enumerate(study.arms) if field in a.grid):
+            others = [] if a.zipped else [f for f in a.grid if f != field]  # zipped: one line per arm
+            for combo in sorted({tuple(s[f] for f in others) for s in settings[ai]}):
+                label = a.name + (f" ({_setting_label(dict(zip(others, combo)))})" if others else "")
                 per_x = []
                 for x in xs:
-                    sis = [si for si, s in enumerate(p.settings)
+                    sis = [si for si, s in enumerate(settings[ai])
                            if np.isclose(s[field], x) and tuple(s[f] for f in others) == combo]
                     per_x.append(final[(runs["arm"] == ai) & np.isin(runs["setting"], sis)] if sis else None)
                 lines[label] = per_x

@@ -1,10 +1,12 @@
-"""A finished study's results: merged curves, one summary row per grid point, the files.
+"""A finished study's results: the merged curves and the files.
 
 The output folder holds ``config.json`` (everything needed to rerun),
-``summary.csv``, ``curves.npz`` (every metric ``[runs, iterations]`` under
-``metric/``, per-run metadata under ``run/``), PNG plots, ``run_info.json``
-(timings, memory), ``checkpoints/`` (orbax, one folder per batch: its curves,
-and its runs' states with ``save_final`` / ``save_chunks``) and, last, ``FINISHED``.
+``curves.npz`` (every metric ``[runs, iterations]`` under ``metric/``, per-run
+metadata under ``run/``), ``run_info.json`` (timings, memory), ``checkpoints/``
+(orbax, one folder per batch: its curves, and its runs' states with
+``save_final`` / ``save_chunks``) and, last, ``FINISHED``. Scores, the summary
+rows and plots are the report's (:mod:`coevo_jax.analysis.report`), computed
+from ``curves.npz``; the runner computes no statistics.
 """
 from __future__ import annotations
 
@@ -15,11 +17,9 @@ import time
 
 import numpy as np
 
-from coevo_jax.analysis import metrics
-from coevo_jax.analysis.tables import csv_to_rows, rows_to_csv
 from coevo_jax.experiment import checkpoint
 from coevo_jax.experiment.folder import FINISHED_MARK, read_json
-from coevo_jax.experiment.plan import ArmPlan, arm_hparams, build_plan
+from coevo_jax.experiment.plan import ArmPlan, arm_hparams
 from coevo_jax.experiment.spec import Study, StudyError
 from coevo_jax.files import atomic_savez, atomic_write_text
 
@@ -32,7 +32,6 @@ class StudyResult:
     study: Study
     curves: dict  # metric -> [runs, iterations] float32 (NaN where an arm lacks it / is shorter)
     runs: dict  # per-run metadata: arm, label, method, setting, seed, diverged, hp/<field> (NaN: not its method's)
-    summary: list  # one dict per (arm, grid point)
     info: dict
 
     def select(self, label: str, **hp) -> np.ndarray:
@@ -48,12 +47,6 @@ class StudyResult:
         if not found:
             raise StudyError(f"no arm {label!r}; arms: {', '.join(a.name for a in self.study.arms)}")
         return found[0]
-
-    def scores(self, label: str, **hp) -> dict:
-        """Per-run scores (:func:`coevo_jax.analysis.metrics.run_scores`) of arm ``label``'s runs matching ``hp``."""
-        _, arm = self.arm(label)
-        return metrics.run_scores(self.curves, self.select(label, **hp), arm.static.num_iterations,
-                                  self.study.threshold, self.study.threshold_metric)
 
     def hparams(self, label: str):
         """Arm ``label``'s HParams as its runs used them: leaves ``[runs]`` (each run's grid point)."""
@@ -126,40 +119,12 @@ def assemble(study: Study, plans: list[ArmPlan], per_arm) -> tuple[dict, dict]:
     return curves, {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
-def summary_rows(study: Study, plans: list[ArmPlan], curves: dict, runs: dict) -> list[dict]:
-    """One row per (arm, grid point): seeds, diverged runs, the swept values and the
-    summary statistics of its scores (:func:`~coevo_jax.analysis.stats.score_columns`)."""
-    from coevo_jax.analysis import stats
-
-    swept = list(dict.fromkeys(f for p in plans for f in p.arm.grid))
-    rows = []
-    for ai, plan in enumerate(plans):
-        for si in range(len(plan.settings)):
-            idx = np.nonzero((runs["arm"] == ai) & (runs["setting"] == si))[0]
-            row = {"env": study.env, "arm": plan.arm.name, "method": plan.arm.static.method}
-            row.update({f: float(runs[f"hp/{f}"][idx[0]]) for f in swept})
-            row.update(n_seeds=len(idx), n_diverged=int(runs["diverged"][idx].sum()))
-            scores = metrics.run_scores(curves, idx, plan.num_iterations, study.threshold, study.threshold_metric)
-            row.update(stats.score_columns(scores, study.threshold, plan.arm.static.steps_per_iteration,
-                                           ai * 1000 + si))
-            row["env_steps"] = float(curves["env_steps"][idx[0], plan.num_iterations - 1])
-            rows.append(row)
-    return rows
-
-
-def write_outputs(out: str, study: Study, plans, curves, runs, info) -> list[dict]:
-    """``curves.npz``, ``summary.csv``,
-    the default plots, ``run_info.json``; then ``FINISHED``. Returns the rows."""
-    from coevo_jax.analysis import plots
-
+def write_outputs(out: str, curves, runs, info) -> None:
+    """``curves.npz`` and ``run_info.json``; then ``FINISHED``."""
     atomic_savez(os.path.join(out, "curves.npz"), **{f"metric/{k}": v for k, v in curves.items()},
                  **{f"run/{k}": v for k, v in runs.items()})
-    rows = summary_rows(study, plans, curves, runs)
-    atomic_write_text(os.path.join(out, "summary.csv"), rows_to_csv(rows))
-    plots.study_default_plots(out, study, plans, curves, runs)
     atomic_write_text(os.path.join(out, "run_info.json"), json.dumps(info, indent=1, default=float))
     atomic_write_text(os.path.join(out, FINISHED_MARK), time.strftime("%Y-%m-%d %H:%M:%S") + "\n")
-    return rows
 
 
 def load_result(out: str) -> StudyResult:
@@ -170,19 +135,4 @@ def load_result(out: str) -> StudyResult:
     with np.load(os.path.join(out, "curves.npz"), allow_pickle=False) as z:
         curves = {k[len("metric/"):]: z[k] for k in z.files if k.startswith("metric/")}
         runs = {k[len("run/"):]: z[k] for k in z.files if k.startswith("run/")}
-    with open(os.path.join(out, "summary.csv")) as f:
-        rows = csv_to_rows(f.read())
-    return StudyResult(out, study, curves, runs, rows, read_json(os.path.join(out, "run_info.json"), {}))
-
-
-def rebuild_outputs(out: str) -> StudyResult:
-    """Recompute ``summary.csv`` and the default plots of a finished study from
-    its ``curves.npz`` (after a change to the metrics); runs nothing."""
-    from coevo_jax.analysis import plots
-
-    res = load_result(out)
-    plans = build_plan(res.study, check_trainers=False)
-    res.summary = summary_rows(res.study, plans, res.curves, res.runs)
-    atomic_write_text(os.path.join(out, "summary.csv"), rows_to_csv(res.summary))
-    plots.study_default_plots(out, res.study, plans, res.curves, res.runs)
-    return res
+    return StudyResult(out, study, curves, runs, read_json(os.path.join(out, "run_info.json"), {}))

@@ -155,7 +155,7 @@ def run_study(study: Study, out: str, *, overwrite: bool = False, devices: int |
             "compile_s_total": compile_s,
             "hosts": {str(h): {k: d.get(k) for k in ("compile_s", "exec_s", "peak_rss_mb", "memory")}
                       for h, d in hosts.items()}}
-    rows = write_outputs(out, study, plans, curves, runs, info)
+    write_outputs(out, curves, runs, info)
     if progress:
         mem = sorted({f"{arm}: {m['compiled_bytes_per_run'] / 2**20:.2f} MiB/run (batch {m['batch']})"
                       for d in hosts.values() for arm, m in (d.get("memory") or {}).items()})
@@ -163,4 +163,4 @@ def run_study(study: Study, out: str, *, overwrite: bool = False, devices: int |
         compiled = ", ".join(f"{arm} {sec:.0f} s" for arm, sec in hosts[0].get("compile_s", {}).items() if sec > 0)
         log(f"done in {fmt_time(wall)}: {new_steps / wall:,.0f} env steps/s overall; compiling {compile_s:.0f} s"
             f" ({compiled}); peak RSS {peak:.0f} MiB; compiled memory {'; '.join(mem)}")
-    return StudyResult(out, study, curves, runs, rows, info)
+    return StudyResult(out, study, curves, runs, info)

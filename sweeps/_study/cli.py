@@ -100,12 +100,12 @@ def run_studies(args, studies: list, last: bool = True) -> list | None:
 
     A finished study of the same config is loaded, not rerun, when it is part of an interrupted
     run: one of several studies, or of a stage before the ``last`` (tune, then evaluate)."""
-    from coevo_jax.experiment.results import load_result, rebuild_outputs
+    from coevo_jax.analysis.report import load_report, rebuild_report, write_report
     from coevo_jax.experiment.runner import run_study
 
     outs = [args.out if len(studies) == 1 else os.path.join(args.out, s.name) for s in studies]
     if args.replot:
-        return [rebuild_outputs(out) for out in outs]
+        return [rebuild_report(out) for out in outs]
     kw = execution_kwargs(args)
     if len(studies) > 1 and os.path.exists(args.out) and not os.path.isdir(args.out):
         raise StudyError(f"{args.out} exists and is not a folder")
@@ -116,12 +116,12 @@ def run_studies(args, studies: list, last: bool = True) -> list | None:
     results = []
     for s, out, done in zip(studies, outs, finished):
         if done and not args.overwrite and (len(studies) > 1 or not last):  # an interrupted run's finished part
-            results.append(load_result(out))
+            results.append(load_report(out))
             continue
         res = run_study(s, out, overwrite=args.overwrite, progress=not args.quiet, **kw)
         if res is None:
             return None
-        results.append(res)
+        results.append(write_report(res))
     return results
 
 
@@ -141,7 +141,7 @@ def staged_main(parser: OneLineParser, stages, report, argv=None) -> int:
     """:func:`main` for a script whose studies depend on earlier ones (e.g. tune, then evaluate).
 
     ``stages``: ``[(name, build(args, earlier) -> [Study, ...]), ...]``; ``earlier`` is the list of
-    the finished stages' results (one list of ``StudyResult`` per stage). Stage ``name`` writes to
+    the finished stages' results (one list of ``StudyReport`` per stage). Stage ``name`` writes to
     ``--out/<name>`` (``""``: ``--out`` itself). ``report(args, results_per_stage) -> str``.
     """
     from coevo_jax.runtime import use_safe_xla_flags

@@ -115,7 +115,7 @@ def write_table(path: str, rows: list[dict], header: str = "") -> str:
 
 
 def arm_finals(result, score: str = "final_success") -> dict:
-    """``{arm label: per-run score [runs]}`` (``score`` a key of ``StudyResult.scores``)."""
+    """``{arm label: per-run score [runs]}`` (``score`` a key of ``StudyReport.scores``)."""
     return {a.name: np.asarray(result.scores(a.name)[score]) for a in result.study.arms}
 
 
