@@ -6,9 +6,8 @@ A spec names the method, its signal factory, its hyperparameter class (a
 :class:`~coevo_jax.signals.base.SignalParams`, the ``signal`` half of the
 method's ``HParams``), the values it runs with where they differ from the
 class defaults, whether it pays a separate intrinsic stream (a second critic
-head), its ``StaticConfig`` checks, the optional environment outputs it needs,
-the ``HParams`` overrides that switch its contribution off and the fields that
-equal-budget tuning searches. ``default_hparams``, ``validate_static``,
+head), its ``StaticConfig`` checks, the optional environment outputs it needs and
+the ``HParams`` overrides that switch its contribution off. ``default_hparams``, ``validate_static``,
 ``StaticConfig.value_heads`` and ``make_signal`` read the spec of the method
 they are given. The built-in methods register when :mod:`coevo_jax.signals` is
 imported (``import coevo_jax`` does); a method from anywhere else registers
@@ -69,15 +68,12 @@ class MethodSpec:
     ``requires``: the environment's optional outputs the method reads
     (``envs_jax.core.OPTIONAL_OUTPUTS``). ``off``: the ``HParams`` overrides
     under which the method's rewards give exactly sparse PPO's advantages
-    (``None`` where that does not apply). ``tune``: the method's own key
-    hyperparameters that equal-budget tuning searches
-    (``sweeps/_study/tuning.py``, beside the policy's ``lr`` and ``ent_coef``
-    that every method searches), field -> ``(low, high)``, sampled
-    log-uniformly: ``0 < low < high``, inside the field's range.
+    (``None`` where that does not apply). (What a study's tuning searches is the
+    study's: ``sweeps/_study/tuning.py``.)
 
     A spec is checked when made (:class:`ConfigError`): the classes, unique field
-    names, and every name in ``defaults``, ``off`` and ``tune`` a field of the
-    method with a value in range.
+    names, and every name in ``defaults`` and ``off`` a field of the method with a
+    value in range.
     """
 
     name: str
@@ -89,10 +85,9 @@ class MethodSpec:
     requires: tuple = ()
     off: Mapping[str, float] | None = None
     doc: str = ""
-    tune: Mapping[str, tuple] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
-        for name in ("defaults", "off", "tune"):
+        for name in ("defaults", "off"):
             object.__setattr__(self, name, _frozen(getattr(self, name)))
         object.__setattr__(self, "requires", tuple(self.requires))
         if self.params is None:
@@ -133,8 +128,6 @@ def _check_spec(spec: MethodSpec) -> None:
                           f" {', '.join(OPTIONAL_OUTPUTS)}")
     if spec.static is not None:
         _check_static_class(spec.static, spec.name)
-    for field, rng in spec.tune.items():
-        _check_search_range(field, rng, decls, spec.name)
 
 
 def _check_static_class(cls, owner: str) -> None:
@@ -181,18 +174,6 @@ def register_method(spec: MethodSpec) -> MethodSpec:
         raise ConfigError(f"method {spec.name!r} is already registered (unregister_method it first)")
     _METHODS[spec.name] = spec
     return spec
-
-
-def _check_search_range(field: str, rng, decls: dict, owner: str) -> None:
-    """``tune[field] = (low, high)``: a declared float field, ``0 < low < high``, both inside its range."""
-    p = decls.get(field)
-    if p is None:
-        raise ConfigError(f"method {owner!r}: tune names unknown HParams field {field!r};"
-                          f" fields are {', '.join(decls)}")
-    ok = isinstance(rng, tuple) and len(rng) == 2 and not p.integer
-    if not (ok and 0 < rng[0] < rng[1] and not p.outside(np.asarray(rng)).any()):
-        raise ConfigError(f"method {owner!r}: tune[{field!r}]={rng!r} must be (low, high) with 0 < low < high inside"
-                          f" HParams.{field}'s range {p.range_text()}{' (an integer field)' if p.integer else ''}")
 
 
 def unregister_method(name: str) -> None:

@@ -6,8 +6,8 @@ pick is made on fresh seeds.
 Per method (rules fixed in advance, :mod:`_study.tuning`):
 
 1. **screen**: ``--num-configs`` (>= 32) configurations sampled inside its declared
-   ranges (the policy's lr, ent_coef and gae_lambda, then the fields of its
-   ``MethodSpec.tune``; a fixed-seed Halton sample, log-uniform, lambda uniform in
+   ranges (the policy's lr, ent_coef and gae_lambda, then its own fields in
+   ``_study.tuning.METHOD_SEARCH``; a fixed-seed Halton sample, log-uniform, lambda uniform in
    [0.8, 1]; the same policy coordinates for every method), one arm (one compile,
    the configurations vmapped) on ``--tune-seeds`` (2-3) seeds, base seed
    ``--tune-base`` (default ``--seed + 1000``); rule: the highest mean AUC of success;

@@ -25,18 +25,18 @@ def load(name):
 
 
 def test_every_method_gets_the_same_number_of_configurations_inside_its_ranges():
-    from coevo_jax.registry import method_spec, registered_methods
+    from coevo_jax.registry import registered_methods
 
     samples = {}
     for m in registered_methods():
         space = tuning.search_space(m)
-        assert list(space)[:3] == ["lr", "ent_coef", "gae_lambda"] and set(method_spec(m).tune) <= set(space)
+        assert list(space)[:3] == ["lr", "ent_coef", "gae_lambda"] and set(tuning.METHOD_SEARCH.get(m, {})) <= set(space)
         samples[m] = tuning.sample_configs(space, 32, seed=0)
         assert len(samples[m]) == 32 and len({tuple(c.values()) for c in samples[m]}) == 32
         for c in samples[m]:
             assert list(c) == list(space) and all(space[f][0] <= v <= space[f][1] for f, v in c.items())
     # the learned rewards search their own step sizes, and every method sees the same policy points
-    assert all(any("lr" in f for f in method_spec(m).tune) for m in ("coevo-regression", "siop", "icm", "meta"))
+    assert all(any("lr" in f for f in tuning.METHOD_SEARCH[m]) for m in ("coevo-regression", "siop", "icm", "meta"))
     policy = [[(c["lr"], c["ent_coef"], c["gae_lambda"]) for c in s] for s in samples.values()]
     assert all(p == policy[0] for p in policy)
     # lr reaches 3e-2; lambda is searched uniformly in [0.8, 1] (lambda = 1: Monte Carlo advantages)
@@ -79,16 +79,14 @@ def test_a_pick_at_the_edge_of_its_range_is_flagged():
         assert tuning.to_unit(tuning.from_unit(0.3, rng), rng) == pytest.approx(0.3)
 
 
-def test_a_method_cannot_declare_a_search_range_outside_its_field():
-    import dataclasses
-
-    from coevo_jax.registry import method_spec, register_method
-
-    for tune, msg in (({"nope": (1e-3, 1e-2)}, "tune names unknown HParams field 'nope'"),
-                      ({"lr": (0.0, 1e-2)}, r"tune\['lr'\]=\(0.0, 0.01\) must be \(low, high\)"),
-                      ({"ent_coef": (0.1, 0.01)}, "0 < low < high")):
+def test_a_search_range_outside_its_field_is_refused():
+    for space, msg in (({"nope": (1e-3, 1e-2)}, "the search space names unknown HParams field 'nope'"),
+                       ({"lr": (0.0, 1e-2)}, r"search range lr=\(0.0, 0.01\) must be \(low, high\)"),
+                       ({"ent_coef": (0.1, 0.01)}, "0 < low < high"),
+                       ({"gae_lambda": (0.8, 1.2, "linear")}, r"inside HParams.gae_lambda's range \[0.0, 1.0\]")):
         with pytest.raises(ConfigError, match=msg):
-            register_method(dataclasses.replace(method_spec("ppo"), name="ppo-bad-tune", tune=tune))
+            tuning.check_space("ppo", space)
+    tuning.check_space("ppo", {"gae_lambda": (0.8, 1.0, "linear")})  # a linear range may start at or below 0
 
 
 def _synthetic_result(study, success):

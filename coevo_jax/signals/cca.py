@@ -270,7 +270,6 @@ class CCAParams(RewardNetParams):
 register_method(MethodSpec(
     "cca", make_cca, CCAParams,
     static=RewardNetStatic, off={"beta_int": 0.0},
-    tune={"reward_lr_ratio": (0.01, 20.0), "beta_int": (0.1, 2.0), "indep_coef": (0.1, 1000.0)},
     doc="counterfactual credit (Mesnard et al. 2021): Q(x, Phi, a_t) - sum_a pi(a | x) Q(x, Phi, a),"
         " Phi a hindsight statistic of the future kept independent of the action",
 ))

@@ -77,6 +77,6 @@ def make_critic_shaping(static, network=None, env=None, env_params=None) -> Sign
 
 register_method(MethodSpec(
     "siop-critic", make_critic_shaping, ShapingParams,  # siop's mixing: raw shaping in units of the external return
-    static=CriticShapingStatic, off={"beta_int": 0.0}, tune={"beta_int": (0.25, 2.0)},
+    static=CriticShapingStatic, off={"beta_int": 0.0},
     doc="control: siop's shaping credit gamma V(s') - V(s) with PPO's own critic V as the potential",
 ))

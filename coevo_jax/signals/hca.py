@@ -196,6 +196,5 @@ class HCAParams(RewardNetParams):
 register_method(MethodSpec(
     "hca", make_hca, HCAParams,
     static=RewardNetStatic, off={"beta_int": 0.0},
-    tune={"reward_lr_ratio": (0.01, 20.0), "beta_int": (0.1, 2.0)},
     doc="return-conditional hindsight credit (Harutyunyan et al. 2019): (1 - pi(a | x) / h(a | x, Z)) Z",
 ))

@@ -201,6 +201,5 @@ register_method(MethodSpec(
     intrinsic_stream=True,
     static=ICMStatic,
     off={"beta_int": 0.0},
-    tune={"beta_int": (0.01, 1.0), "icm_lr_ratio": (0.1, 10.0)},
     doc="ICM curiosity: the forward model's error, a non-episodic bonus stream",
 ))

@@ -190,7 +190,7 @@ class IRCRParams(RewardNetParams):
 
 register_method(MethodSpec(
     "ircr", make_ircr, IRCRParams,
-    static=RewardNetStatic, off={"beta_ext": 1.0, "beta_int": 0.0}, tune={"ircr_lr_ratio": (0.2, 200.0)},
+    static=RewardNetStatic, off={"beta_ext": 1.0, "beta_int": 0.0},
     doc="IRCR (Gangwani et al. 2020): a learned per-step guidance reward regressed on the min-max normalised"
         " return of each step's episode, replacing the external reward",
 ))

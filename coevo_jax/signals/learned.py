@@ -422,22 +422,19 @@ class NoveltyParams(LearnedParams):
                                           " trains on every rollout; not annealed)")
 
 
-#: what equal-budget tuning searches (sweeps/_study/tuning.py): R_phi's step and its weight in the reward
-TUNE = {"reward_lr_ratio": (0.01, 20.0), "beta_int": (0.1, 2.0)}
-
 register_method(MethodSpec(
     "coevo-regression", make_learned, LearnedParams,
-    static=RewardNetStatic, off={"beta_int": 0.0}, tune=TUNE,
+    static=RewardNetStatic, off={"beta_int": 0.0},
     doc="co-evolving R_phi fit so its episode sums equal the external returns (RUDDER-style decomposition)",
 ))
 register_method(MethodSpec(
     "coevo-ranking", make_learned, LearnedParams, {"ranking_weight": 1.0},
-    static=RewardNetStatic, off={"beta_int": 0.0}, tune=TUNE,
+    static=RewardNetStatic, off={"beta_int": 0.0},
     doc="co-evolving R_phi fit to order episodes like their external returns (Bradley-Terry)",
 ))
 register_method(MethodSpec(
     "coevo-novelty", make_learned, NoveltyParams, intrinsic_stream=True,
     static=RewardNetStatic,
-    off={"beta_int": 0.0, "novelty_coef": 0.0}, tune={**TUNE, "novelty_coef": (0.03, 1.0)},
+    off={"beta_int": 0.0, "novelty_coef": 0.0},
     doc="coevo-regression plus an RND novelty bonus in a non-episodic stream",
 ))

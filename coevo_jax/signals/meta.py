@@ -402,6 +402,5 @@ register_method(MethodSpec(
     intrinsic_stream=True,
     static=MetaStatic,
     off={"r_int_coef": 0.0},
-    tune={"meta_lr_ratio": (0.04, 4.0), "r_int_coef": (0.01, 1.0)},
     doc="LIRPG: R_phi trained by the meta-gradient of the external objective, a non-episodic stream",
 ))

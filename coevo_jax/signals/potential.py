@@ -546,6 +546,5 @@ register_method(MethodSpec(
     "siop", make_potential, SIOPParams,
     static=PotentialStatic,
     off={"beta_int": 0.0},
-    tune={"potential_lr_ratio": (0.2, 20.0), "beta_int": (0.25, 2.0)},
     doc="self-induced outcome potential: potential-based shaping with a learned value of the external reward",
 ))

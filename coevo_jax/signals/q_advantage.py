@@ -156,6 +156,5 @@ class QAdvantageParams(RewardNetParams):
 register_method(MethodSpec(
     "q-advantage", make_q_advantage, QAdvantageParams,
     static=RewardNetStatic, off={"beta_int": 0.0},
-    tune={"reward_lr_ratio": (0.01, 20.0), "beta_int": (0.1, 2.0)},
     doc="the action's advantage under a learned return model Q(h, a): Q(h, a_t) - sum_a pi(a | h) Q(h, a)",
 ))

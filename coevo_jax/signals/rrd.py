@@ -161,7 +161,7 @@ class RRDParams(RewardNetParams):
 
 register_method(MethodSpec(
     "rrd", make_rrd, RRDParams,
-    static=RewardNetStatic, off={"beta_ext": 1.0, "beta_int": 0.0}, tune={"rrd_lr_ratio": (0.2, 200.0)},
+    static=RewardNetStatic, off={"beta_ext": 1.0, "beta_int": 0.0},
     doc="RRD (Ren et al. 2022): a per-step proxy reward whose sum over a random subset of an episode's steps,"
         " scaled to its length, regresses onto the return; replacing the external reward",
 ))

@@ -2,8 +2,9 @@
 key hyperparameters, in two stages, with rules fixed in advance.
 
 * **What is searched** (:func:`search_space`): the policy's ``lr``, ``ent_coef``
-  and ``gae_lambda`` (:data:`POLICY_SEARCH`) for every method, then the fields the
-  method declares in its :class:`~coevo_jax.registry.MethodSpec` ``tune``. A range
+  and ``gae_lambda`` (:data:`POLICY_SEARCH`) for every method, then the method's own
+  key hyperparameters (:data:`METHOD_SEARCH`; a method not listed there searches
+  the policy's fields only). A range
   ``(low, high)`` is searched log-uniformly, ``(low, high, "linear")`` uniformly
   (GAE lambda in [0.8, 1], where lambda = 1 is Monte Carlo advantages).
 * **Stage 1, the screen** (:func:`sample_configs`): ``n >= 32`` points of a Halton
@@ -46,22 +47,53 @@ RULE = ("mean over the tuning seeds of the AUC of success (mean success rate ove
 FINAL_RULE = ("the finalist with the highest IQM over the stage-2 seeds of the AUC of success;"
               " ties: the better stage-1 rank")
 _PRIMES = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53)
+_R_PHI = {"reward_lr_ratio": (0.01, 20.0), "beta_int": (0.1, 2.0)}  # a learned reward's step and its weight
+_SIOP = {"potential_lr_ratio": (0.2, 20.0), "beta_int": (0.25, 2.0)}
+#: each method's own searched fields, ``(low, high)`` log-uniformly (in this order: the Halton sample's axes)
+METHOD_SEARCH = {
+    "icm": {"beta_int": (0.01, 1.0), "icm_lr_ratio": (0.1, 10.0)},
+    "coevo-regression": _R_PHI, "coevo-ranking": _R_PHI, "coevo-shuffled": _R_PHI,
+    "coevo-novelty": {**_R_PHI, "novelty_coef": (0.03, 1.0)},
+    "siop": _SIOP, "siop-shuffled": _SIOP, "siop-critic": {"beta_int": (0.25, 2.0)},
+    "meta": {"meta_lr_ratio": (0.04, 4.0), "r_int_coef": (0.01, 1.0)},
+    "ircr": {"ircr_lr_ratio": (0.2, 200.0)}, "rrd": {"rrd_lr_ratio": (0.2, 200.0)},
+    "q-advantage": _R_PHI, "hca": _R_PHI, "cca": {**_R_PHI, "indep_coef": (0.1, 1000.0)},
+}
 
 
 def search_space(method: str) -> dict[str, tuple]:
     """``{field: (low, high[, "linear"])}`` searched for ``method`` (a registered method or a control label
-    of :data:`_study.controls.CONTROLS`): :data:`POLICY_SEARCH`, then the method's ``MethodSpec.tune``
-    (log-uniform), or the control's ``space`` (after the ``tune`` of the method it is ``like``)."""
-    from coevo_jax.registry import method_spec
-
+    of :data:`_study.controls.CONTROLS`): :data:`POLICY_SEARCH`, then the method's :data:`METHOD_SEARCH`
+    (log-uniform), or the control's ``space`` (after that of the method it is ``like``); checked
+    (:func:`check_space`)."""
     from _study.controls import CONTROLS
 
     if method in CONTROLS:
         c = CONTROLS[method]
-        own = {**(dict(method_spec(c.like).tune) if c.like else {}), **c.space}
+        own = {**METHOD_SEARCH.get(c.like, {}), **c.space}
     else:
-        own = dict(method_spec(method).tune)
+        own = dict(METHOD_SEARCH.get(method, {}))
+    check_space(method_of(method), own)
     return {**{f: r for f, r in POLICY_SEARCH.items() if f not in own}, **own}
+
+
+def check_space(method: str, space: Mapping[str, tuple]) -> None:
+    """:class:`ConfigError` unless every ``space[field]`` names a float HParams field of the registered
+    ``method`` and is ``(low, high)`` with ``0 < low < high`` (log-uniform) or ``(low, high, "linear")``
+    with ``low < high``, both ends inside the field's range."""
+    from coevo_jax.registry import method_spec
+
+    decls = method_spec(method).declarations()
+    for field, rng in space.items():
+        p = decls.get(field)
+        if p is None:
+            raise ConfigError(f"method {method!r}: the search space names unknown HParams field {field!r};"
+                              f" fields are {', '.join(decls)}")
+        ok = isinstance(rng, tuple) and (len(rng) == 2 or is_linear(rng)) and not p.integer
+        if not (ok and (is_linear(rng) or 0 < rng[0]) and rng[0] < rng[1] and not p.outside(np.asarray(rng[:2])).any()):
+            raise ConfigError(f"method {method!r}: search range {field}={rng!r} must be (low, high) with 0 < low <"
+                              f" high, or (low, high, 'linear') with low < high, inside HParams.{field}'s range"
+                              f" {p.range_text()}{' (an integer field)' if p.integer else ''}")
 
 
 def arm_of(label: str, static, configs: list[dict] | None = None, pick: Mapping[str, float] | None = None):
