@@ -55,19 +55,10 @@ GOOD_RUNS, BAD_RUNS = [0, 1], [2, 3]  # run r: setting r // 2, seed r % 2
 SHARDED_CONFIG = dataclasses.replace(CONFIG, num_seeds=4)
 SHARDED_AS_REFERENCE = [0, 1, 4, 5]
 
-# the results' bootstrap CIs with 50 resamples, not 2000: the summaries are written in a fraction of the time
-FEW_BOOTSTRAP_SAMPLES = """
-import numpy as np
-from coevo_jax.analysis import stats
-_boot = stats.bootstrap_ci
-stats.bootstrap_ci = lambda x, stat=np.mean, n_boot=0, **kw: _boot(x, stat, 50, **kw)
-"""
-
 SHARDED_SCRIPT = """
 import sys, json
 sys.path.insert(0, {root!r})
 import jax
-""" + FEW_BOOTSTRAP_SAMPLES + """
 from coevo_jax.experiment import Study, run_study
 config = Study.from_json(json.loads(open({cfg!r}).read()))
 res = run_study(config, {out!r}, devices={devices}, max_parallel={max_parallel}, progress=False,
@@ -197,10 +188,10 @@ def test_output_folder_contents(reference):
     assert not [f for f in os.listdir(out) if ".tmp" in f]  # no half-written files left
 
 
-def test_two_devices_killed_and_resumed_equal_one_device(reference, workdir):
+def test_two_devices_killed_and_resumed_on_four_equal_one_device(reference, workdir):
     """The whole batch of 4 runs split over 2 devices (2 each, the reference's per-device shape), the
-    process killed with -9 once a checkpoint is on disk, then the same call again: it resumes to the
-    reference's results."""
+    process killed with -9 once a checkpoint is on disk, then the same call on 4 devices (the same batch,
+    one run each): it resumes to the reference's results."""
     proc, out = _devices_job(workdir, "two_devices", CONFIG, 2, 4)
     step1 = os.path.join(out, "checkpoints", "a0_b0", "1")  # orbax renames a step's folder when complete
     deadline = time.time() + 600
@@ -209,11 +200,11 @@ def test_two_devices_killed_and_resumed_equal_one_device(reference, workdir):
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=60)
     assert proc.returncode == -9 and os.path.isdir(step1) and not os.path.exists(os.path.join(out, "FINISHED"))
-    proc, out = _devices_job(workdir, "two_devices", CONFIG, 2, 4)
+    proc, out = _devices_job(workdir, "two_devices", CONFIG, 4, 4)
     text, _ = proc.communicate(timeout=900)
-    assert proc.returncode == 0 and "devices 2 2" in text, text[-2000:]
+    assert proc.returncode == 0 and "devices 4 4" in text, text[-2000:]
     res = load_result(out)
-    assert res.info["devices_per_host"] == 2
+    assert res.info["devices_per_host"] == 4
     # as on 4 devices (below): the outcome bit for bit, per-minibatch diagnostics to rounding
     _assert_same_curves({k: res.curves[k] for k in ("episode_return", "env_steps", "diverged")},
                         {k: reference.curves[k] for k in ("episode_return", "env_steps", "diverged")})
@@ -238,6 +229,9 @@ def test_stop_and_resume_equals_uninterrupted_and_mismatch_is_refused(reference,
         f.write(config_text(other))
     with pytest.raises(StudyError, match="different config"):
         run_study(other, forged, max_parallel=2, progress=False, compile_cache=CACHE)
+    # other batches (4 runs each, not 2) are refused by name, and nothing is touched
+    with pytest.raises(StudyError, match=r"holds runs \[0, 1\] in batches of 2, not \[0, 1, 2, 3\] in batches of 4"):
+        run_study(CONFIG, out, max_parallel=4, progress=False, compile_cache=CACHE)
     # rerunning the same command resumes and ends exactly where the uninterrupted run did
     res = run_study(CONFIG, out, max_parallel=2, progress=False, compile_cache=CACHE)
     _assert_same_curves(res.curves, reference.curves)

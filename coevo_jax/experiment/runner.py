@@ -7,7 +7,10 @@ devices of every host; host 0 writes the results. On CPU the local devices are
 host devices made by the ``devices`` option before JAX starts its CPU backend
 (the study scripts: ``--devices``, one per core).
 Rerunning the same call on the same folder resumes every batch from its last
-checkpoint, with results identical to an uninterrupted run.
+checkpoint, with results identical to an uninterrupted run, also on another
+device count that cuts the same batches (a run's numbers do not depend on the
+device split; a checkpoint of other batches is refused by name, see
+:func:`~coevo_jax.experiment.checkpoint.check_record`).
 """
 from __future__ import annotations
 
@@ -25,7 +28,6 @@ from coevo_jax.experiment.progress import Progress, fmt_time
 from coevo_jax.experiment.results import StudyResult, assemble, merge_batches, write_outputs
 from coevo_jax.experiment.spec import Study, StudyError, config_hash, config_text
 from coevo_jax.experiment.worker import default_compile_cache, run_arms, set_compile_cache
-from coevo_jax.files import atomic_write_text
 
 
 def _positive(name: str, v) -> None:
@@ -70,15 +72,6 @@ def barrier(name: str, timeout_s: int = 24 * 3600) -> None:
     distributed.global_state.client.wait_at_barrier(name, timeout_s * 1000)
 
 
-def _layout(out: str, action: str, layout: dict) -> None:
-    """Refuse to resume checkpoints written with another batch layout (devices, max_parallel, hosts)."""
-    saved = read_json(os.path.join(out, "checkpoints", "layout.json")) if action == "resume" else None
-    if saved and saved != layout:
-        raise StudyError(f"checkpoints in {out} were written with layout {saved}, not {layout}; rerun with"
-                         f" --devices {saved.get('devices')} --max-parallel {saved.get('max_parallel')}, or"
-                         " --overwrite")
-
-
 def run_study(study: Study, out: str, *, overwrite: bool = False, devices: int | None = None,
               max_parallel: int | None = None, stop_after_chunks: int | None = None, progress: bool = True,
               compile_cache: str | bool | None = True, distributed: Mapping | None = None,
@@ -108,11 +101,8 @@ def run_study(study: Study, out: str, *, overwrite: bool = False, devices: int |
     host, num_hosts = jax.process_index(), jax.process_count()
     out = os.path.abspath(out)
     action = check_out(out, text, overwrite) if host == 0 else "new"  # the other hosts wait for host 0's folder
-    layout = {"devices": len(local), "max_parallel": max_parallel, "num_hosts": num_hosts}
-    _layout(out, action, layout)
     if host == 0:
         prepare_out(out, text, action)
-        atomic_write_text(os.path.join(out, "checkpoints", "layout.json"), json.dumps(layout))
     else:
         wait_prepared(out, text)
     total_runs = sum(p.num_runs for p in plans)
