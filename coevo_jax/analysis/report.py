@@ -27,16 +27,11 @@ class StudyReport(StudyResult):
     summary: list = dataclasses.field(default_factory=list)  # one dict per (arm, grid point)
 
     def scores(self, label: str, **hp) -> dict:
-        """Per-run scores (:func:`coevo_jax.analysis.metrics.run_scores`) of arm ``label``'s runs matching ``hp``."""
-        return arm_scores(self, label, **hp)
-
-
-def arm_scores(result: StudyResult, label: str, **hp) -> dict:
-    """Per-run scores (:func:`~coevo_jax.analysis.metrics.run_scores`) of arm ``label``'s runs whose
-    HParams equal ``hp``, in seed order: ``{score: [runs]}``."""
-    _, arm = result.arm(label)
-    return metrics.run_scores(result.curves, result.select(label, **hp), arm.static.num_iterations,
-                              result.study.threshold, result.study.threshold_metric)
+        """Per-run scores (:func:`~coevo_jax.analysis.metrics.run_scores`) of arm ``label``'s runs whose
+        HParams equal ``hp``, in seed order: ``{score: [runs]}``."""
+        _, arm = self.arm(label)
+        return metrics.run_scores(self.curves, self.select(label, **hp), arm.static.num_iterations,
+                                  self.study.threshold, self.study.threshold_metric)
 
 
 def summary_rows(result: StudyResult) -> list[dict]:
