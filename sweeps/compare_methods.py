@@ -89,6 +89,9 @@ def build_parser():
                    help=f"comma list of admitted tasks, or 'all' (every task not withdrawn) (default: {','.join(DEFAULT_TASKS)})")
     p.add_argument("--methods", default=",".join(METHODS), help=f"comma list of methods (default: {','.join(METHODS)})")
     p.add_argument("--no-controls", action="store_true", help="leave out the control arms (default: run them)")
+    p.add_argument("--controls", default="all", metavar="LIST",
+                   help="comma list of the controls to run, each one that applies to every task (default: all that"
+                        " apply, siop-shuffled included)")
     p.add_argument("--ablations", action="store_true", help="add SIOP's ablation arms (default: leave them out)")
     add_admitted_option(p, os.path.join(HERE, "admitted_tasks.json"))
     options.add_study_options(p, 20, THRESHOLD)
@@ -111,9 +114,11 @@ def studies(args) -> list:
                               f" ({sorted(task.stage_bases())}): the evaluation needs seeds the tuning never saw")
         arms = [task.arm(m) for m in methods]
         if controls:
+            apply = [*controls_for(task.env, task.env_kwargs), *PLACEBOS]
+            chosen = apply if args.controls == "all" else options.names(args.controls, "--controls", apply)
             arms += [task.arm(TUNED_CONTROLS[c].method, c, dict(TUNED_CONTROLS[c].fixed), tuned_as=c)
-                     for c in controls_for(task.env, task.env_kwargs)]
-            arms += [task.arm(m, label, tuned_as=like) for label, (m, like) in PLACEBOS.items()]
+                     for c in chosen if c in TUNED_CONTROLS]
+            arms += [task.arm(m, label, tuned_as=like) for label, (m, like) in PLACEBOS.items() if label in chosen]
         if controls:
             arms += task.own_ppo_arms([m for m in methods if m not in ("ppo", "dense")])
         arms += [task.arm(m, label, hp, static) for label, (m, hp, static) in ablations.items()]

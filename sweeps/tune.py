@@ -7,8 +7,8 @@ Per method (rules fixed in advance, :mod:`_study.tuning`):
 
 1. **screen**: ``--num-configs`` (>= 32) configurations sampled inside its declared
    ranges (the policy's lr, ent_coef and gae_lambda, then its own fields in
-   ``_study.tuning.METHOD_SEARCH``; a fixed-seed Halton sample, log-uniform, lambda uniform in
-   [0.8, 1]; the same policy coordinates for every method), one arm (one compile,
+   ``_study.tuning.METHOD_SEARCH``; a fixed-seed Halton sample, log-uniform, lambda log-uniform in
+   1 - lambda over [1e-4, 0.3]; the same policy coordinates for every method), one arm (one compile,
    the configurations vmapped) on ``--tune-seeds`` (2-3) seeds, base seed
    ``--tune-base`` (default ``--seed + 1000``); rule: the highest mean AUC of success;
 2. **finalists**: the best ``--finalists`` (>= 4) re-run on ``--finalist-seeds``
@@ -60,7 +60,7 @@ from coevo_jax.experiment import Study
 
 from _study import cli, options, tuning
 from _study.admitted import add_admitted_option, chosen_task
-from _study.controls import controls_for
+from _study.controls import CONTROLS, controls_for
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_TASK = "doorkey5-t60-16k"  # the main job's task (sweeps/k_sensitivity.py)
@@ -208,7 +208,8 @@ def tuning_record(args, stages, method: str, steps: int, pick: dict) -> dict:
             "tune_seeds": s1.study.num_seeds, "tune_base_seed": s1.study.base_seed, "sample_seed": args.sample_seed,
             "finalists": len(pick["finalists"]), "finalist_seeds": s2.study.num_seeds,
             "finalist_base_seed": s2.study.base_seed,
-            "space": {f: list(r) for f, r in space.items()}, "total_steps": steps,
+            "space": {f: list(r) for f, r in space.items()}, "held": dict(getattr(CONTROLS.get(method), "fixed", {})),
+            "total_steps": steps,
             "tuning_auc_success": float(np.nan_to_num(pick["stage1"][pick["index"]]).mean()),
             "finalist_auc_success_iqm": iqm(np.nan_to_num(pick["stage2"][pick["index"]])),
             "p_pick_over_runner_up": {k: float(v[k]) for k in ("p", "ci_low", "ci_high")},

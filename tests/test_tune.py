@@ -39,10 +39,15 @@ def test_every_method_gets_the_same_number_of_configurations_inside_its_ranges()
     assert all(any("lr" in f for f in tuning.METHOD_SEARCH[m]) for m in ("coevo-regression", "siop", "icm", "meta"))
     policy = [[(c["lr"], c["ent_coef"], c["gae_lambda"]) for c in s] for s in samples.values()]
     assert all(p == policy[0] for p in policy)
-    # lr reaches 3e-2; lambda is searched uniformly in [0.8, 1] (lambda = 1: Monte Carlo advantages)
-    assert tuning.POLICY_SEARCH["lr"][1] >= 3e-2 and tuning.POLICY_SEARCH["gae_lambda"] == (0.8, 1.0, "linear")
+    # lr reaches 3e-2; 1 - lambda is searched log-uniformly over [1e-4, 0.3] (lambda = 1 is the control ppo-lambda1)
+    assert tuning.POLICY_SEARCH["lr"][1] >= 3e-2 and tuning.POLICY_SEARCH["gae_lambda"] == (0.7, 0.9999, "log1m")
     lam = np.array([c["gae_lambda"] for c in samples["ppo"]])
-    assert np.histogram(lam, bins=4, range=(0.8, 1.0))[0].min() >= 6  # uniform, not log: every quarter is hit
+    assert lam.max() < 1.0 and lam.min() >= 0.7
+    # each decade of 1 - lambda is hit about equally: as many points within 0.01 of 1 as in [0.7, 0.97]
+    decades = np.histogram(np.log10(1 - lam), bins=[-4, -3, -2, -1, np.log10(0.3)])[0]
+    assert decades[:3].min() >= 8 and ((lam > 0.99).sum() >= 12), decades
+    assert "gae_lambda" not in tuning.search_space("ppo-lambda1") and list(tuning.search_space("ppo-lambda1")) == [
+        "lr", "ent_coef"]
     # quasi-random: the 32 lr coordinates leave no gap wider than 2/32 of the unit interval (circularly)
     u = np.sort(tuning.unit_sample(32, 3, seed=0)[:, 0])
     assert np.max(np.diff(np.concatenate([u, [u[0] + 1.0]]))) <= 2 / 32 + 1e-9
@@ -75,8 +80,11 @@ def test_a_pick_at_the_edge_of_its_range_is_flagged():
     pick = {"config": {"lr": 9e-3, "gae_lambda": 0.9},
             "verdict": {"runner_up": 1, "p": 0.7, "ci_low": 0.6, "ci_high": 0.8, "confident": True, "beaten_by": []}}
     assert mod._verdict_text(pick, space).endswith("; EDGE: lr (high)")
-    for rng in space.values():
+    for rng in (*space.values(), (0.7, 0.9999, "log1m")):
         assert tuning.to_unit(tuning.from_unit(0.3, rng), rng) == pytest.approx(0.3)
+    lam = (0.7, 0.9999, "log1m")  # 0.99989 is 98.8% up in log(1 - lambda); 0.99 is 57% up (99% in linear)
+    assert tuning.edge_fields({"lr": 1e-3, "gae_lambda": 0.99989}, {**space, "gae_lambda": lam}) == ["gae_lambda (high)"]
+    assert tuning.edge_fields({"lr": 1e-3, "gae_lambda": 0.99}, {**space, "gae_lambda": lam}) == []
 
 
 def test_a_search_range_outside_its_field_is_refused():
@@ -87,6 +95,8 @@ def test_a_search_range_outside_its_field_is_refused():
         with pytest.raises(ConfigError, match=msg):
             tuning.check_space("ppo", space)
     tuning.check_space("ppo", {"gae_lambda": (0.8, 1.0, "linear")})  # a linear range may start at or below 0
+    with pytest.raises(ConfigError, match="'log1m'\\) with low < high < 1"):
+        tuning.check_space("ppo", {"gae_lambda": (0.7, 1.0, "log1m")})
 
 
 def _synthetic_result(study, success):

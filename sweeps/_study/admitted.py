@@ -59,12 +59,12 @@ class AdmittedTask:
     def not_two_stage(self, methods) -> list[str]:
         """The ``methods`` whose values here did not come from the two-stage protocol of
         :mod:`_study.tuning` (no record, or one of the older single-stage 16 x 3 tunings, or one
-        without GAE lambda in its space): a verdict against them would rest on a mis-selection."""
+        without GAE lambda in its space or held): a verdict against them would rest on a mis-selection."""
         from _study import tuning
 
         def two_stage(r):
             return (r.get("num_configs", 0) >= tuning.MIN_CONFIGS and r.get("finalists", 0) >= tuning.MIN_FINALISTS
-                    and r.get("finalist_seeds", 0) >= tuning.MIN_FINALIST_SEEDS and "gae_lambda" in r.get("space", {}))
+                    and r.get("finalist_seeds", 0) >= tuning.MIN_FINALIST_SEEDS and "gae_lambda" in {**r.get("space", {}), **r.get("held", {})})
 
         return [m for m in methods if not two_stage(self.tuning.get(m, {}))]
 

@@ -16,6 +16,9 @@ counts as credit assignment only if it beats every control of its task (the verd
 * ``rphi-shuffled``: the trained R_phi's rewards moved to random steps of the same episode
   (``coevo-shuffled``: each episode's multiset of rewards kept), searched like coevo-regression.
   Rules out: the learned reward's size and per-episode sums without its timing.
+* ``ppo-lambda1``: sparse PPO with Monte Carlo advantages (``gae_lambda = 1``), its lr and entropy
+  searched. Rules out: a method that only carries the outcome's advantage back to the decision, which
+  lambda = 1 does without any learned reward (a ``d``-step delay keeps ``lambda^d`` of it).
 * ``cue-bonus-every-step`` / ``cue-bonus-after-choice`` (DelayedChain only): a hand-written bonus
   for the action that equals the cue, on every step or only where actions have no effect, its
   size searched over [1e-3, 0.3]. Rules out: help through the shared policy without temporal credit.
@@ -46,6 +49,8 @@ CONTROLS = {
                            {"reward_lr_ratio": 0.0}, {"beta_int": (1.0, 1000.0)}),
     "rphi-shuffled": Control("coevo-shuffled", "R_phi's size and episode sums without its timing",
                              like="coevo-regression"),
+    "ppo-lambda1": Control("ppo", "Monte Carlo advantages (lambda = 1) carry the outcome back without a learned reward",
+                           {"gae_lambda": 1.0}),
     "cue-bonus-every-step": Control("cue-bonus", "a hand-written action = cue bonus (no learning at all)",
                                     {"cue_after_choice": 0.0}, {"beta_int": (1e-3, 0.3)}, envs=("DelayedChain",),
                                     unless="hide_cue"),

@@ -21,8 +21,8 @@ HEADER_KEYS = ("command", "commit", "machine", "jax", "date", "wall time")
 
 
 def git_commit(path: str) -> str:
-    """``<sha>`` of the repository holding ``path``, ``<sha> + uncommitted changes`` when its
-    tracked files differ from it, ``unknown`` outside a git checkout."""
+    """``<sha>`` of the repository holding ``path``, ``<sha> + uncommitted changes (a.py, b.py)`` naming
+    the tracked files that differ from it (at most 8, then a count), ``unknown`` outside a git checkout."""
     def git(*args):
         return subprocess.run(["git", *args], cwd=path, capture_output=True, text=True, timeout=30)
 
@@ -33,7 +33,9 @@ def git_commit(path: str) -> str:
         dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-    return head.stdout.strip() + (" + uncommitted changes" if dirty else "")
+    files = [line[3:] for line in dirty.splitlines()]
+    named = ", ".join(files[:8]) + (f" and {len(files) - 8} more" if len(files) > 8 else "")
+    return head.stdout.strip() + (f" + uncommitted changes ({named})" if dirty else "")
 
 
 def machine() -> str:

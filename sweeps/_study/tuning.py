@@ -5,8 +5,12 @@ key hyperparameters, in two stages, with rules fixed in advance.
   and ``gae_lambda`` (:data:`POLICY_SEARCH`) for every method, then the method's own
   key hyperparameters (:data:`METHOD_SEARCH`; a method not listed there searches
   the policy's fields only). A range
-  ``(low, high)`` is searched log-uniformly, ``(low, high, "linear")`` uniformly
-  (GAE lambda in [0.8, 1], where lambda = 1 is Monte Carlo advantages).
+  ``(low, high)`` is searched log-uniformly, ``(low, high, "linear")`` uniformly and
+  ``(low, high, "log1m")`` log-uniformly in ``1 - x``: GAE lambda in [0.7, 0.9999], so
+  ``1 - lambda`` spans [1e-4, 0.3] and 0.99 and 0.999 are as likely as 0.8 and 0.9 (a
+  decision ``d`` steps before its outcome keeps ``lambda^d`` of the outcome's advantage).
+  Lambda = 1 (Monte Carlo advantages) is the standing control ``ppo-lambda1``
+  (:mod:`_study.controls`), tuned alike over lr and entropy.
 * **Stage 1, the screen** (:func:`sample_configs`): ``n >= 32`` points of a Halton
   sequence (bases 2, 3, 5, ... in the order of the fields) shifted by a fixed-seed
   uniform offset modulo 1 (a Cranley-Patterson rotation), mapped into the ranges,
@@ -34,8 +38,10 @@ import numpy as np
 
 from coevo_jax.config import ConfigError
 
-#: searched for every method: the policy's Adam step and entropy bonus (log-uniformly), GAE lambda (uniformly)
-POLICY_SEARCH = {"lr": (3e-5, 3e-2), "ent_coef": (1e-4, 1e-1), "gae_lambda": (0.8, 1.0, "linear")}
+#: searched for every method: the policy's Adam step and entropy bonus (log-uniformly), GAE lambda
+#: (log-uniformly in 1 - lambda)
+POLICY_SEARCH = {"lr": (3e-5, 3e-2), "ent_coef": (1e-4, 1e-1), "gae_lambda": (0.7, 0.9999, "log1m")}
+SCALES = ("linear", "log1m")  # a range's optional third entry (none: log-uniform)
 MIN_CONFIGS = 32  # stage 1: configurations per method, at least
 MIN_FINALISTS = 4  # stage 2: configurations re-run, at least
 MIN_FINALIST_SEEDS = 12  # stage 2: fresh seeds per finalist, at least
@@ -68,19 +74,21 @@ def search_space(method: str) -> dict[str, tuple]:
     (:func:`check_space`)."""
     from _study.controls import CONTROLS
 
+    held = ()
     if method in CONTROLS:
         c = CONTROLS[method]
-        own = {**METHOD_SEARCH.get(c.like, {}), **c.space}
+        own, held = {**METHOD_SEARCH.get(c.like, {}), **c.space}, tuple(c.fixed)
     else:
         own = dict(METHOD_SEARCH.get(method, {}))
     check_space(method_of(method), own)
-    return {**{f: r for f, r in POLICY_SEARCH.items() if f not in own}, **own}
+    return {**{f: r for f, r in POLICY_SEARCH.items() if f not in own and f not in held}, **own}
 
 
 def check_space(method: str, space: Mapping[str, tuple]) -> None:
     """:class:`ConfigError` unless every ``space[field]`` names a float HParams field of the registered
-    ``method`` and is ``(low, high)`` with ``0 < low < high`` (log-uniform) or ``(low, high, "linear")``
-    with ``low < high``, both ends inside the field's range."""
+    ``method`` and is ``(low, high)`` with ``0 < low < high`` (log-uniform), ``(low, high, "linear")``
+    with ``low < high`` or ``(low, high, "log1m")`` with ``low < high < 1``, both ends inside the field's
+    range."""
     from coevo_jax.registry import method_spec
 
     decls = method_spec(method).declarations()
@@ -89,11 +97,13 @@ def check_space(method: str, space: Mapping[str, tuple]) -> None:
         if p is None:
             raise ConfigError(f"method {method!r}: the search space names unknown HParams field {field!r};"
                               f" fields are {', '.join(decls)}")
-        ok = isinstance(rng, tuple) and (len(rng) == 2 or is_linear(rng)) and not p.integer
-        if not (ok and (is_linear(rng) or 0 < rng[0]) and rng[0] < rng[1] and not p.outside(np.asarray(rng[:2])).any()):
+        ok = isinstance(rng, tuple) and (len(rng) == 2 or (len(rng) == 3 and rng[2] in SCALES)) and not p.integer
+        positive = {"linear": True, "log1m": ok and rng[1] < 1}.get(scale(rng) if ok else "", ok and 0 < rng[0])
+        if not (ok and positive and rng[0] < rng[1] and not p.outside(np.asarray(rng[:2])).any()):
             raise ConfigError(f"method {method!r}: search range {field}={rng!r} must be (low, high) with 0 < low <"
-                              f" high, or (low, high, 'linear') with low < high, inside HParams.{field}'s range"
-                              f" {p.range_text()}{' (an integer field)' if p.integer else ''}")
+                              f" high, (low, high, 'linear') with low < high or (low, high, 'log1m') with low < high"
+                              f" < 1, inside HParams.{field}'s range {p.range_text()}"
+                              f"{' (an integer field)' if p.integer else ''}")
 
 
 def arm_of(label: str, static, configs: list[dict] | None = None, pick: Mapping[str, float] | None = None):
@@ -142,36 +152,49 @@ def round_sig(x: float, digits: int = 3) -> float:
     return float(f"{x:.{digits - 1}e}")
 
 
+def scale(rng: tuple) -> str:
+    """A search range's sampling scale: ``"log"`` (``(low, high)``), ``"linear"`` or ``"log1m"``."""
+    return rng[2] if len(rng) == 3 else "log"
+
+
 def is_linear(rng: tuple) -> bool:
-    """Whether a search range ``(low, high[, scale])`` is searched uniformly (else log-uniformly)."""
-    return len(rng) == 3 and rng[2] == "linear"
+    """Whether a search range ``(low, high[, scale])`` is searched uniformly."""
+    return scale(rng) == "linear"
+
+
+def _warp(x: float, rng: tuple) -> float:
+    """``x`` in the coordinate its range is uniform in: ``x``, ``log x`` or ``log(1 - x)``."""
+    kind = scale(rng)
+    return x if kind == "linear" else math.log(x) if kind == "log" else math.log1p(-x)
 
 
 def from_unit(u: float, rng: tuple) -> float:
     """The point at ``u`` in ``[0, 1]`` of the range ``rng`` in its sampling scale."""
-    lo, hi = rng[0], rng[1]
-    if is_linear(rng):
-        return lo + u * (hi - lo)
-    return math.exp(math.log(lo) + u * (math.log(hi) - math.log(lo)))
+    lo, hi = _warp(rng[0], rng), _warp(rng[1], rng)
+    w, kind = lo + u * (hi - lo), scale(rng)
+    return w if kind == "linear" else math.exp(w) if kind == "log" else -math.expm1(w)
 
 
 def to_unit(x: float, rng: tuple) -> float:
     """The inverse of :func:`from_unit`: where ``x`` lies in ``rng``, in ``[0, 1]`` of its sampling scale."""
-    lo, hi = rng[0], rng[1]
-    if is_linear(rng):
-        return (x - lo) / (hi - lo)
-    return (math.log(x) - math.log(lo)) / (math.log(hi) - math.log(lo))
+    lo, hi = _warp(rng[0], rng), _warp(rng[1], rng)
+    return (_warp(x, rng) - lo) / (hi - lo)
 
 
 def sample_configs(space: Mapping[str, tuple], n: int, seed: int = 0) -> list[dict]:
     """``n`` configurations ``{field: value}`` inside ``space`` (module docstring: Halton points,
-    log-uniform or uniform per range, 3 significant digits, clipped back into the range after rounding)."""
+    log-uniform, uniform or log-uniform in ``1 - x`` per range, 3 significant digits, clipped back into the range after rounding)."""
     if n < 1:
         raise ConfigError(f"number of configurations {n} must be >= 1")
     fields = list(space)
     u = unit_sample(n, len(fields), seed)
-    return [{f: min(max(round_sig(from_unit(ui, space[f])), space[f][0]), space[f][1]) for f, ui in zip(fields, row)}
-            for row in u]
+    return [{f: min(max(_round(from_unit(ui, space[f]), space[f]), space[f][0]), space[f][1])
+             for f, ui in zip(fields, row)} for row in u]
+
+
+def _round(x: float, rng: tuple) -> float:
+    """``x`` to 3 significant digits in its sampling coordinate (of ``1 - x`` on a ``"log1m"`` range)."""
+    return round(1.0 - round_sig(1.0 - x), 12) if scale(rng) == "log1m" else round_sig(x)
 
 
 def edge_fields(config: Mapping[str, float], space: Mapping[str, tuple], edge: float = EDGE) -> list[str]:
