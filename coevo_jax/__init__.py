@@ -1,22 +1,10 @@
 """coevo-jax: learned rewards and turn-level credit assignment in JAX.
 
-Public API (``__all__``): the configs (:class:`StaticConfig` =
-``static_config(method, **flat fields)``, whose ``signal`` holds the method's
-static options, a :class:`StaticOptions`; :class:`HParams`
-= ``HParams(ppo=PPOParams(...), signal=<the method's params class>)``,
-:func:`default_hparams` and their validation), the training loop
-(:func:`make_train`, :class:`Trainer`, :class:`TrainState`), its parts
-(:func:`rollout`, :class:`Trajectory`, :func:`gae`, :func:`ppo_loss`,
-:func:`ppo_update`), the policy networks (:func:`make_policy_network`,
-:class:`ActorCritic`; ``make_train(..., network=)`` takes your own), the reward-source
-interface (:class:`Signal`, :class:`RewardStreams`, :class:`PolicyView`) and the
-methods (:func:`registered_methods`, :func:`method_spec`, :func:`make_signal`).
-Adding or removing a method is :mod:`coevo_jax.registry`'s (``register_method``);
-its hyperparameters are a class declared with :func:`coevo_jax.params.hyperparams`,
-its static options (if any) a frozen dataclass subclass of :class:`StaticOptions`.
-Importing ``signals`` registers every built-in method (each module calls
-``register_method``).
-"""
+Public API: the configs (:class:`StaticConfig`, :class:`HParams`, :func:`static_config`,
+:func:`default_hparams`), the training loop (:func:`make_train`, :class:`Trainer`) and its parts, the
+policy networks, the reward-source interface (:class:`Signal`, :class:`RewardStreams`) and the
+methods (:func:`registered_methods`, :func:`method_spec`, :func:`make_signal`; a method is added with
+:func:`coevo_jax.registry.register_method`)."""
 from coevo_jax.registry import StaticOptions, method_spec, registered_methods
 from coevo_jax.config import (
     ConfigError,

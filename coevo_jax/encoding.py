@@ -1,35 +1,6 @@
-"""The one observation encoder of every learned network that reads observations.
-
-The policy's MLP, R_phi and the RND pair (``reward_input = "obs"``), SIOP's
-potential, ICM's feature encoder and the meta path's external critic ``V_ext``
-all read an observation through :func:`encode_obs`:
-
-* **token buffers** (integer observations: the text envs' ``[L]`` buffers of
-  token ids): each position one-hot over the ``vocab`` token classes, then
-  flattened, ``[..., L] -> [..., L * vocab]``. A token id is a name, not a
-  magnitude: read as a float, "hello" (id 26) would be 13 times "<user>" (id 2),
-  and relabelling the vocabulary would change the function the network starts
-  from. One-hot, relabelling the vocabulary is a permutation of the first
-  layer's rows, whose initialisation is i.i.d. over rows, so every network's
-  output distribution at initialisation does not depend on the labels;
-* **grids and vectors** (float observations): the values as float32 features,
-  flattened over the observation's axes.
-
-``vocab`` is the observation space's ``high + 1`` for integer spaces, 0 for
-float ones (:func:`obs_vocab`). An integer observation with ``vocab = 0`` is an
-error, not a silent cast: the network was built without its env.
-
-**Why a flat one-hot, not a learned embedding.** A Dense layer of width ``H``
-on the flat one-hot is exactly a learned (position, token) embedding table
-``[L, V, H]`` summed over positions: the same function class as "embed, then
-flatten, then Dense" without the low-rank bottleneck, and, unlike a
-mean-pooled embedding, it keeps the order of the dialogue (which slot was asked
-when). The inputs are ``L * V``: Booking and Booking-Turns 128 x 31 = 3,968,
-TwentyQuestions(-Turns) 64 x 34 = 2,176, TextMaze(-Turns) 192 x 21 = 4,032, so a
-first layer of width 64 holds 139k-258k weights (about 1 MB in float32): small
-beside the transformer policy. The buffers keep the token ids (one number per
-position); the one-hot exists only inside a network's forward pass.
-"""
+"""The one observation encoder of every learned network that reads observations (the MLP policy,
+R_phi and RND, SIOP's potential, ICM's encoder, the meta path's ``V_ext``): token buffers one-hot per
+position and flattened, float observations flattened as they are. Design notes: ``docs/design.md``."""
 from __future__ import annotations
 
 import jax
@@ -45,7 +16,7 @@ def obs_vocab(env, env_params) -> int:
 
 
 def obs_ndim(env, env_params) -> int:
-    """Number of axes of one observation (``len(observation_space.shape)``)."""
+    """Number of axes of one observation."""
     return len(env.observation_space(env_params).shape)
 
 
@@ -58,11 +29,9 @@ def encoded_dim(obs_shape: tuple, vocab: int) -> int:
 
 
 def encode_obs(obs: jax.Array, obs_ndim: int, vocab: int) -> jax.Array:
-    """``obs [..., *obs_shape] -> [..., D]`` float32, flattening the last
-    ``obs_ndim`` axes: ``D = prod(obs_shape) * vocab`` one-hot features when
-    ``vocab > 0`` (token ids, stored as integers or as whole floats), else the
-    values themselves, ``D = prod(obs_shape)``. ``TypeError`` for integer
-    observations with ``vocab = 0``."""
+    """``obs [..., *obs_shape] -> [..., D]`` float32 over the last ``obs_ndim`` axes: ``D =
+    prod(obs_shape) * vocab`` one-hot features for ``vocab > 0`` (token ids, integer or whole floats),
+    else the values, ``D = prod(obs_shape)``. ``TypeError`` for integer observations with ``vocab = 0``."""
     lead = obs.shape[: obs.ndim - obs_ndim]
     flat = obs.reshape(lead + (-1,))
     if vocab > 0:

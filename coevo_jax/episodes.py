@@ -28,6 +28,10 @@ order within a rollout); the ``i``-th episode that goes to a buffer lands in
 slot ``i % E``. When more episodes end in one rollout than a buffer holds, only
 the most recent ones are written (the others would be overwritten anyway).
 
+**Minibatches** (:func:`episode_minibatches`, ``RewardNetStatic.fit_batch_episodes``):
+a fit step may read a few complete episodes drawn uniformly without replacement
+from the training buffer instead of all of it, so its cost does not grow with the buffer.
+
 **Validation split** (optional, ``val_every = k > 0``): every ``k``-th
 committed episode (number ``c`` with ``c % k == k - 1``, counted over the run
 from 0) goes to a separate held-out buffer of ``max(2, E // k)`` slots instead
@@ -170,6 +174,18 @@ def replay_episodes(given: int | None, num_envs: int, rollout_len: int, env, env
     limit = env_time_limit(env, env_params)
     per_env = 1 if limit is None or limit > MAX_WINDOW else -(-rollout_len // max(limit, 1))
     return max(MIN_REPLAY_EPISODES, 2 * num_envs * per_env)
+
+
+def check_fit_batch(num, kept: int | None) -> int:
+    """``num`` (``RewardNetStatic.fit_batch_episodes``: episodes per refit step, 0 for the whole
+    replay), checked to be an integer in ``[0, kept]``, ``kept`` the training replay's episodes
+    (:func:`replay_episodes`; ``None``: not known yet, ``[0, 65536]``); :class:`ConfigError` naming it."""
+    hi = 1 << 16 if kept is None else int(kept)
+    if isinstance(num, bool) or not isinstance(num, (int, np.integer)) or not 0 <= num <= hi:
+        size = "" if kept is None else f", at most buffer_episodes={kept} (the training replay's episodes)"
+        raise ConfigError(f"StaticConfig.fit_batch_episodes={num!r} must be an integer in [0, {hi}]{size}; 0: every"
+                          " refit step reads the whole replay")
+    return int(num)
 
 
 def complete_episodes(buf: "EpisodeBuffer") -> jax.Array:
@@ -372,3 +388,27 @@ def sample_steps(key: jax.Array, buf: EpisodeBuffer, num: int):
     idx = jnp.minimum(jnp.searchsorted(cdf, u, side="right"), w.shape[0] - 1)
     max_len = max_len_of(buf)
     return (idx // max_len).astype(jnp.int32), (idx % max_len).astype(jnp.int32), w[idx]
+
+
+def draw_episodes(key: jax.Array, valid: jax.Array, num: int) -> jax.Array:
+    """int32 ``[num]``: ``num`` distinct slots drawn uniformly without replacement among the valid
+    ones (``valid [E]`` bool, ``num <= E``); when fewer than ``num`` are valid, all of them and then
+    invalid slots (which a loss weighs 0)."""
+    u = jax.random.uniform(key, valid.shape)
+    return jax.lax.top_k(jnp.where(valid, u + 1.0, u), num)[1].astype(jnp.int32)
+
+
+def episode_minibatches(data, valid: jax.Array, num: int):
+    """A sampler ``key -> minibatch`` (:func:`coevo_jax.fit.fit`'s drawn steps) over one buffer's
+    per-episode data, ``data`` a pytree of ``[E, ...]`` arrays: ``num = 0``, all of ``data`` at every
+    step (the key unused); else the ``num`` episodes of :func:`draw_episodes` (``valid [E]``), so a
+    step's cost does not grow with the buffer. A loss weighs a drawn episode by its validity, so
+    ``data`` should carry it."""
+    if not num:
+        return lambda _: data
+
+    def sample(key):
+        slots = draw_episodes(key, valid, num)
+        return jax.tree.map(lambda a: jnp.take(a, slots, axis=0), data)
+
+    return sample

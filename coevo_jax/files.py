@@ -1,5 +1,5 @@
-"""Atomic file writes: every results file is written to a temporary name and renamed
-into place, so an interrupted process never leaves a half-written one."""
+"""Atomic file writes: a temporary file renamed into place, so an interrupted process never leaves
+a half-written one."""
 from __future__ import annotations
 
 import io

@@ -11,8 +11,9 @@
   predictor, LIRPG's external critic);
 * **drawn steps** (``data`` a function ``key -> minibatch``, with ``steps``):
   each of ``steps`` steps draws its own minibatch with its own key (a replay
-  draw: SIOP's potential; ``lambda _: batch`` for full-batch steps: the
-  co-evolving R_phi). ``steps`` may be traced (:func:`fit_traced_steps`: the
+  draw: SIOP's potential's transitions, the learned rewards' episodes,
+  :func:`coevo_jax.episodes.episode_minibatches`; ``lambda _: batch`` for
+  full-batch steps). ``steps`` may be traced (:func:`fit_traced_steps`: the
   compute-matched K study scales a refit's steps with ``hp.signal.k``).
 
 LIRPG's look-ahead (:func:`coevo_jax.signals.meta.inner_update`) takes

@@ -1,22 +1,8 @@
-"""Policy networks. Every policy maps observations ``[..., obs]`` to
-``(logits [..., A], value [..., V], features [..., H])`` where ``features`` is the
-penultimate hidden state of the actor (what learned-reward networks read) and
-``V = value_heads`` the critic's heads: 1, or 2 for the methods with a
-non-episodic bonus stream (see :class:`coevo_jax.signals.base.RewardStreams`),
-the critic of the episodic return (head 0) and that of the intrinsic return
-(head 1), two heads on one critic torso as in Burda et al. (2018). A network
-of your own may return ``value [...]`` for one head
-(:func:`coevo_jax.rollout.with_value_heads` adds the axis).
-
-The MLP follows PureJaxRL's PPO actor-critic (separate actor and critic
-torsos, orthogonal init with gain sqrt(2), 0.01 on the policy head).
-:class:`BagActorCritic` (``StaticConfig.network = "bag"``) puts the same torsos
-on a pooled bag-of-exchanges encoding of a dialogue token buffer; the
-transformer lives in :mod:`coevo_jax.transformer`. On the turn-level text envs
-(one action = one utterance) ``StaticConfig.action_head = "utterance"`` makes
-the bag or the transformer (:class:`UtteranceTransformer`) score each
-utterance by its words.
-"""
+"""Policy networks: ``obs [..., D] -> (logits [..., A], value [..., V], features [..., H])``, ``features``
+the actor's penultimate hidden state (what learned rewards read), ``V = value_heads`` (1, or 2: the
+episodic and the intrinsic critic on one torso, Burda et al. 2018; one head may return ``value
+[...]``). The MLP follows PureJaxRL's PPO actor-critic; :class:`BagActorCritic` and the transformer
+read dialogue token buffers; :class:`GRUActorCritic` is recurrent. Design notes: ``docs/design.md``."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -34,14 +20,8 @@ from envs_jax.text.turns import TurnEnv
 
 
 def orthonormal_columns(a: jax.Array) -> jax.Array:
-    """``Q`` of the QR decomposition of ``a [m, n]`` (``m >= n``) with a positive
-    diagonal of ``R``, by classical Gram-Schmidt with re-orthogonalisation (CGS2,
-    as accurate as Householder QR for well-conditioned input).
-
-    Pure ``jnp`` arithmetic in a ``fori_loop``: no LAPACK custom call, so a
-    vmapped initialisation holds no batched QR decompositions (the trigger of
-    the jax 0.10.2 XLA:CPU hang, see :mod:`coevo_jax.runtime`).
-    """
+    """``Q`` of the QR decomposition of ``a [m, n]`` (``m >= n``, positive ``diag(R)``) by classical
+    Gram-Schmidt with re-orthogonalisation, in pure ``jnp`` (no LAPACK call)."""
     m, n = a.shape
 
     def column(j, q):
@@ -54,9 +34,8 @@ def orthonormal_columns(a: jax.Array) -> jax.Array:
 
 
 def orthogonal(scale: float = 1.0):
-    """Drop-in for ``flax.linen.initializers.orthogonal(scale)`` on 2-D kernels:
-    the same matrix (the sign-corrected ``Q`` of a Gaussian matrix, so
-    Haar-distributed) up to float rounding, computed by :func:`orthonormal_columns`."""
+    """Drop-in for ``flax.linen.initializers.orthogonal(scale)`` on 2-D kernels (the same matrix up to
+    float rounding), computed without QR by :func:`orthonormal_columns`."""
 
     def init(key, shape, dtype=jnp.float32):
         if len(shape) != 2:
@@ -74,19 +53,9 @@ NARROW_OUTPUTS = range(2, 5)  # output widths that head_dot_general computes col
 
 
 def head_dot_general(x, w, dimension_numbers, precision=None, preferred_element_type=None):
-    """``dot_general`` for the output layer of a policy or value head
-    (``nn.Dense(..., dot_general=head_dot_general)``): ``x [..., K] @ w [K, N]``
-    computed as N matrix-vector products when ``N`` is in :data:`NARROW_OUTPUTS`,
-    else ``lax.dot_general`` unchanged.
-
-    The same sums in another kernel. On XLA:CPU (jax 0.10) a matmul with 2-4
-    output columns runs as a general matrix product at a few GFLOP/s, while
-    each column alone is a matrix-vector product: measured on a 2-core CPU
-    with 64 vmapped runs, forward + backward of a ``[128, 64] @ [64, N]`` head
-    is 2.5x faster at N = 2, 1.5-1.7x at N = 3-4, no faster at N = 1 (already
-    a matrix-vector product) and slower from N = 6, hence the range. Results
-    agree with ``lax.dot_general`` to float rounding (not bit for bit).
-    """
+    """``dot_general`` for a head's output layer: ``x [..., K] @ w [K, N]`` as ``N`` matrix-vector
+    products when ``N`` is in :data:`NARROW_OUTPUTS` (faster on XLA:CPU; equal up to float rounding),
+    else ``lax.dot_general``."""
     (lhs_contract, rhs_contract), batch = dimension_numbers
     plain = w.ndim == 2 and lhs_contract == (x.ndim - 1,) and rhs_contract == (0,) and batch == ((), ())
     if not plain or w.shape[1] not in NARROW_OUTPUTS:
@@ -130,20 +99,16 @@ class ActorCritic(nn.Module):
 
 
 def exchange_starts(tokens: jax.Array) -> jax.Array:
-    """``tokens [B, L] -> [B, L]`` int32: the index where each position's
-    exchange starts, i.e. one past the last ``<agent>`` marker strictly before
-    it (0 in the opening message). An exchange is what follows an ``<agent>``
-    marker up to and including the next one: the agent's turn, the partner's
-    reply and its closing marker."""
+    """``tokens [B, L] -> [B, L]`` int32: where each position's exchange starts, one past the last
+    ``<agent>`` marker strictly before it (0 in the opening message)."""
     idx = jnp.arange(tokens.shape[-1], dtype=jnp.int32)
     after_marker = jax.lax.cummax(jnp.where(tokens == AGENT, idx + 1, 0), axis=tokens.ndim - 1)
     return jnp.concatenate([jnp.zeros_like(after_marker[..., :1]), after_marker[..., :-1]], axis=-1)
 
 
 def said_by(tokens: jax.Array, vocab_size: int) -> tuple[jax.Array, jax.Array]:
-    """``tokens [B, L] -> (user [B, V], agent [B, V])`` float32 indicators of
-    the words the partner (after a ``<user>`` marker) and the agent (after an
-    ``<agent>`` marker) have said so far in the buffer."""
+    """``tokens [B, L] -> (user [B, V], agent [B, V])`` float32 indicators of the words the partner and
+    the agent have said so far."""
     idx = jnp.arange(tokens.shape[-1], dtype=jnp.int32)
     last = lambda marker: jax.lax.cummax(jnp.where(tokens == marker, idx, -1), axis=tokens.ndim - 1)
     by_user = last(USER) > last(AGENT)  # [B, L]
@@ -160,10 +125,8 @@ def utterance_counts(action_tokens: tuple, vocab_size: int) -> jax.Array:
 
 
 def utterance_tokens(env) -> tuple:
-    """The token ids of each action's utterance, ``[A][U]`` nested tuples,
-    pad-filled, for an env whose actions are whole utterances (the turn-level
-    text envs, :class:`envs_jax.text.turns.TurnEnv`, possibly wrapped);
-    :class:`ConfigError` for any other env."""
+    """``[A][U]`` token ids (pad-filled) of each action's utterance on a turn-level text env
+    (:class:`envs_jax.text.turns.TurnEnv`, possibly wrapped); :class:`ConfigError` otherwise."""
     inner = env.unwrapped
     if not isinstance(inner, TurnEnv):
         raise ConfigError(f"StaticConfig.action_head='utterance' needs an env whose actions are utterances (the"
@@ -178,20 +141,10 @@ def _torso(x: jax.Array, sizes: Sequence[int], act, prefix: str) -> jax.Array:
 
 
 class ExchangeBag(nn.Module):
-    """The pooled bag-of-exchanges encoding of dialogue token buffers:
-    ``__call__(tokens [B, L] int) -> [B, 2 * embed_dim + 1]``.
-
-    The buffer is cut into exchanges (see :func:`exchange_starts`; the
-    opening message is exchange 0; from ``max_exchanges - 1`` on they share
-    the last slot). Every non-pad token is embedded by the pair (token, offset
-    within its exchange; from ``max_offset - 1`` on the offsets share one
-    embedding), so "is alive ... yes" and "is big ... yes" differ. An
-    exchange is the sum of its pairs through LayerNorm, Dense and tanh (``[B,
-    S, E]``; the sums are a one-hot matmul, as a running sum is a quadratic
-    window reduction on XLA:CPU). The encoding is the mean over the exchanges,
-    the latest exchange (the partner's latest reply) and ``log(1 + number of
-    exchanges)``.
-    """
+    """Pooled bag-of-exchanges encoding: ``tokens [B, L] int -> [B, 2 * embed_dim + 1]``, the mean over
+    exchanges (:func:`exchange_starts`; from ``max_exchanges - 1`` on they share a slot), the latest one
+    and ``log(1 + #exchanges)``. An exchange is LayerNorm, Dense, tanh of the sum of its embedded
+    (token, offset in the exchange) pairs (offsets from ``max_offset - 1`` on shared)."""
 
     vocab_size: int
     embed_dim: int = 64
@@ -220,26 +173,11 @@ class ExchangeBag(nn.Module):
 
 
 class BagActorCritic(nn.Module):
-    """Bag-of-exchanges actor-critic over dialogue token buffers:
-    ``__call__(obs [..., L] int) -> (logits [..., A], value [..., V], features [..., H])``.
-
-    :class:`ExchangeBag` encodes the buffer (``encoder``); separate actor and
-    critic MLPs (``hidden_sizes``, as :class:`ActorCritic`) read the encoding,
-    and ``features`` is the actor's last hidden layer.
-
-    With ``action_tokens`` (``[A][U]`` token ids of each action's utterance,
-    pad-filled; see :func:`utterance_tokens`; ``StaticConfig.action_head =
-    "utterance"``) the logit of an utterance adds the scores of its tokens,
-    ``logits = Dense_A(f) + scores @ counts.T`` (``counts [A, V]``), so what is
-    learned about one word carries over to every utterance that says it (the
-    144 Booking proposals share their 14 slot values). A word's score is
-    ``Dense_V(f) + g_user(f) * said_by_user + g_agent(f) * said_by_agent``
-    (:func:`said_by`; the gates ``g [V]`` are Dense layers of the features,
-    zero at init): a copy mechanism that can learn to repeat the partner's
-    words or not to repeat its own (gates of the features rather than free
-    per-word weights, as Adam moves one weight by about ``lr`` per step).
-    ``max_exchanges``: :class:`ExchangeBag`'s slots (see :func:`exchange_slots`).
-    """
+    """Bag-of-exchanges actor-critic: ``obs [..., L] int -> (logits [..., A], value [..., V],
+    features [..., H])``, :class:`ActorCritic`'s torsos on :class:`ExchangeBag`. With ``action_tokens``
+    (:func:`utterance_tokens`) ``logits += scores @ counts.T`` (``counts [A, V]``), a word's score
+    ``Dense_V(f) + g_user(f) * said_by_user + g_agent(f) * said_by_agent`` (:func:`said_by`; the copy
+    gates are zero at init). ``max_exchanges``: see :func:`exchange_slots`."""
 
     num_actions: int
     vocab_size: int
@@ -275,10 +213,8 @@ class BagActorCritic(nn.Module):
 
 
 class UtteranceTransformer(TransformerActorCritic):
-    """The transformer with the utterance head: ``logits = Dense_A(h) + Dense_V(h) @ counts.T``
-    on the final hidden state ``h`` (``action_tokens`` as in :class:`BagActorCritic`,
-    without the copy gates: attention can read what was said). Every scoring path
-    (full pass, packed windows, cached decoding) goes through ``_heads``."""
+    """The transformer with the utterance head ``logits = Dense_A(h) + Dense_V(h) @ counts.T`` (no copy
+    gates), applied on every scoring path through ``_heads``."""
 
     action_tokens: tuple = ()
 
@@ -292,22 +228,17 @@ class UtteranceTransformer(TransformerActorCritic):
 
 
 def exchange_slots(env, env_params) -> int:
-    """The exchange slots :class:`ExchangeBag` needs for ``env``: on a
-    turn-level text env the opening message plus one exchange per turn
-    (``env_params.max_steps_in_episode + 1``), so no slot is always empty (the encoder's
-    cost grows with the slots; empty ones change nothing but cost); else 32."""
+    """:class:`ExchangeBag`'s slots for ``env``: on a turn-level text env the opening message plus one
+    per turn (``max_steps_in_episode + 1``), else 32."""
     if isinstance(env.unwrapped, TurnEnv):
         return int(env_params.max_steps_in_episode) + 1
     return 32
 
 
 def make_policy_network(static: StaticConfig, env, env_params) -> nn.Module:
-    """The policy for ``env`` (``static.network``): ``"auto"`` is a causal
-    transformer for integer token observations, else the MLP actor-critic;
-    ``"bag"`` is :class:`BagActorCritic` (token observations only); ``"gru"``
-    the recurrent :class:`~coevo_jax.recurrent.GRUActorCritic`. With
-    ``static.action_head = "utterance"`` (turn-level text envs) the logits of
-    the bag or the transformer also score each utterance's words."""
+    """The policy for ``env`` by ``static.network``: ``"auto"`` a causal transformer for token
+    observations, else the MLP; ``"bag"`` :class:`BagActorCritic`; ``"gru"`` :class:`GRUActorCritic`;
+    ``static.action_head = "utterance"`` adds the utterance head. :class:`ConfigError` on a mismatch."""
     num_actions = env.action_space(env_params).n
     space = env.observation_space(env_params)
     tokens = jnp.issubdtype(space.dtype, jnp.integer)
@@ -347,18 +278,13 @@ def make_policy_network(static: StaticConfig, env, env_params) -> nn.Module:
 
 
 def check_policy_network(network: nn.Module, static: StaticConfig, env, env_params) -> nn.Module:
-    """``network`` if it keeps the policy contract on ``env``, else a :class:`ConfigError` that
-    says what it returned. Checked on abstract values (``jax.eval_shape``): nothing runs or compiles.
+    """``network`` if it keeps the policy contract on ``env``, else a :class:`ConfigError` saying what it
+    returned; checked with ``jax.eval_shape`` (nothing compiles).
 
-    The contract (every network of this module keeps it): ``network.init(key, obs)`` returns the
-    parameters, and ``network.apply(params, obs [..., *obs_shape])`` over any leading batch dims
-    returns ``(logits [..., A], value [..., V], features [..., H])``: ``A`` the env's actions,
-    ``V = static.value_heads`` (2, the episodic and the intrinsic critic, for a method with an
-    intrinsic reward stream; else 1, where ``value [...]`` is accepted too: see
-    :func:`coevo_jax.rollout.with_value_heads`), ``features`` the state the learned
-    rewards that read the policy's features take (e.g. the last hidden layer of the actor).
-    A recurrent policy (``network.recurrent``) is checked against its own contract
-    (:func:`coevo_jax.recurrent.check_recurrent_network`)."""
+    Contract: ``network.init(key, obs)`` gives the parameters and ``network.apply(params, obs [...,
+    *obs_shape])`` returns ``(logits [..., A], value [..., V], features [..., H])`` over any leading dims,
+    ``V = static.value_heads`` (``value [...]`` accepted for one head). A recurrent network
+    (``network.recurrent``) is checked by :func:`check_recurrent_network`."""
     if getattr(network, "recurrent", False):
         return check_recurrent_network(network, static, env, env_params)
     space, num_actions = env.observation_space(env_params), env.action_space(env_params).n
@@ -383,8 +309,7 @@ def check_policy_network(network: nn.Module, static: StaticConfig, env, env_para
 
 
 def value_shapes(lead: tuple, heads: int) -> tuple:
-    """The value shapes a policy may return for leading dims ``lead``: ``lead + (heads,)``, and
-    ``lead`` for one head (:func:`coevo_jax.rollout.with_value_heads` adds its axis)."""
+    """The value shapes allowed for leading dims ``lead``: ``lead + (heads,)``, and ``lead`` for one head."""
     return (lead + (heads,),) + ((lead,) if heads == 1 else ())
 
 
@@ -395,8 +320,8 @@ def features_dim(network: nn.Module, params, example_obs: jax.Array) -> int:
 
 # ----------------------------------------------------------------------------- recurrent (coevo_jax.recurrent)
 class _ResetGRU(nn.Module):
-    """One GRU step that first resets the carry where an episode starts:
-    ``(carry [B, H], (x [B, D], first [B])) -> (carry, h)`` (``h`` the new carry: a GRU's output)."""
+    """One GRU step that zeroes the carry where an episode starts:
+    ``(carry [B, H], (x [B, D], first [B])) -> (carry, h)``."""
 
     size: int
 
@@ -410,17 +335,10 @@ class _ResetGRU(nn.Module):
 
 
 class GRUActorCritic(nn.Module):
-    """The recurrent policy (``StaticConfig.network = "gru"``, the contract of
-    :mod:`coevo_jax.recurrent`):
-    ``apply(params, carry [B, H], obs [B, T, ...], first [B, T]) -> (carry [B, H],
-    (logits [B, T, A], value [B, T, V], features [B, T, H]))``.
-
-    An MLP embedding of each observation (``hidden_sizes[0]``, through
-    :func:`~coevo_jax.encoding.encode_obs`) feeds a GRU of ``gru_size`` units
-    scanned over time; actor and critic torsos (``hidden_sizes[1:]``) and heads
-    read its hidden state, which is also ``features``. Initialisers as
-    :class:`~coevo_jax.networks.ActorCritic` (orthogonal, QR-free).
-    """
+    """The recurrent policy (``StaticConfig.network = "gru"``): ``apply(params, carry [B, H], obs [B, T,
+    ...], first [B, T]) -> (carry [B, H], (logits [B, T, A], value [B, T, V], features [B, T, H]))``. An
+    MLP embedding (``hidden_sizes[0]``) feeds a GRU of ``gru_size`` scanned over time; actor and critic
+    torsos (``hidden_sizes[1:]``) read its state, which is also ``features``."""
 
     num_actions: int
     hidden_sizes: Sequence[int] = (64, 64)
@@ -431,7 +349,7 @@ class GRUActorCritic(nn.Module):
     recurrent = True
 
     def initialize_carry(self, batch_shape: tuple) -> jax.Array:
-        """Zeros ``[*batch_shape, gru_size]``: the carry before any observation."""
+        """Zeros ``[*batch_shape, gru_size]``."""
         return jnp.zeros(tuple(batch_shape) + (self.gru_size,), jnp.float32)
 
     @nn.compact
@@ -451,8 +369,8 @@ class GRUActorCritic(nn.Module):
 
 
 def check_recurrent_network(network: nn.Module, static, env, env_params):
-    """The recurrent contract on abstract values (nothing compiles): the output shapes
-    :class:`GRUActorCritic` documents, or a ``ConfigError`` naming what came back."""
+    """The recurrent contract (:class:`GRUActorCritic`'s shapes) on abstract values, or a
+    ``ConfigError`` naming what came back."""
     space, num_actions = env.observation_space(env_params), env.action_space(env_params).n
     b, t = 2, 3
     obs = jax.ShapeDtypeStruct((b, t) + tuple(space.shape), space.dtype)

@@ -1,12 +1,7 @@
-"""Token rollouts packed for the transformer: windows of buffers as one token stream, cache restarts.
-
-``pack_windows(obs, done, chunk)`` turns a ``[T, N, L]`` rollout window of
-token buffers into one token stream per env (its first buffer, then the tokens
-each step added) with a segment id per token, so that
-:meth:`coevo_jax.transformer.TransformerActorCritic.score_packed` scores every
-step in one causal pass (the PPO update's ``StaticConfig.packed_update``).
-:func:`decode_rows` decodes just the rows of a batch that need it (a turn's reply, a fresh prompt).
-"""
+"""Token rollouts packed for the transformer: :func:`pack_windows` turns a ``[T, N, L]`` window of
+token buffers into one token stream per env for
+:meth:`~coevo_jax.transformer.TransformerActorCritic.score_packed`; :func:`decode_rows` decodes only
+the rows of a batch that need it."""
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -19,10 +14,8 @@ PAD = 0
 
 
 class PackedWindows(NamedTuple):
-    """The ``T`` observations of a rollout window of one env, packed into one
-    token stream of length ``P = L + (T - 1) * chunk`` (leading batch axes
-    allowed on every field). Built by :func:`pack_windows`; scored by
-    :meth:`TransformerActorCritic.score_packed`."""
+    """One env's ``T`` window observations as one token stream of length ``P = L + (T - 1) * chunk``
+    (leading batch axes allowed), built by :func:`pack_windows`."""
 
     tokens: Array  # int32 [..., P]
     pos: Array  # int32 [..., P] buffer position of each token
@@ -31,16 +24,10 @@ class PackedWindows(NamedTuple):
 
 
 def pack_window(obs: Array, fresh: Array, chunk: int) -> PackedWindows:
-    """Pack one env's observations ``obs`` [T, L] into a :class:`PackedWindows`.
-
-    ``fresh`` [T] (bool) marks the observations that start an episode (after an
-    auto-reset); ``obs[0]`` is taken whole. Every other ``obs[t]`` must extend
-    ``obs[t-1]`` (unless fresh) by 1..``chunk`` tokens, which holds for the
-    text environments with ``chunk = env.max_tokens_per_step`` (a fresh
-    observation holds at most ``chunk`` tokens). The stream is ``obs[0]`` (L
-    slots), then ``chunk`` slots per later step holding the tokens the step
-    added (the whole prompt when fresh); unused slots are padding.
-    """
+    """Pack one env's ``obs [T, L]`` (``fresh [T]``: starts an episode) into a :class:`PackedWindows`:
+    ``obs[0]`` whole (``L`` slots), then ``chunk`` slots per step for the tokens it added (the whole
+    prompt when fresh). Each non-fresh ``obs[t]`` must extend ``obs[t-1]`` by 1..``chunk`` tokens, as the
+    text envs do with ``chunk = env.max_tokens_per_step``."""
     t_len, l = obs.shape
     obs = obs.astype(jnp.int32)
     width = jnp.sum(obs != PAD, axis=-1).astype(jnp.int32)  # [T]
@@ -64,26 +51,16 @@ def pack_window(obs: Array, fresh: Array, chunk: int) -> PackedWindows:
 
 
 def pack_windows(obs: Array, done: Array, chunk: int) -> PackedWindows:
-    """Pack a ``[T, N, L]`` rollout window per env: fields ``[N, P]`` and
-    ``query [N, T]``. ``done`` [T, N] marks the steps whose episode ended (so
-    ``obs[t + 1]`` is fresh)."""
+    """Pack ``obs [T, N, L]`` per env (``done [T, N]``: the episode ended): fields ``[N, P]``, ``query [N, T]``."""
     fresh = jnp.concatenate([jnp.ones_like(done[:1]), done[:-1]], axis=0)
     return jax.vmap(pack_window, in_axes=(1, 1, None))(obs, fresh, chunk)
 
 
 def decode_rows(decode, cache: dict, obs: Array, out, rows: Array, group: int):
-    """Run ``decode(cache_rows, obs_rows) -> (out_rows, cache_rows)`` on just the
-    rows where ``rows`` [N] is True, ``group`` (static) rows at a time: each group
-    is gathered out of the batch (its cache rows included), decoded, and written
-    back; the other rows keep ``out`` and ``cache``. One group always runs (its
-    unused slots decode a copy of row ``N - 1`` and are dropped); a
-    ``while_loop`` runs the further groups only while rows remain, so a step
-    costs about ``group / N`` of a whole-batch decode when few rows need one.
-    With ``group >= N`` the whole batch is decoded and the rows selected.
-
-    ``cache``: a :meth:`TransformerActorCritic.init_cache` dict with batch
-    ``[N]``; ``obs`` [N, L]; ``out``: a pytree of ``[N, ...]`` outputs.
-    Returns ``(out, cache)``."""
+    """``(out, cache)`` with ``decode(cache_rows, obs_rows) -> (out_rows, cache_rows)`` run only on the
+    rows where ``rows [N]`` is True, ``group`` (static) rows at a time, gathered and written back; other
+    rows keep ``out`` (pytree of ``[N, ...]``) and ``cache`` (``init_cache`` dict, batch ``[N]``). One
+    group always runs, further ones while rows remain; ``group >= N`` decodes the whole batch."""
     n = rows.shape[0]
     if group >= n:
         new_out, new_cache = decode(cache, obs)

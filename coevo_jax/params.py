@@ -1,21 +1,11 @@
-"""Hyperparameter classes: frozen dataclasses whose every field is a JAX leaf
-declared with its default and allowed range.
-
-A class is declared with :func:`hyperparams` and one :func:`param` (or
-:func:`unit`, :func:`weight`, :func:`grad_clip`, :func:`default_of`) per field::
+"""Hyperparameter classes: frozen dataclasses and pytrees (one JAX leaf per field, so ``vmap`` batches
+any field) whose fields are declared with a default and an allowed range::
 
     @hyperparams
     class PPOParams:
         lr: float = param(2.5e-4, 0.0, 1.0, low_inclusive=False, doc="Adam step")
-        gamma: float = unit(0.99)
 
-The class is a pytree (each field one leaf), so ``jax.vmap`` batches over any
-field. :func:`declarations` gives ``{field: Param}``, :func:`cast` the
-instance with every leaf a JAX array of its dtype (int32 for integer params,
-float32 otherwise), :func:`check` raises :class:`ConfigError` naming the first
-field outside its range. This module imports nothing from the rest of
-``coevo_jax``.
-"""
+Imports nothing from the rest of ``coevo_jax``."""
 from __future__ import annotations
 
 import dataclasses
@@ -38,11 +28,8 @@ class ConfigError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Param:
-    """One hyperparameter: its default and its allowed range.
-
-    The range is ``low .. high``, each end inclusive or not; ``integer`` params
-    are int32 leaves (float32 otherwise) and must hold whole numbers.
-    """
+    """One hyperparameter: default and range ``low .. high`` (each end inclusive or not); ``integer``
+    params are int32 leaves holding whole numbers, others float32."""
 
     default: float
     low: float
@@ -61,7 +48,7 @@ class Param:
         return f"{'[' if self.low_inclusive else '('}{self.low}, {self.high}{']' if self.high_inclusive else ')'}"
 
     def outside(self, arr: np.ndarray) -> np.ndarray:
-        """Bool mask (shape of ``arr``) of values that are non-finite or out of range."""
+        """Bool mask (shape of ``arr``) of non-finite or out-of-range values."""
         arr = np.asarray(arr, np.float64)
         below = arr < self.low if self.low_inclusive else arr <= self.low
         above = arr > self.high if self.high_inclusive else arr >= self.high
@@ -100,18 +87,16 @@ def grad_clip(default: float, doc: str = "") -> Any:
 
 
 def default_of(cls: type, name: str, default: float) -> Any:
-    """``cls``'s field ``name`` (same range and doc) with another ``default``:
-    how a subclass changes an inherited field's default."""
+    """``cls``'s field ``name`` (same range and doc) with another default, for a subclass."""
     return declare(dataclasses.replace(declarations(cls)[name], default=default))
 
 
 @typing.dataclass_transform(frozen_default=True, field_specifiers=(param, unit, weight, grad_clip, declare,
                                                                       default_of, dataclasses.field))
 def hyperparams(cls: type) -> type:
-    """Make ``cls`` a frozen dataclass and a JAX pytree (one leaf per field),
-    every field declared with :func:`param` (or a helper). A subclass adds
-    fields or overrides defaults (:func:`default_of`) and is decorated too.
-    ``obj.replace(**fields)`` returns a copy with ``fields`` cast (:func:`cast_value`)."""
+    """Make ``cls`` a frozen dataclass and pytree, every field declared with :func:`param` (or a helper);
+    subclasses add fields or change defaults (:func:`default_of`) and are decorated too.
+    ``obj.replace(**fields)`` returns a cast copy. :class:`ConfigError` on an undeclared or reserved field."""
     cls = dataclasses.dataclass(frozen=True)(cls)
     for f in dataclasses.fields(cls):
         if not isinstance(f.metadata.get("param"), Param):
@@ -135,7 +120,7 @@ def _replace(self, **changes):
 
 
 def is_hyperparams(cls: Any) -> bool:
-    """Whether ``cls`` is a class declared with :func:`hyperparams` (itself, not only a base)."""
+    """Whether ``cls`` itself (not only a base) was declared with :func:`hyperparams`."""
     return isinstance(cls, type) and cls.__dict__.get("_is_hyperparams", False)
 
 
@@ -145,9 +130,8 @@ def declarations(cls_or_obj: Any) -> dict[str, Param]:
 
 
 def cast_value(name: str, value, p: Param):
-    """``value`` as a JAX array of ``p``'s dtype. Tracers are cast, not checked;
-    anything else must be numbers (whole numbers for integer params), else
-    :class:`ConfigError` naming ``HParams.<name>``."""
+    """``value`` as a JAX array of ``p``'s dtype (tracers cast, not checked); :class:`ConfigError`
+    naming ``HParams.<name>`` for a non-number or a non-integer integer param."""
     if isinstance(value, jax.core.Tracer):
         return value if value.dtype == p.dtype else value.astype(p.dtype)
     if isinstance(value, jax.Array) and value.dtype == p.dtype:
@@ -167,8 +151,8 @@ def cast(obj):
 
 
 def check(obj) -> None:
-    """:class:`ConfigError` naming the first field of ``obj`` (scalar or batched
-    leaves) that is not a finite number inside its range; tracers are skipped."""
+    """:class:`ConfigError` naming the first field of ``obj`` (scalar or batched) that is not a finite
+    number in its range; tracers are skipped."""
     for name, p in declarations(obj).items():
         v = getattr(obj, name)
         if isinstance(v, jax.core.Tracer):

@@ -1,7 +1,5 @@
-"""PPO as pure functions (Schulman et al. 2017), in the form of PureJaxRL
-(Lu et al. 2022): GAE, the clipped-surrogate loss, and an update of
-``epochs x shuffled minibatches`` with global-norm gradient clipping.
-"""
+"""PPO as pure functions (Schulman et al. 2017) in PureJaxRL's form (Lu et al. 2022): GAE, the
+clipped-surrogate loss, and ``epochs x shuffled minibatches`` updates with global-norm clipping."""
 from __future__ import annotations
 
 from typing import Any, NamedTuple
@@ -36,16 +34,9 @@ GAE_UNROLL = 16  # steps of the GAE scan per loop trip (PureJaxRL's choice; the 
 
 
 def gae(rewards, values, next_values, terminated, truncated, gamma, gae_lambda):
-    """Generalised advantage estimation over ``[T, N]`` arrays.
-
-    ``delta_t = r_t + gamma * (1 - terminated_t) * next_values_t - values_t``
-    (so truncated episodes bootstrap from the critic's value of the final
-    observation, terminated ones do not), and
-    ``A_t = delta_t + gamma * lambda * (1 - done_t) * A_{t+1}``.
-    Returns ``(advantages [T, N], targets [T, N])`` with ``targets = A + values``.
-    Differentiable in every argument (``lax.scan``, unrolled ``GAE_UNROLL`` steps
-    per loop trip as PureJaxRL does: the same arithmetic, fewer trips of XLA's loop).
-    """
+    """``(advantages [T, N], targets = A + values)``: GAE over ``[T, N]`` arrays, ``delta_t = r_t + gamma
+    (1 - terminated_t) next_values_t - values_t``, ``A_t = delta_t + gamma lambda (1 - done_t) A_t+1``
+    (truncated episodes bootstrap from ``next_values``). Differentiable in every argument."""
     not_term = 1.0 - terminated.astype(jnp.float32)
     not_done = 1.0 - jnp.logical_or(terminated, truncated).astype(jnp.float32)
     deltas = rewards + gamma * not_term * next_values - values
@@ -60,24 +51,12 @@ def gae(rewards, values, next_values, terminated, truncated, gamma, gae_lambda):
 
 
 def stream_advantages(streams, traj, hp):
-    """Advantages and value targets of a :class:`~coevo_jax.signals.base.RewardStreams`.
+    """``(advantages [T, N], targets [T, N, V])`` of a :class:`~coevo_jax.signals.base.RewardStreams`.
 
-    The episodic stream takes :func:`gae` with the trajectory's end flags and
-    the critic's first head, bootstrapping from ``traj.next_value`` (the value of
-    ``next_obs``, the pre-reset final observation at an episode's end). The
-    intrinsic stream (if any) takes :func:`gae` with no episode ends and the
-    second head, bootstrapping from ``traj.cont_value``: its return runs on
-    through resets, ``G_t = r_t + gamma * G_{t+1}`` with ``G_{t+1}`` the return
-    from the state the env continues from, which after an episode's end is the
-    next episode's first observation, not the final one (a state the process
-    never continues from, and one the intrinsic head never trains on). Then
-    every ``delta`` subtracts the value the previous one added, and the
-    lambda-return telescopes to the discounted bonus across episode ends. The
-    advantages add, the intrinsic one times ``streams.intrinsic_coef``.
-    ``traj.value`` / ``traj.next_value`` / ``traj.cont_value`` are ``[T, N, V]``,
-    one head per stream (``V = 1`` or 2). Returns ``(advantages [T, N], targets
-    [T, N, V])``.
-    """
+    The episodic stream: :func:`gae` on head 0 with the trajectory's end flags, bootstrapping from
+    ``traj.next_value``. The intrinsic stream (head 1, if any): non-episodic :func:`gae` (no ends),
+    bootstrapping from ``traj.cont_value``. ``A = A_episodic + intrinsic_coef * A_intrinsic``.
+    ``ValueError`` when the value heads do not match the streams or ``cont_value`` is missing."""
     heads = 1 if streams.intrinsic is None else 2  # one per stream
     if traj.value.shape[-1] != heads:
         need = "an intrinsic reward stream needs two value heads" if heads == 2 else "one stream needs one value head"
@@ -97,10 +76,9 @@ def stream_advantages(streams, traj, hp):
 
 
 class PPOBatch(NamedTuple):
-    """Training data for :func:`ppo_loss`: ``[B]`` samples, or ``[B, T]`` when
-    ``obs`` is a :class:`~coevo_jax.packing.PackedWindows` or a
-    :class:`~coevo_jax.recurrent.Sequences` of ``B`` envs' ``T``-step windows
-    (then minibatches are whole envs)."""
+    """Training data for :func:`ppo_loss`: ``[B]`` samples, or ``[B, T]`` when ``obs`` is a
+    :class:`~coevo_jax.packing.PackedWindows` or :class:`~coevo_jax.recurrent.Sequences` (minibatches
+    are then whole envs)."""
 
     obs: Any  # [B, ...] observations, PackedWindows [B, P] / query [B, T], or Sequences [B, T, ...]
     action: jax.Array  # [B] or [B, T]
@@ -112,10 +90,8 @@ class PPOBatch(NamedTuple):
 
 
 def policy_outputs(network: nn.Module, params, obs):
-    """``(logits [B, A], value [B, V], features [B, H])`` for plain observations ``[B, ...]``,
-    or ``[B, T, ...]`` outputs for packed windows (``network.score_packed``) and for a
-    recurrent policy's :class:`~coevo_jax.recurrent.Sequences` (replayed from
-    their first carry); the value through :func:`~coevo_jax.rollout.with_value_heads`."""
+    """``(logits, value [..., V], features)`` for plain ``[B, ...]`` observations, or ``[B, T, ...]``
+    outputs for packed windows (``network.score_packed``) and recurrent ``Sequences``."""
     if isinstance(obs, PackedWindows):
         return with_value_heads(network.apply(params, obs, method=network.score_packed))
     if isinstance(obs, Sequences):
@@ -124,13 +100,8 @@ def policy_outputs(network: nn.Module, params, obs):
 
 
 def ppo_loss(params, network: nn.Module, batch: PPOBatch, clip_eps, vf_coef, ent_coef, normalize_advantages=True):
-    """Clipped-surrogate PPO loss on a ``[B]`` (or packed ``[B, T]``) batch.
-
-    ``loss = -E[min(rho A, clip(rho, 1 +- eps) A)] + vf_coef * value_loss - ent_coef * entropy``
-    with the clipped value loss of PureJaxRL, summed over the ``V`` value heads
-    (``batch.value``, ``batch.target`` ``[B, V]``: each head's loss counts in full).
-    Returns ``(loss, metrics)``.
-    """
+    """``(loss, metrics)``: ``-E[min(rho A, clip(rho, 1 +- eps) A)] + vf_coef * value_loss - ent_coef *
+    entropy`` on a ``[B]`` (or ``[B, T]``) batch, PureJaxRL's clipped value loss summed over the heads."""
     logits, value, _ = policy_outputs(network, params, batch.obs)
     dist = distrax.Categorical(logits=mask_logits(logits, batch.legal_mask))
     logp = dist.log_prob(batch.action)
@@ -161,15 +132,9 @@ def ppo_update(
     params, opt_state, network: nn.Module, batch: PPOBatch, key: jax.Array, hp, lr,
     num_epochs: int, num_minibatches: int, normalize_advantages: bool = True,
 ):
-    """``num_epochs`` passes of shuffled minibatch PPO steps over ``batch``.
-
-    ``batch`` leaves have a leading ``[B]`` axis (flatten ``[T, N]`` first, or
-    pack it per env) and ``B`` should be divisible by ``num_minibatches``
-    (:func:`coevo_jax.fit.fit` leaves the remainder out of each epoch). ``hp`` (an
-    ``HParams``) supplies ``hp.ppo``'s ``clip_eps, vf_coef, ent_coef, max_grad_norm``; ``lr`` is this step's
-    learning rate. Returns ``(params, opt_state, metrics)`` with metrics
-    averaged over all minibatch steps.
-    """
+    """``(params, opt_state, metrics)``: ``num_epochs`` passes of shuffled minibatch PPO steps over
+    ``batch`` (leading ``[B]``; a remainder of ``B / num_minibatches`` is left out of each epoch) with
+    ``hp.ppo``'s coefficients and this step's ``lr``; metrics averaged over the steps."""
     def loss_fn(p, minibatch):
         ppo = hp.ppo
         return ppo_loss(p, network, minibatch, ppo.clip_eps, ppo.vf_coef, ppo.ent_coef, normalize_advantages)
@@ -180,8 +145,7 @@ def ppo_update(
 
 
 def explained_variance(values: jax.Array, targets: jax.Array) -> jax.Array:
-    """``1 - Var[targets - values] / Var[targets]`` of the critic's episodic head
-    (head 0 of ``values, targets [T, N, V]``); 0 when the targets do not vary."""
+    """``1 - Var[targets - values] / Var[targets]`` on head 0 of ``[T, N, V]``; 0 for constant targets."""
     values, targets = values[..., 0], targets[..., 0]
     var = targets.var()
     return jnp.where(var > 1e-12, 1.0 - (targets - values).var() / jnp.where(var > 1e-12, var, 1.0), 0.0)

@@ -41,7 +41,7 @@ import jax.numpy as jnp
 
 from coevo_jax.config import check_choice, check_int, check_sizes
 from coevo_jax.encoding import encode_obs, obs_vocab
-from coevo_jax.episodes import MAX_WINDOW
+from coevo_jax.episodes import MAX_WINDOW, check_fit_batch
 from coevo_jax.networks import orthogonal
 from coevo_jax.registry import StaticOptions
 from coevo_jax.signals.base import flat_obs
@@ -152,15 +152,21 @@ class RewardNetStatic(StaticOptions):
     # hp.min_refit_episodes complete episodes in its buffer takes none: the metric refit_steps (cumulative) is
     # the steps a run took
     refit_steps_per_k: bool = False
+    # complete episodes each refit step reads, drawn uniformly without replacement from the training replay
+    # (episodes.episode_minibatches); 0 = every step reads the whole replay. At most the replay's size
+    fit_batch_episodes: int = 0
 
     checks = {"action_embed_dim": (1, 4096), "reward_steps": (1, 10_000)}
 
     def check(self) -> None:
         """``reward_hidden`` (layer widths), ``reward_input``, ``max_episode_len`` (``None`` or an integer
-        in ``[1, MAX_WINDOW]``) and ``buffer_episodes`` (``None`` or an integer in ``[2, 65536]``)."""
+        in ``[1, MAX_WINDOW]``), ``buffer_episodes`` (``None`` or an integer in ``[2, 65536]``) and
+        ``fit_batch_episodes`` (an integer in ``[0, buffer_episodes]``; a derived replay size is checked
+        when the signal is built, :func:`~coevo_jax.episodes.check_fit_batch`)."""
         check_sizes(self, "reward_hidden")
         check_choice(self, "reward_input", REWARD_INPUTS)
         if self.max_episode_len is not None:
             check_int(self, "max_episode_len", 1, MAX_WINDOW)
         if self.buffer_episodes is not None:
             check_int(self, "buffer_episodes", *BUFFER_EPISODES)
+        check_fit_batch(self.fit_batch_episodes, self.buffer_episodes)

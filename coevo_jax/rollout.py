@@ -1,24 +1,8 @@
-"""Collect a ``[T, N]`` trajectory with ``lax.scan`` (T steps of N envs).
-
-Three paths:
-
-* plain: the policy is applied to the whole observation every step (MLP
-  policies, or any network);
-* cached (``decode_chunk`` set, transformer policies on token buffers): the
-  policy's key-value cache is filled once per rollout with one causal pass over
-  the buffers, then every step only processes the tokens the environment added
-  (at most ``decode_chunk`` of them, ``env.max_tokens_per_step``). The cache is
-  rebuilt at the start of each rollout because the parameters change between
-  iterations (the same trajectory as the plain path);
-* recurrent (:mod:`coevo_jax.recurrent`): the policy's carry runs through the
-  steps, reset before every episode's first observation, and the trajectory
-  stores the carry each step started from.
-
-Every path passes the policy's outputs through :func:`with_value_heads`, so the
-critic's values (``Trajectory.value``, ``next_value``, ``cont_value``) always
-carry a trailing heads axis ``[T, N, V]``: head 0 the episodic critic, head 1
-(``V = 2``) the intrinsic one.
-"""
+"""Collect a ``[T, N]`` trajectory with ``lax.scan`` (``T`` steps of ``N`` envs) on one of three paths:
+plain (the policy applied to the whole observation), cached (transformer policies on token buffers
+decode incrementally with a key-value cache, ``decode_chunk``) and recurrent
+(:mod:`coevo_jax.recurrent`). Critic values always carry a heads axis ``[T, N, V]``
+(:func:`with_value_heads`): head 0 episodic, head 1 intrinsic."""
 from __future__ import annotations
 
 from typing import Any, NamedTuple
@@ -34,20 +18,11 @@ from envs_jax.core import provides
 
 
 class Trajectory(NamedTuple):
-    """One rollout. Leading axes ``[T, N]`` on every field.
-
-    ``next_obs[t]`` is the observation the step produced before any auto-reset
-    (``info["final_observation"]``), so ``next_obs[t] == obs[t+1]`` unless the episode
-    ended at ``t``. The critic's values are ``[T, N, V]`` with ``V`` its heads
-    (``StaticConfig.value_heads``; head 0 episodic, head 1 intrinsic), see
-    :func:`with_value_heads`. ``next_value`` is the critic on ``next_obs``
-    (bootstraps truncated episodes). ``cont_value`` is the critic on the
-    observation the env continues from after step ``t`` (after any auto-reset):
-    ``value[t+1]`` for ``t < T - 1`` and the value of the next rollout's first
-    observation at ``T - 1``; it bootstraps the non-episodic (intrinsic) stream,
-    whose return runs on into the next episode. ``episode_*`` fields are set on
-    ``episode_done`` steps.
-    """
+    """One rollout, leading axes ``[T, N]`` on every field. ``next_obs[t]``: the observation before any
+    auto-reset (``info["final_observation"]``); ``next_value``: the critic on it (bootstraps truncated
+    episodes); ``cont_value``: the critic on the observation the env continues from after step ``t``
+    (after any auto-reset; bootstraps the non-episodic intrinsic stream). ``episode_*`` fields are set
+    on ``episode_done`` steps."""
 
     obs: jax.Array  # [T, N, ...]
     action: jax.Array  # [T, N] int32
@@ -87,16 +62,14 @@ ILLEGAL_LOGIT = -1e9
 
 
 def mask_logits(logits: jax.Array, mask: jax.Array | None) -> jax.Array:
-    """``logits [..., A]`` with the actions where ``mask`` is False set to
-    ``ILLEGAL_LOGIT`` (probability 0); unchanged for ``mask=None``."""
+    """``logits [..., A]`` with ``ILLEGAL_LOGIT`` where ``mask`` is False; unchanged for ``mask=None``."""
     if mask is None:
         return logits
     return jnp.where(mask, logits, ILLEGAL_LOGIT)
 
 
 def has_legal_mask(env) -> bool:
-    """Whether ``env`` (possibly wrapped) declares legal-action masks
-    (``env.legal_mask(state, params)`` and ``info["legal_mask"]``)."""
+    """Whether ``env`` (possibly wrapped) declares legal-action masks."""
     return provides(env, "legal_mask")
 
 
@@ -108,23 +81,17 @@ def current_legal_mask(env, env_params, env_state) -> jax.Array | None:
 
 
 def sample_action(logits: jax.Array, key: jax.Array, mask: jax.Array | None = None):
-    """``logits [N, A] -> (action [N] int32, logp [N], probs [N, A])``, sampling only
-    actions where ``mask`` [N, A] is True when given."""
+    """``logits [N, A] -> (action [N] int32, logp [N], probs [N, A])``, sampling only where ``mask
+    [N, A]`` is True when given."""
     dist = distrax.Categorical(logits=mask_logits(logits, mask))
     action = dist.sample(seed=key)
     return action.astype(jnp.int32), dist.log_prob(action), dist.probs
 
 
 def with_value_heads(outputs):
-    """The policy's outputs ``(logits [..., A], value, features [..., H])`` with ``value [..., V]``.
-
-    The only place the loop looks at the shape of a policy's value: the library's
-    networks return ``value [..., V]`` (``V = StaticConfig.value_heads``), and a network
-    of your own may return ``[...]`` (one value per sample, as ``logits`` without its
-    last axis), which gets a heads axis of 1 here. Every call of the policy in the
-    rollout and the PPO update goes through it, so everything after it reads head 0
-    (episodic) and head 1 (intrinsic) as ``value[..., 0]`` and ``value[..., 1]``.
-    """
+    """The policy's outputs ``(logits [..., A], value, features [..., H])`` with ``value [..., V]``: a
+    network's ``value [...]`` gets a heads axis of 1. Every call of the policy in the rollout and the
+    PPO update goes through it."""
     logits, value, features = outputs
     if value.ndim == logits.ndim - 1:
         value = value[..., None]
@@ -139,8 +106,8 @@ def policy_step(network: nn.Module, params, obs: jax.Array, key: jax.Array, mask
 
 
 def env_step(env, env_params, env_state, action: jax.Array, key: jax.Array):
-    """Step the batched env. Returns ``(obs [N, ...], env_state, step fields [N])``
-    where the fields are the env-side part of a :class:`Trajectory` row."""
+    """Step the batched env: ``(obs [N, ...], env_state, fields)``, ``fields`` the env-side part of a
+    :class:`Trajectory` row."""
     env_keys = jax.random.split(key, action.shape[0])
     obs, env_state, reward, term, trunc, info = jax.vmap(env.step, (0, 0, 0, None))(
         env_keys, env_state, action, env_params
@@ -159,15 +126,10 @@ def env_step(env, env_params, env_state, action: jax.Array, key: jax.Array):
 
 def rollout(network: nn.Module, params, env, env_params, state: RolloutState, key: jax.Array, length: int,
             decode_chunk: int | None = None):
-    """Run ``length`` steps of the batched env with the current policy.
-
-    ``env`` must be wrapped in :class:`envs_jax.EpisodeStats`. With
-    ``decode_chunk`` (static; the network must provide ``init_cache``
-    and ``decode_step``, as :class:`coevo_jax.transformer.TransformerActorCritic`
-    does) the policy decodes incrementally with a key-value cache; the result
-    equals the plain path up to float rounding. Returns ``(new RolloutState,
-    Trajectory [length, N])``.
-    """
+    """``(new RolloutState, Trajectory [length, N])``: ``length`` steps of the batched env with the
+    current policy. ``env`` must be wrapped in :class:`envs_jax.EpisodeStats`. With ``decode_chunk``
+    (static; the network provides ``init_cache`` and ``decode_step``) the policy decodes incrementally,
+    equal to the plain path up to float rounding."""
     if decode_chunk is not None:
         return _rollout_cached(network, params, env, env_params, state, key, length, decode_chunk)
     if is_recurrent(network):
@@ -192,10 +154,8 @@ def rollout(network: nn.Module, params, env, env_params, state: RolloutState, ke
 
 
 def _rollout_recurrent(network, params, env, env_params, state: RolloutState, key, length: int):
-    """The recurrent path of :func:`rollout` (``state.carry``, ``state.first`` set).
-
-    ``next_value[t]`` is the critic on ``next_obs[t]`` from the carry after step
-    ``t`` (no reset: the final observation continues the episode it ends)."""
+    """The recurrent path of :func:`rollout`; ``next_value[t]`` comes from the carry after step ``t``,
+    without a reset."""
 
     def one_step(carry, step_key):
         ro, mask = carry
@@ -225,15 +185,9 @@ REPLY_SHARE, RESET_SHARE = 4, 16
 
 
 def _rollout_cached(network, params, env, env_params, state: RolloutState, key, length: int, chunk: int):
-    """The key-value-cached path of :func:`rollout`.
-
-    Per step: act on the outputs for the current buffers and step the env;
-    then decode ``final_observation`` (its value bootstraps truncated episodes; for
-    running episodes it is the next buffer itself, so its outputs are the next
-    step's): one token for every env (the agent's), then, on a compacted
-    sub-batch, the rest of the tokens of the envs whose turn ended (the
-    partner's reply), and last the fresh prompts of the envs that auto-reset.
-    """
+    """The key-value-cached path of :func:`rollout`: per step, act, step the env, then decode
+    ``final_observation`` (the agent's token for every env, the partner's reply on a compacted
+    sub-batch) and the fresh prompts of the envs that reset."""
     n = state.obs.shape[0]
 
     def decode(c):  # ((logits, value [N, V], features), cache) after decoding up to c new tokens

@@ -1,11 +1,7 @@
-"""The generic training loop: rollout -> signal (observe, gated update,
-rewards) -> GAE per reward stream -> PPO, for every method.
-
-``make_train(static, env, env_params)`` returns ``train(key, hp) -> (state,
-metrics)``; ``jax.jit(jax.vmap(train))(keys, hps)`` runs a batch of seeds and
-hyperparameters in one compile. :class:`Trainer` exposes the same loop in
-chunks (``init``, ``run_chunk``) for progress bars and checkpoints.
-"""
+"""The training loop of every method: rollout, the reward source (``observe``, K-gated ``update``,
+``rewards``), GAE per reward stream, PPO. :func:`make_train` gives ``train(key, hp)``
+(``jit(vmap(train))`` runs a batch of seeds and hyperparameters in one compile); :class:`Trainer`
+runs the same loop in chunks (``init``, ``run_chunk``)."""
 from __future__ import annotations
 
 from typing import Any
@@ -57,16 +53,9 @@ def _all_finite(tree) -> jax.Array:
 
 
 def freeze_diverged(state: TrainState, new: TrainState, diverged: jax.Array) -> TrainState:
-    """``new`` with the iteration counter moved on and the flag set; a ``diverged``
-    run keeps its last finite policy (parameters, optimiser state, last episode
-    statistics) instead of ``new``'s.
-
-    The signal's state and the rollout move on: selecting them too would keep
-    the old state's buffers (SIOP's episode replay: 6 MB a run) alive beside the
-    new ones, a copy of each every iteration, and it doubled the program's
-    per-leaf selects. Divergence reaches the policy within the iteration anyway:
-    a non-finite reward or credit makes the PPO update non-finite.
-    """
+    """``new`` with the iteration counter moved on and the flag set; a ``diverged`` run keeps its last
+    finite policy (parameters, optimiser state, last episode statistics); signal and rollout states
+    move on."""
     keep = lambda old, cur: jax.tree.map(lambda a, b: jnp.where(diverged, a, b), old, cur)  # noqa: E731
     return new.replace(params=keep(state.params, new.params), opt_state=keep(state.opt_state, new.opt_state),
                        last_return=keep(state.last_return, new.last_return),
@@ -75,8 +64,8 @@ def freeze_diverged(state: TrainState, new: TrainState, diverged: jax.Array) -> 
 
 
 def episode_metrics(traj: Trajectory, last_return, last_success):
-    """Mean return / success / length of episodes that ended in ``traj``, falling
-    back to the previous values when none ended. Returns ``(metrics, return, success)``."""
+    """``(metrics, return, success)``: mean return / success / length of the episodes that ended in
+    ``traj``, the previous return and success when none ended."""
     done = traj.episode_done.astype(jnp.float32)
     count = done.sum()
     safe = jnp.maximum(count, 1.0)
@@ -87,10 +76,8 @@ def episode_metrics(traj: Trajectory, last_return, last_success):
 
 
 def _token_chunk(enabled: bool, network, env) -> int | None:
-    """``env.max_tokens_per_step`` when ``enabled``, the policy declares
-    ``decodes_incrementally`` (it has ``init_cache``, ``decode_step`` and
-    ``score_packed``, as :class:`~coevo_jax.transformer.TransformerActorCritic`)
-    and the env declares how many tokens one step can add; else ``None``."""
+    """``env.max_tokens_per_step`` when ``enabled``, the network ``decodes_incrementally`` and the env
+    declares the value; else ``None``."""
     chunk = env.max_tokens_per_step
     if not enabled or not getattr(network, "decodes_incrementally", False) or chunk is None:
         return None
@@ -98,28 +85,22 @@ def _token_chunk(enabled: bool, network, env) -> int | None:
 
 
 def decode_chunk(static: StaticConfig, network, env) -> int | None:
-    """Tokens per incremental-decoding call for cached rollouts, or ``None`` for
-    the plain path (no ``static.kv_cache``, a policy other than the transformer, or
-    an env that does not declare how many tokens one step can add)."""
+    """Tokens per incremental-decoding call for cached rollouts (``static.kv_cache``), or ``None`` for
+    the plain path."""
     return _token_chunk(static.kv_cache, network, env)
 
 
 def packed_chunk(static: StaticConfig, network, env) -> int | None:
-    """Slots per step for packing each env's rollout window into one token
-    stream in the PPO update (:func:`coevo_jax.packing.pack_windows`), or
-    ``None`` for the flat per-step update (no ``static.packed_update``, a
-    policy other than the transformer, or an env without ``max_tokens_per_step``)."""
+    """Slots per step for packing each env's window into one token stream in the PPO update
+    (``static.packed_update``, :func:`coevo_jax.packing.pack_windows`), or ``None`` for the flat update."""
     return _token_chunk(static.packed_update, network, env)
 
 
 def ppo_batch(traj: Trajectory, advantages: jax.Array, targets: jax.Array, chunk: int | None = None) -> PPOBatch:
-    """The PPO training data of a ``[T, N]`` trajectory: flat ``[T * N]``
-    samples; with ``chunk`` one packed stream per env (fields ``[N, T]``,
-    ``obs`` a :class:`~coevo_jax.packing.PackedWindows`) so every step of a
-    window is scored in one causal pass; for a recurrent policy's trajectory
-    (``traj.carry`` set) each env's window as :class:`~coevo_jax.recurrent.Sequences`
-    (fields ``[N, T]``), replayed from the carry its first step started from.
-    ``targets [T, N, V]`` like ``traj.value`` (:func:`~coevo_jax.ppo.stream_advantages`)."""
+    """The PPO data of a ``[T, N]`` trajectory (``targets [T, N, V]``): flat ``[T * N]`` samples; with
+    ``chunk`` one :class:`~coevo_jax.packing.PackedWindows` stream per env (fields ``[N, T]``); for a
+    recurrent trajectory (``traj.carry`` set) each env's window as :class:`~coevo_jax.recurrent.Sequences`
+    (fields ``[N, T]``) with the carry its first step started from."""
     fields = (traj.action, traj.logp, traj.value, advantages, targets, traj.legal_mask)
     per_env = lambda x: jnp.swapaxes(x, 0, 1)  # noqa: E731
     if traj.carry is not None:
@@ -132,25 +113,16 @@ def ppo_batch(traj: Trajectory, advantages: jax.Array, targets: jax.Array, chunk
 
 
 class Trainer:
-    """The training loop for one (static config, environment, reward source).
-
-    All methods are pure functions of their array arguments; the object only
-    holds static things (config, env, network, signal), so it is hashable by
-    identity and safe to close over in ``jit``.
-    """
+    """The training loop for one (static config, environment, reward source). Methods are pure functions
+    of their array arguments; the object holds static things only, so it is safe to close over in ``jit``."""
 
     def __init__(self, static: StaticConfig, env, env_params, signal: Signal | None = None,
                  batch_axis: str | None = None, network=None):
-        """``signal``: the reward source (default: ``static.method``'s, built by
-        :func:`~coevo_jax.signals.make_signal`). ``network``: the policy, a flax module with
-        the outputs of :func:`~coevo_jax.networks.check_policy_network` (checked here, before
-        anything compiles); default :func:`~coevo_jax.networks.make_policy_network`, from
-        ``static.network``, ``hidden_sizes`` and the other network fields, which a given
-        ``network`` makes unused. ``batch_axis``: the ``axis_name`` of the ``jax.vmap``
-        over runs this trainer will be batched with, if any. With it the K-gated refit stays a
-        real branch under ``vmap`` (see :func:`coevo_jax.signals.gated_update`):
-        it costs compute only on the iterations where some run refits. Vmap with
-        ``axis_name=batch_axis`` then (not vmapping at all is an error)."""
+        """``signal``: the reward source (default ``static.method``'s, :func:`~coevo_jax.signals.make_signal`).
+        ``network``: the policy, checked here by :func:`~coevo_jax.networks.check_policy_network` (default
+        :func:`~coevo_jax.networks.make_policy_network`). ``batch_axis``: the ``axis_name`` of the ``vmap``
+        over runs, which keeps the K-gated refit a real branch (:func:`coevo_jax.signals.gated_update`);
+        with it the trainer must be vmapped with that name. :class:`ConfigError` on invalid settings."""
         self.static = validate_static(static)
         self.batch_axis = batch_axis
         self.env = env if isinstance(env, EpisodeStats) else EpisodeStats(env)
@@ -170,9 +142,8 @@ class Trainer:
 
     # ------------------------------------------------------------------ init
     def hparams(self, hp: HParams) -> HParams:
-        """``hp`` cast to arrays (:func:`~coevo_jax.config.as_arrays`); :class:`ConfigError` unless
-        ``hp.signal`` is an instance of the method's params class (``MethodSpec.params``; any
-        :class:`~coevo_jax.signals.base.SignalParams` with a ``signal`` passed to the trainer)."""
+        """``hp`` cast to arrays; :class:`ConfigError` unless ``hp.signal`` is an instance of the method's
+        params class (any :class:`~coevo_jax.signals.base.SignalParams` with a given ``signal``)."""
         want = self.params_class
         if not isinstance(hp, HParams) or not isinstance(hp.signal, want):
             got = type(hp.signal).__name__ if isinstance(hp, HParams) else type(hp).__name__
@@ -210,15 +181,14 @@ class Trainer:
 
     # ------------------------------------------------------------------ one iteration
     def lr_frac(self, state: TrainState) -> jax.Array:
-        """The annealing factor of the learning rates: 1 -> 0 linearly over the run
-        when ``static.anneal_lr``, else 1. Learners that train beside the policy
-        (the learned reward) follow it too, so their lr / the policy's lr stays constant."""
+        """The learning-rate annealing factor, 1 -> 0 linearly over the run with ``static.anneal_lr``, else
+        1; learners beside the policy (the learned reward) follow it too."""
         if not self.static.anneal_lr:
             return jnp.float32(1.0)
         return jnp.maximum(1.0 - state.iteration.astype(jnp.float32) / self.static.num_iterations, 0.0)
 
     def iteration(self, state: TrainState, hp: HParams):
-        """One rollout + signal + PPO update. Returns ``(state, metrics)``."""
+        """One rollout, signal and PPO update: ``(state, metrics)``."""
         static = self.static
         key, k_roll, k_sig, k_ppo = jax.random.split(state.key, 4)
         k_obs, k_sig = jax.random.split(k_sig)
@@ -271,13 +241,8 @@ class Trainer:
 
     # ------------------------------------------------------------------ loops
     def run_chunk(self, state: TrainState, hp: HParams, num_iterations: int):
-        """``num_iterations`` (static) iterations with ``lax.scan``.
-
-        Returns ``(state, metrics)`` with every metric stacked to ``[num_iterations]`` (float32).
-        The loop carries the metrics as one ``[num_iterations, M]`` array (one
-        stacked output instead of M, each with its own update, copy and transpose
-        in the compiled loop) and splits it after the loop.
-        """
+        """``num_iterations`` (static) iterations with ``lax.scan``: ``(state, metrics)``, every metric
+        float32 ``[num_iterations]``."""
         hp = self.hparams(hp)
         names = []  # the metrics' names, in the packed order (set when the loop body is traced)
 
@@ -296,15 +261,8 @@ class Trainer:
 
 
 def make_train(static: StaticConfig, env, env_params, signal: Signal | None = None, network=None):
-    """``train(key, hp) -> (TrainState, metrics [num_iterations])`` for one run.
-
-    Pure and traceable: ``jax.jit(jax.vmap(make_train(...)))(keys [B, 2], hps [B])``
-    runs B seeds / hyperparameter settings in one compile.
-
-    ``network``: your own policy, a flax module whose ``apply(params, obs [..., *obs_shape])``
-    returns ``(logits [..., A], value [..., V], features [..., H])``, ``V = static.value_heads`` (2 for a
-    method with an intrinsic reward stream; for 1 ``value [...]`` is accepted too): the contract of
-    :class:`~coevo_jax.networks.ActorCritic`, checked before compiling
-    (:func:`~coevo_jax.networks.check_policy_network`). Default: the network ``static`` describes.
-    """
+    """``train(key, hp) -> (TrainState, metrics [num_iterations])`` for one run, pure and traceable:
+    ``jax.jit(jax.vmap(make_train(...)))(keys [B, 2], hps [B])`` runs ``B`` settings in one compile.
+    ``network``: your own policy, keeping :func:`~coevo_jax.networks.check_policy_network`'s contract
+    (checked before compiling); default the network ``static`` describes."""
     return Trainer(static, env, env_params, signal, network=network).train

@@ -1,40 +1,8 @@
-"""A small causal transformer actor-critic over token buffers.
-
-``TransformerActorCritic(num_actions, vocab_size, max_len=L)`` reads an int32
-buffer ``[..., L]`` (``<pad>`` = 0 after the write position, as the text
-environments of :mod:`envs_jax.text` write it) and returns
-``(logits [..., num_actions], value [..., V], features [..., d_model])`` at the
-last non-pad position (the write position - 1), ``V = value_heads``; ``features``
-is the final hidden state the policy and value heads read. That is the same
-contract as the library's MLP policy, so every reward source works unchanged
-on text.
-
-Pre-LayerNorm blocks with learned token and position embeddings. Because the
-attention is causal, the output at position ``t`` depends only on tokens
-``0..t``, so
-
-* ``score_sequence(obs_final)`` returns the per-position outputs of a whole
-  episode buffer in one pass (as LM training does), equal to the per-step calls;
-* ``score_packed(pack_windows(obs, done, chunk))`` scores every step of a
-  ``[T, N]`` rollout window in one pass per env: the window's observations
-  are packed into one token stream (its first buffer, then the tokens each
-  step added) and a segment mask keeps episodes apart. This is what the PPO
-  update uses (``StaticConfig.packed_update``);
-* ``init_cache`` / ``decode_step`` give incremental decoding with a key-value
-  cache: each call processes only the tokens added since the previous call
-  (at most ``chunk`` of them, e.g. ``env.max_tokens_per_step``) and detects an
-  environment auto-reset by comparing the buffer with the cached tokens.
-  A call with ``chunk`` >= the buffer length is a prefill: one causal pass.
-
-Usage::
-
-    model = TransformerActorCritic(env.num_actions, env.vocab_size, max_len=L)
-    params = model.init(key, obs)
-    logits, value, feats = model.apply(params, obs)
-    cache = model.init_cache(batch_shape, chunk=16)
-    (logits, value, feats), cache = model.apply(params, cache, obs, chunk=16,
-                                                method=model.decode_step)
-"""
+"""A small causal pre-LayerNorm transformer actor-critic over int32 token buffers ``[..., L]`` (``<pad>``
+= 0 after the write position, as :mod:`envs_jax.text` writes them), with the MLP policy's contract at
+the last non-pad token. It also scores a whole episode buffer in one pass (``score_sequence``), every
+step of packed rollout windows (``score_packed``, used by the PPO update) and decodes incrementally
+with a key-value cache (``init_cache``, ``decode_step``). Design notes: ``docs/design.md``."""
 from __future__ import annotations
 
 import dataclasses
@@ -55,21 +23,10 @@ class CausalSelfAttention(nn.Module):
     @nn.compact
     def __call__(self, x: Array, q_pos: Array, k_cache: Array | None, v_cache: Array | None,
                  x_kv: Array | None = None, mask: Array | None = None):
-        """``x`` [B, C, d] at positions ``q_pos`` [B, C].
-
-        * plain: the C tokens are the whole sequence (``q_pos = arange(C)``);
-        * ``x_kv`` [B, Lk, d]: keys/values come from the whole sequence ``x_kv``
-          and only the queries ``x`` are computed (the last layer of a pass that
-          needs outputs at a few positions);
-        * ``mask`` [B, C, Lk] (bool): which keys each query sees, replacing the
-          causal mask ``key position <= q_pos`` (packed streams of several
-          episodes, see :meth:`TransformerActorCritic.score_packed`);
-        * cache (``[B, H, Lc, dh]``, ``Lc >= max(q_pos) + 1``): the keys/values of
-          ``x`` are written into it at ``q_pos[:, 0]`` onwards (contiguous) and
-          the queries attend over the cache.
-
-        Returns ``(y, k_cache, v_cache)``; without a cache, ``(y, k, v)`` with the
-        keys/values ``[B, Lk, H, dh]`` of ``x_kv`` (or ``x``) it computed."""
+        """``x [B, C, d]`` at positions ``q_pos [B, C]`` -> ``(y, k, v)``. Keys and values come from ``x_kv
+        [B, Lk, d]`` when given (queries only at ``x``); ``mask [B, C, Lk]`` replaces the causal mask; with
+        caches ``[B, H, Lc, dh]`` the keys and values of ``x`` are written at ``q_pos[:, 0]`` onwards and the
+        caches returned, else the computed ``[B, Lk, H, dh]``."""
         h = self.num_heads
         dh = self.d_model // h
         src = x if x_kv is None else x_kv
@@ -90,14 +47,8 @@ class CausalSelfAttention(nn.Module):
 
 
 def _cached_attention(q: Array, k: Array, v: Array, q_pos: Array, k_cache: Array, v_cache: Array):
-    """Write ``k, v`` [B, C, H, dh] into the caches [B, H, Lc, dh] at
-    ``q_pos[:, 0]`` (one contiguous slice per row, no scatter) and attend the
-    (pre-scaled) queries ``q`` [B, C, H, dh] causally over the caches.
-
-    Returns ``(y [B, C, H, dh], k_cache, v_cache)``. The two formulations of
-    the attention are the fastest ones measured on XLA:CPU for one query and
-    for a few queries per row (a batched dot is slow for a handful of queries;
-    broadcast-multiply-reduce is slow for one)."""
+    """Write ``k, v [B, C, H, dh]`` into the caches ``[B, H, Lc, dh]`` at ``q_pos[:, 0]`` (one contiguous
+    slice per row) and attend the pre-scaled ``q`` causally: ``(y [B, C, H, dh], k_cache, v_cache)``."""
     write = jax.vmap(lambda c, s, u: jax.lax.dynamic_update_slice(c, u.astype(c.dtype).transpose(1, 0, 2), (0, s, 0)))
     k_cache = write(k_cache, q_pos[:, 0], k)
     v_cache = write(v_cache, q_pos[:, 0], v)
@@ -134,7 +85,8 @@ class Block(nn.Module):
 
 
 class TransformerActorCritic(nn.Module):
-    """Causal pre-LN transformer actor-critic; see the module docstring."""
+    """Causal pre-LN transformer actor-critic: ``obs [..., L] -> (logits [..., A], value [..., V],
+    features [..., d_model])`` at the last non-pad token (``features``: the final hidden state)."""
 
     #: the loop's token paths (KV-cache rollouts, packed updates) use any network that declares this and
     #: provides ``init_cache``, ``decode_step`` and ``score_packed`` with these signatures
@@ -175,12 +127,9 @@ class TransformerActorCritic(nn.Module):
 
     def _encode(self, toks: Array, pos: Array, mask: Array | None = None, query: Array | None = None,
                 with_kv: bool = False):
-        """Final hidden states of one pass over tokens ``[B, P]`` at buffer
-        positions ``pos`` [B, P]: ``[B, P, d]``, or ``[B, Q, d]`` at the stream
-        indices ``query`` [B, Q] (the last block then computes only those
-        queries: same numbers, less work). ``mask`` [B, P, P] replaces the causal
-        mask by position (packed streams). ``with_kv``: also return each layer's
-        keys and values (two tuples of ``[B, P, H, dh]``)."""
+        """Final hidden states ``[B, P, d]`` of one pass over tokens ``[B, P]`` at positions ``pos [B, P]``,
+        or ``[B, Q, d]`` at stream indices ``query [B, Q]``; ``mask [B, P, P]`` replaces the causal mask;
+        ``with_kv`` also returns each layer's keys and values."""
         x = self._embed(toks, pos)
         ks, vs = [], []
         for blk in self.blocks if query is None else self.blocks[:-1]:
@@ -196,8 +145,7 @@ class TransformerActorCritic(nn.Module):
         return (h, tuple(ks), tuple(vs)) if with_kv else h
 
     def _trunk(self, obs2, last_only: Array | None = None):
-        """Final hidden states ``[B, L, d]`` of a full causal pass over buffers
-        ``[B, L]``, or ``[B, d]`` at positions ``last_only`` [B]."""
+        """Final hidden states ``[B, L, d]`` of a full pass over ``[B, L]``, or ``[B, d]`` at ``last_only [B]``."""
         b, l = obs2.shape
         pos = jnp.broadcast_to(jnp.arange(l), (b, l))
         if last_only is None:
@@ -220,9 +168,8 @@ class TransformerActorCritic(nn.Module):
         )
 
     def score_sequence(self, obs_final: Array):
-        """Per-position ``(logits [..., L, A], value [..., L, V], features [..., L, d])``
-        of one causal pass; position ``t`` equals ``__call__`` on the buffer cut
-        after token ``t``."""
+        """Per-position ``(logits [..., L, A], value [..., L, V], features [..., L, d])`` of one causal pass;
+        position ``t`` equals ``__call__`` on the buffer cut after token ``t``."""
         self._check(obs_final)
         batch, l = obs_final.shape[:-1], obs_final.shape[-1]
         h = self._trunk(obs_final.reshape(-1, l))
@@ -234,11 +181,9 @@ class TransformerActorCritic(nn.Module):
         )
 
     def score_packed(self, packed: "PackedWindows"):
-        """Outputs at the ``T`` query positions of packed token streams (see
-        :func:`coevo_jax.packing.pack_windows`): ``(logits [..., T, A], value [..., T, V],
-        features [..., T, d])``, where entry ``t`` equals ``__call__`` on the
-        buffer ``obs[t]`` the stream was packed from. One causal pass per stream
-        in which a token sees only the earlier tokens of its own episode."""
+        """``(logits [..., T, A], value [..., T, V], features [..., T, d])`` at the query positions of packed
+        streams (:func:`coevo_jax.packing.pack_windows`); entry ``t`` equals ``__call__`` on ``obs[t]``. A
+        token sees only the earlier tokens of its own episode."""
         tokens, pos, seg, query = packed
         batch, p, t = tokens.shape[:-1], tokens.shape[-1], query.shape[-1]
         tokens, pos, seg, query = (a.reshape(-1, a.shape[-1]) for a in (tokens, pos, seg, query))
@@ -253,8 +198,8 @@ class TransformerActorCritic(nn.Module):
         )
 
     def _cached_blocks(self, toks: Array, q_pos: Array, k_all, v_all):
-        """Tokens ``[B, C]`` at positions ``q_pos`` through every block with the
-        per-layer caches: ``(final hidden [B, C, d], new k caches, new v caches)``."""
+        """Tokens ``[B, C]`` at ``q_pos`` through every block with the per-layer caches:
+        ``(final hidden [B, C, d], k caches, v caches)``."""
         x = self._embed(toks, q_pos)
         ks, vs = [], []
         for i, blk in enumerate(self.blocks):
@@ -264,9 +209,8 @@ class TransformerActorCritic(nn.Module):
         return self.ln_f(x), ks, vs
 
     def _prefill(self, obs2: Array, batch: tuple, kv_shape: tuple):
-        """:meth:`decode_step` from scratch (the whole buffers ``[B, L]``) as one
-        causal pass, the last block computing only the last query; the keys and
-        values of every layer fill the first ``L`` cache slots."""
+        """:meth:`decode_step` from scratch: one causal pass over ``[B, L]`` whose keys and values fill the
+        first ``L`` cache slots."""
         b, l = obs2.shape
         new_len = jnp.sum(obs2 != PAD, axis=-1).astype(jnp.int32)
         idx = jnp.clip(new_len - 1, 0, l - 1)
@@ -282,11 +226,9 @@ class TransformerActorCritic(nn.Module):
         return out, cache
 
     def init_cache(self, batch_shape=(), buffer_len: int | None = None, chunk: int = 16) -> dict:
-        """Empty key-value cache for buffers ``[*batch_shape, buffer_len]``
-        (``buffer_len`` defaults to ``max_len``) decoded ``chunk`` tokens at a
-        time; needs no parameters. ``"k"`` and ``"v"`` hold one array per layer,
-        ``[*batch_shape, num_heads, buffer_len + chunk, d_head]``:
-        ``chunk`` slack slots keep every write one contiguous slice."""
+        """Empty key-value cache for buffers ``[*batch_shape, buffer_len]`` (default ``max_len``) decoded
+        ``chunk`` tokens at a time (no parameters needed): ``"k"``, ``"v"`` one array per layer, ``[*batch_shape,
+        num_heads, buffer_len + chunk, d_head]``, plus ``"tokens"`` and ``"length"``."""
         l = self.max_len if buffer_len is None else int(buffer_len)
         b = tuple(batch_shape)
         dh = self.d_model // self.num_heads
@@ -301,13 +243,10 @@ class TransformerActorCritic(nn.Module):
     def decode_step(self, cache: dict, obs: Array, chunk: int = 16):
         """Incremental ``__call__``: ``((logits [..., A], value [..., V], features [..., d]), new_cache)``.
 
-        Processes the tokens from the cached length (0 when the buffer no longer
-        starts with the cached tokens, e.g. after an auto-reset) up to the write
-        position; at most ``chunk`` (static) new tokens per call are supported.
-        A ``chunk`` of at least the buffer length recomputes the whole buffer
-        (a prefill). The cache must come from ``init_cache(..., chunk=c)`` with
-        ``c >= chunk`` (a prefill needs ``buffer_len + c >= chunk``).
-        """
+        Processes the tokens from the cached length (0 when the buffer no longer starts with the cached
+        tokens, e.g. after an auto-reset) to the write position, at most ``chunk`` (static) per call;
+        ``chunk >= L`` is a prefill. The cache must come from ``init_cache(..., chunk=c)``, ``c >= chunk``
+        (``ValueError`` otherwise)."""
         self._check(obs)
         batch, l = obs.shape[:-1], obs.shape[-1]
         obs2 = obs.reshape(-1, l).astype(jnp.int32)

@@ -1,47 +1,7 @@
-"""DelayedChain: a delayed-choice chain, where the first action alone decides the
-final outcome and many noisy rewards come between (in the spirit of the
-"chain" task of Raposo et al. 2021, "Synthetic returns for long-term credit
-assignment").
-
-Each episode shows a cue, one of ``num_choices`` symbols drawn at reset. The
-first action is the choice: it is correct when it equals the cue. Then the
-episode runs on for ``length - 1`` more steps whatever the agent does
-(``Discrete(num_choices)``; after the first step actions have no effect); each
-of them pays a distractor reward drawn from ``N(0, noise_std**2)``, and the
-last one (step ``length``) also pays ``outcome_reward`` if the choice was
-correct and ends the episode (``terminated``; ``info["success"]`` is the
-choice's correctness on that step). So a uniformly random policy succeeds with
-probability ``1 / num_choices`` and the expected return of a policy is
-``outcome_reward * P(correct)``: the noise has mean 0.
-
-``info`` (same keys every step): ``success`` (bool: the episode ended on this
-step with a correct choice), ``choice_correct`` (bool: the step was the choice
-and it was correct; the ground truth of the decision that matters) and
-``dense_reward`` (the oracle): the reward plus potential-based shaping
-``gamma * Phi(s') - Phi(s)`` (Ng, Harada and Russell 1999) with ``Phi =
-shaping_scale * outcome_reward`` once a correct choice is made (0 before the
-choice and after a wrong one) and ``Phi(s') = 0`` on the final step. With
-``shaping_gamma = 1`` the oracle pays the outcome on the choice step and
-nothing for it at the end: the same undiscounted return, moved to the decision;
-with the learner's ``gamma < 1`` (the default 0.99) the held potential costs
-``(1 - gamma) * Phi`` per step and the discounted shaping sums to
-``gamma**T Phi(s_T) [not terminated] - Phi(s_0)`` (optimal policies
-unchanged). ``env.potential(state, params)`` gives ``Phi``.
-
-Observation, float32 ``(2 * num_choices + 1,)``: the cue one-hot, the choice
-one-hot and the fraction of the episode elapsed, ``time / length``. The choice
-one-hot is all zeros unless ``show_choice = 1``: by default (as in the chain of
-Raposo et al.) the states after the choice look the same whatever was chosen,
-so a critic cannot carry the outcome back to the choice by bootstrapping; only
-returns that span the whole chain (or a model of which step caused the
-outcome) can. With ``hide_cue = 1`` (the memory chain) the cue one-hot is all
-zeros after the first step too, so a reward of "action = cue" can be paid only
-at the choice: a learned reward that helps must find the decision.
-
-Host-side ground truth: :func:`choice_credit` (the outcome on the choice step
-when it was correct, 0 elsewhere: the difference in expected return between
-the correct choice and a wrong one).
-"""
+"""DelayedChain: a delayed-choice chain where the first action alone decides the outcome and noisy
+rewards come between (after the "chain" task of Raposo et al. 2021, "Synthetic returns for
+long-term credit assignment"). Host-side ground truth: :func:`choice_credit`. Design notes:
+``docs/design.md``."""
 from __future__ import annotations
 
 import jax
@@ -56,19 +16,11 @@ Array = jax.Array
 
 @struct.dataclass
 class DelayedChainParams(EnvParams):
-    """All leaves (sweepable under ``jax.vmap``).
-
-    ``length``: steps per episode (the choice and ``length - 1`` noisy steps,
-    >= 2); ``max_steps``: the time limit (by default ``length``, so an episode
-    always ends by the chain's end); ``noise_std``: the standard deviation of the
-    distractor reward on every step after the choice (0: none);
-    ``outcome_reward``: paid on the last step for a correct choice;
-    ``shaping_scale``, ``shaping_gamma``: the oracle's shaping (module docstring);
-    ``show_choice``: 1 to observe the choice made, 0 (default) not to;
-    ``hide_cue``: 1 to show the cue on the first step only (the memory chain:
-    afterwards its one-hot is all zeros, so nothing after the choice tells
-    which action was right), 0 (default) to show it on every step.
-    """
+    """All leaves (sweepable under ``vmap``): ``length`` (steps per episode, >= 2;
+    ``max_steps_in_episode`` defaults to it); ``noise_std`` (distractor reward after the choice);
+    ``outcome_reward`` (paid on the last step for a correct choice); ``shaping_scale``,
+    ``shaping_gamma``; ``show_choice`` (1: observe the choice); ``hide_cue`` (1: the cue on the
+    first step only, the memory chain)."""
 
     max_steps_in_episode: int = 32
     length: int = 32
@@ -82,8 +34,8 @@ class DelayedChainParams(EnvParams):
 
 @struct.dataclass
 class DelayedChainState(EnvState):
-    """``cue``: int32 ``()`` the correct choice; ``choice``: int32 ``()`` the
-    first action (-1 before it); ``time``: int32 ``()`` steps taken."""
+    """``cue``: int32 ``()`` the correct choice; ``choice``: int32 ``()`` the first action (-1
+    before it); ``time``: int32 ``()``."""
 
     cue: Array
     choice: Array
@@ -101,8 +53,16 @@ def potential(state: DelayedChainState, params: DelayedChainParams) -> Array:
 
 
 class DelayedChain(Environment):
-    """The delayed-choice chain (see the module docstring). ``num_choices`` fixes
-    the action and observation shapes, so it lives here; the rest is in the params."""
+    """The delayed-choice chain; ``num_choices`` fixes shapes, the rest is :class:`DelayedChainParams`.
+
+    A cue (one of ``num_choices``) is drawn at reset; the first action is the choice, correct when it
+    equals the cue; then ``length - 1`` more steps whatever the agent does, each paying ``N(0,
+    noise_std**2)``; the last also pays ``outcome_reward`` for a correct choice and terminates.
+    Actions ``Discrete(num_choices)``. Observation float32 ``(2 * num_choices + 1,)``: cue one-hot
+    (zeros after the first step with ``hide_cue``), choice one-hot (zeros unless ``show_choice``),
+    ``time / length``. ``info``: ``success`` (ended with a correct choice), ``choice_correct`` (this
+    step was a correct choice), ``dense_reward = r + gamma Phi(s') - Phi(s)`` with ``Phi =
+    shaping_scale * outcome_reward`` once a correct choice is made, ``Phi(s') = 0`` on the last step."""
 
     optional_outputs = ("dense_reward", "success")
 
@@ -176,10 +136,8 @@ class DelayedChain(Environment):
 
 # ----------------------------------------------------------------------------- host-side ground truth
 def choice_credit(obs: np.ndarray, action: np.ndarray, num_choices: int, outcome_reward: float) -> np.ndarray:
-    """Float64 ``[...]``: the ground-truth credit of each step, from observations
-    ``[..., 2 * num_choices + 1]`` and the actions taken ``[...]``:
-    ``outcome_reward`` on a correct choice (the episode's first step, elapsed
-    fraction 0, action = the cue), 0 elsewhere."""
+    """Float64 ``[...]``: ground-truth credit from observations ``[..., 2 * num_choices + 1]`` and
+    actions ``[...]``: ``outcome_reward`` on a correct choice (first step, action = cue), else 0."""
     obs, action = np.asarray(obs), np.asarray(action)
     first = obs[..., -1] == 0.0
     right = np.argmax(obs[..., :num_choices], -1) == action
@@ -187,10 +145,9 @@ def choice_credit(obs: np.ndarray, action: np.ndarray, num_choices: int, outcome
 
 
 def cue_matches(obs: jax.Array, action: jax.Array, after_choice_only) -> jax.Array:
-    """Float32 ``[...]``: 1 where the action taken equals the cue shown in ``obs [..., 2 * k + 1]``
-    (``action [...]``), on every step, or with ``after_choice_only`` (a traced 0/1) only on the steps
-    after the choice (elapsed fraction > 0), where actions have no effect; 0 elsewhere. The
-    hand-written "action = cue" bonus of the chain's controls (:mod:`coevo_jax.signals.placebo`)."""
+    """Float32 ``[...]``: 1 where the action equals the cue shown in ``obs [..., 2 * k + 1]``, on every
+    step or, with ``after_choice_only`` (traced 0/1), only after the choice; else 0. The "action =
+    cue" bonus of the chain's controls (:mod:`coevo_jax.signals.placebo`)."""
     k = (obs.shape[-1] - 1) // 2
     match = jnp.logical_and(jnp.argmax(obs[..., :k], -1) == action, obs[..., :k].max(-1) > 0)  # a cue shown
     after = obs[..., -1] > 0.0

@@ -1,42 +1,9 @@
-"""The environment API: gymnax 1.0 environments, auto-reset, and wrappers.
+"""The environment API (gymnax 1.0's interface and spaces, without importing gymnax at import
+time), auto-reset, and the wrappers :class:`EpisodeStats` and :class:`DelayedReward`.
 
-Every environment has gymnax 1.0's interface: gymnax's spaces, params with
-``max_steps_in_episode``, ``reset`` and the six-value ``step`` with gymnax's
-``info`` keys, so gymnax's own wrappers (``gymnax.wrappers.purerl``) and code
-written for gymnax take it unchanged. The base class is this module's, not
-gymnax's: importing gymnax initialises JAX's backend, which importing
-``envs_jax`` must not do. An environment is a stateless object whose methods are pure functions of
-``(key, state, action, params)``; every array lives in ``state`` or ``params``
-(flax struct dataclasses), so ``jax.jit`` and ``jax.vmap`` apply directly.
-
-``step`` auto-resets: when an episode ends, the returned ``obs``/``state``
-already belong to the next episode and ``info["final_observation"]`` holds the
-observation the step produced before the reset (for a step that does not end an
-episode it equals ``obs``); ``info["terminated"]`` and ``info["truncated"]``
-repeat the two flags, as gymnax's envs report them. Time limits set
-``truncated``; failing or finishing the task sets ``terminated``; here the two
-are never both true (a stricter rule than gymnax's).
-
-An environment declares what it offers beyond the base API in class
-attributes, which wrappers forward (read them, never probe with ``hasattr``):
-``optional_outputs`` and ``max_tokens_per_step`` (below). ``env.unwrapped`` is
-the innermost environment (the env itself when it is not a wrapper).
-
-Beyond ``final_observation``, an environment may report the optional ``info`` keys of
-:data:`OPTIONAL_OUTPUTS`; it declares those it reports in ``optional_outputs``,
-which :func:`provides` reads:
-
-* ``"dense_reward"``: float32 ``()``, the reward plus a hand-designed shaping;
-* ``"success"``: bool ``()``, the task was solved on this step;
-* ``"legal_mask"``: bool ``(num_actions,)``, the legal actions for the returned
-  observation; the env then also has ``legal_mask(state, params)``.
-
-``max_tokens_per_step``: for an observation that is a buffer of tokens, the
-most tokens one step can append to it (what incremental decoding and packed
-windows need); ``None`` (the default) for any other observation.
-
-``envs_jax`` depends on nothing in ``coevo_jax``.
-"""
+An environment is a stateless object of pure functions of ``(key, state, action, params)``; every
+array lives in ``state`` or ``params`` (flax struct dataclasses), so ``jit`` and ``vmap`` apply
+directly. Design notes: ``docs/design.md``."""
 from __future__ import annotations
 
 from typing import Any
@@ -86,17 +53,17 @@ class EnvState:
 
 
 class Environment:
-    """Base class. Subclasses implement ``reset_env``, ``step_env``,
-    ``default_params``, ``action_space`` and ``observation_space``.
+    """Base class. Subclasses implement ``reset_env``, ``step_env``, ``default_params``,
+    ``action_space`` and ``observation_space``.
 
-    ``step_env(key, state, action, params) -> (obs, state, reward, terminated, info)``
-    must increment ``state.time``; truncation at ``params.max_steps_in_episode`` and the
-    auto-reset are added here. ``info`` must hold the same keys on every step.
-
-    ``optional_outputs`` names exactly the keys of :data:`OPTIONAL_OUTPUTS`
-    that ``info`` holds; test with :func:`provides`. ``max_tokens_per_step``:
-    see the module docstring.
-    """
+    ``step_env(key, state, action, params) -> (obs, state, reward, terminated, info)`` must increment
+    ``state.time`` and return the same ``info`` keys every step; :meth:`step` adds truncation at
+    ``params.max_steps_in_episode`` and the auto-reset. ``optional_outputs`` names exactly the keys of
+    :data:`OPTIONAL_OUTPUTS` that ``info`` holds (test with :func:`provides`): ``dense_reward`` float32
+    ``()`` (the reward plus a hand-designed shaping), ``success`` bool ``()`` (solved on this step),
+    ``legal_mask`` bool ``(num_actions,)`` (legal actions for the returned observation; the env then has
+    ``legal_mask(state, params)``). ``max_tokens_per_step``: for a token-buffer observation, the most
+    tokens one step appends; ``None`` otherwise."""
 
     name: str = "Environment"
     optional_outputs: tuple[str, ...] = ()
@@ -139,13 +106,11 @@ class Environment:
         return self.reset_env(key, params)
 
     def step(self, key: Array, state: Any, action: Array, params: EnvParams | None = None):
-        """One transition with auto-reset.
+        """One transition with auto-reset: ``(obs, state, reward, terminated, truncated, info)``.
 
-        Returns ``(obs, state, reward, terminated, truncated, info)``; ``reward``
-        float32 ``()``, flags bool ``()``; as in gymnax 1.0, ``info`` also holds
-        ``"terminated"``, ``"truncated"`` and ``"final_observation"`` (the
-        observation before any reset).
-        """
+        ``reward`` float32 ``()``, flags bool ``()``, never both true (time limit: ``truncated``). When an
+        episode ends, ``obs``/``state`` belong to the next one; ``info`` adds ``"terminated"``,
+        ``"truncated"`` and ``"final_observation"`` (the observation before any reset), as gymnax 1.0."""
         params = self.default_params if params is None else params
         key_step, key_reset = jax.random.split(key)
         obs_st, state_st, reward, terminated, info = self.step_env(key_step, state, action, params)
@@ -226,12 +191,10 @@ class EpisodeStatsState:
 
 
 class EpisodeStats(Wrapper):
-    """Adds PureJaxRL ``LogWrapper`` keys to ``info``:
-    ``returned_episode_returns``, ``returned_episode_lengths``,
-    ``returned_episode`` (bool: an episode ended on this step) and
-    ``returned_episode_success`` (the finished episode's ``info["success"]``,
-    else ``return > 0``). The returned values hold the last finished episode.
-    """
+    """Adds PureJaxRL ``LogWrapper`` keys to ``info``: ``returned_episode_returns``,
+    ``returned_episode_lengths``, ``returned_episode_success`` (the finished episode's
+    ``info["success"]``, else ``return > 0``), holding the last finished episode, and
+    ``returned_episode`` (bool: an episode ended on this step)."""
 
     def reset(self, key, params=None):
         params = self.default_params if params is None else params
@@ -285,14 +248,10 @@ class DelayedRewardState:
 
 
 class DelayedReward(Wrapper):
-    """LIRPG ``reward_freq`` protocol (Zheng, Oh and Singh 2018): external reward
-    is withheld and the accumulated sum is paid every ``params.reward_freq``
-    steps and on the step an episode ends. Over an episode the paid total equals
-    the undelayed total. ``info["undelayed_reward"]`` keeps the original; on an
-    env without a dense reward of its own, ``info["dense_reward"]`` is that
-    undelayed reward (what the delay withholds: the oracle's reward), and the
-    wrapper declares it.
-    """
+    """LIRPG's ``reward_freq`` protocol (Zheng, Oh and Singh 2018): the reward is withheld and the
+    accumulated sum paid every ``params.reward_freq`` steps and when an episode ends (same total).
+    ``info["undelayed_reward"]`` keeps the original; an env without ``dense_reward`` gets it as
+    ``info["dense_reward"]`` (declared)."""
 
     def __init__(self, env: Environment, reward_freq: int = 20):
         super().__init__(env)

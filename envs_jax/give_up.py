@@ -1,37 +1,6 @@
-"""A "give up" action for any episodic environment: one more action that, taken
-twice in a row, ends the episode with reward 0.
-
-Why: on the grid worlds an episode ends only at the goal or at the time limit,
-so a shorter episode is always a better one, and a learned reward that simply
-pays for ending early (a step penalty) looks aligned with the return. With a
-way to end the episode *without* success, episode length no longer predicts
-the return: a step penalty then pays for quitting, and a learned reward that
-colludes with the policy shows as a decoupling of its summed reward from the
-external return. (A dialogue agent's "hang up" is the same action.)
-
-:class:`GiveUp` adds action ``n`` (the inner env has actions ``0 .. n-1``).
-The first time it is taken it does nothing but *arm* (the inner state is not
-stepped, the episode clock advances); taken again at once, it ends the episode
-(``terminated``) with reward 0; any other action disarms. The confirmation
-keeps a uniformly random policy from quitting every 7 steps (it quits after
-about 49 steps on average), so exploration is not swamped, while a policy that
-wants to end early can in two steps. On both give-up steps the observation
-returned is the current one and the reward 0;
-
-* ``info["success"]`` (when declared) is False on them;
-* ``info["dense_reward"]`` (when declared) is the inner env's potential
-  shaping: ``gamma * Phi(s) - Phi(s)`` on the arming step (the state does not
-  change) and ``0 - Phi(s)`` on the quitting one (``Phi(terminal) = 0``; the
-  inner env must define ``potential(state, params)`` and its
-  ``params.shaping_gamma``), so the shaped return of every episode still
-  telescopes to ``return - Phi(s_0)`` and the dense oracle's optimal policies
-  are unchanged;
-* ``info["legal_mask"]`` (when declared) gets ``True`` appended: giving up is
-  always legal; every other ``info`` key takes the inner env's value for the
-  step it would have taken with action 0 (the keys must be the same each step).
-
-:func:`envs_jax.make` with ``give_up=True`` wraps the env (inside any delay).
-"""
+"""A "give up" action for any episodic environment: one more action that, taken twice in a row, ends
+the episode with reward 0 (:class:`GiveUp`; ``envs_jax.make(..., give_up=True)``). Design notes:
+``docs/design.md``."""
 from __future__ import annotations
 
 from typing import Any
@@ -47,9 +16,8 @@ Array = jax.Array
 
 @struct.dataclass
 class GiveUpState(EnvState):
-    """``env_state``: the inner state; ``obs``: its latest observation (returned on
-    the give-up steps); ``armed``: bool ``()`` the last action was the first give-up;
-    ``time``: the inner state's step count (mirrored)."""
+    """``env_state``: the inner state; ``obs``: its latest observation; ``armed``: bool ``()`` the last
+    action was a first give-up; ``time``: the inner step count."""
 
     env_state: Any
     obs: Array
@@ -57,8 +25,13 @@ class GiveUpState(EnvState):
 
 
 class GiveUp(Wrapper):
-    """``env`` plus a last action that, taken twice in a row, ends the episode with reward 0
-    (see the module docstring)."""
+    """``env`` plus action ``n`` (the inner env has ``0 .. n-1``): taken once it arms (the inner state is
+    not stepped, the clock advances), taken again at once it ends the episode (``terminated``); any
+    other action disarms. Both give-up steps return the current observation and reward 0; ``info``:
+    ``success`` False, ``dense_reward`` the inner potential shaping (``gamma Phi(s) - Phi(s)``, then
+    ``-Phi(s)``; needs the inner ``potential(state, params)``), ``legal_mask`` with ``True`` appended;
+    other keys as the inner step with action 0. ``ValueError`` for an inner env without
+    ``reset_env``/``step_env``."""
 
     def __init__(self, env: Environment):
         if type(env).step_env is Environment.step_env or type(env).reset_env is Environment.reset_env:

@@ -1,50 +1,6 @@
-"""A fixed-horizon variant of any episodic environment: every episode lasts
-exactly ``H`` steps and the task's reward is paid at step ``H``.
-
-On an episodic task that ends when it is solved (the grid worlds end on reaching
-the goal), ending the episode early is itself an outcome a learned reward can
-exploit: a living penalty then reads as progress. :class:`FixedHorizon` removes
-that shortcut:
-
-* When the inner task ends before ``H`` (inner ``terminated``, e.g. the goal or
-  a trap, or an inner time limit the inner env forces early), the wrapper enters
-  an *absorbing* state: the observation stays the inner task's final
-  observation, actions do nothing, and the reward earned so far is held.
-* At step ``H`` the held reward total is paid as one reward and the episode ends
-  with ``terminated=True`` (the horizon is the task's natural end: nothing is
-  bootstrapped beyond it) and ``truncated=False``. Every other step pays 0.
-* The inner env runs with its time limit set to ``H``, so reward formulas that
-  read ``max_steps`` (MiniGrid's ``1 - 0.9 t / T``) use ``T = H``.
-
-The wrapper is built on the inner env's ``reset_env``/``step_env``; the one
-auto-reset is the base class's, around the wrapper's own ``step_env``.
-``params.max_steps_in_episode`` (read by that base class, and by anything that asks for the
-episode length) is ``H``: at ``time == H`` the wrapper reports ``terminated``,
-and the base class only truncates a step that did not terminate, so its time
-limit can never fire first (and ``time`` never exceeds ``H``, as the episode
-ends there).
-
-``info`` (same keys every step):
-
-* ``success`` (when the inner env declares it): on step ``H``, whether the inner
-  task succeeded at any step of the episode; False on every other step.
-* ``dense_reward`` (when declared): the inner shaping term (inner dense reward
-  minus inner reward) on the steps before absorption, 0 while absorbed, plus the
-  reward paid at ``H``. The shaping terms are the inner env's own, at the same
-  steps, so over an episode they telescope exactly as the inner episode's do
-  (for potential shaping, ``gamma**T Phi(s_T) [not terminated] - Phi(s_0)`` with
-  ``T`` the step the inner task ended, ``H`` if it never did; in that case the
-  last term keeps the inner env's ``gamma Phi(s_H)``, as on its own time-out).
-* ``legal_mask`` (when declared): the inner env's mask for the returned
-  observation; all True while absorbed (every action is then a no-op).
-* every other inner key: the inner value while the task runs, held at its value
-  from the last live step while absorbed.
-
-Wrap only environments that implement ``reset_env``/``step_env`` (not ones that
-replace ``step``, such as the gymnax adapter), and apply other wrappers
-(:class:`~envs_jax.core.DelayedReward`, :class:`~envs_jax.core.EpisodeStats`)
-outside this one; :func:`envs_jax.make` with ``fixed_horizon=H`` does so.
-"""
+"""A fixed-horizon variant of any episodic environment: every episode lasts exactly ``H`` steps and
+the task's reward is paid at step ``H`` (:class:`FixedHorizon`; ``envs_jax.make(...,
+fixed_horizon=H)``). Design notes: ``docs/design.md``."""
 from __future__ import annotations
 
 from typing import Any
@@ -75,10 +31,8 @@ def check_horizon(horizon: Any) -> int:
 
 @struct.dataclass
 class FixedHorizonParams:
-    """``env``: the wrapped env's params; ``horizon``: ``H``, the exact episode
-    length (a leaf, so it can be swept under ``jax.vmap``). The wrapper always
-    hands the inner env ``env.replace(max_steps_in_episode=horizon)``. ``max_steps``
-    (read-only) is ``H``: see the module docstring for why."""
+    """``env``: the wrapped env's params (handed over with ``max_steps_in_episode = horizon``);
+    ``horizon``: ``H``, a leaf (sweepable under ``vmap``); ``max_steps_in_episode`` (read-only) is ``H``."""
 
     env: Any
     horizon: int = 100
@@ -90,16 +44,10 @@ class FixedHorizonParams:
 
 @struct.dataclass
 class FixedHorizonState(EnvState):
-    """One episode's state (unbatched shapes).
-
-    ``time``: int32 ``()`` wrapper steps taken, ``0..H``. ``env_state``: the
-    inner state, frozen once absorbed. ``obs``: the inner env's latest
-    observation (its final one once absorbed). ``absorbed``: bool ``()`` the inner
-    task has ended. ``earned``: float32 ``()`` inner reward so far, paid at
-    ``H``. ``succeeded``: bool ``()`` the inner task succeeded at some step.
-    ``held_info``: the inner ``info`` keys other than :data:`REWRITTEN_KEYS`, as
-    of the last live step (zeros before the first step).
-    """
+    """One episode, unbatched. ``time``: int32 ``()`` in ``0..H``; ``env_state``: the inner state, frozen
+    once absorbed; ``obs``: the inner env's latest observation; ``absorbed``: bool ``()`` the inner task
+    ended; ``earned``: float32 ``()`` inner reward so far; ``succeeded``: bool ``()``; ``held_info``: the
+    inner ``info`` keys other than :data:`REWRITTEN_KEYS` of the last live step (zeros before it)."""
 
     env_state: Any
     obs: Array
@@ -122,9 +70,8 @@ def held_keys(info: dict) -> dict:
 
 def advance(state: FixedHorizonState, obs: Array, env_state: Any, reward: Array, ended: Array,
             success: Array, info: dict) -> FixedHorizonState:
-    """The wrapper state after one step, given the inner step's outputs (used
-    only if the task was still running; ignored when ``state.absorbed``).
-    ``reward`` float32 ``()``, ``ended``/``success`` bool ``()``."""
+    """The wrapper state after one step from the inner step's outputs (ignored when
+    ``state.absorbed``); ``reward`` float32 ``()``, ``ended``/``success`` bool ``()``."""
     live = jnp.logical_not(state.absorbed)
     return FixedHorizonState(
         time=(state.time + 1).astype(jnp.int32),
@@ -138,16 +85,23 @@ def advance(state: FixedHorizonState, obs: Array, env_state: Any, reward: Array,
 
 
 def payout(state: FixedHorizonState, horizon) -> tuple[Array, Array]:
-    """``(reward, at_horizon)`` of the step that produced ``state``: float32 ``()``
-    the held total on step ``H`` (else 0), and bool ``()`` the step is step ``H``."""
+    """``(reward, at_horizon)``: float32 ``()`` the held total on step ``H`` (else 0), bool ``()``."""
     at_horizon = state.time >= jnp.asarray(horizon, jnp.int32)
     return jnp.where(at_horizon, state.earned, 0.0).astype(jnp.float32), at_horizon
 
 
 # ----------------------------------------------------------------------------- wrapper
 class FixedHorizon(Wrapper):
-    """``env`` with every episode exactly ``horizon`` steps long, its reward paid
-    at the last step (see the module docstring)."""
+    """``env`` with every episode exactly ``horizon`` steps long.
+
+    When the inner task ends early (inner ``terminated``, or its time limit), the wrapper is absorbed:
+    the observation stays the inner final one, actions do nothing and the reward earned is held. At
+    step ``H`` the held total is paid and the episode ends ``terminated`` (never ``truncated``); every
+    other step pays 0. The inner env runs with time limit ``H`` (so MiniGrid's ``1 - 0.9 t / T`` uses
+    ``T = H``). ``info``: ``success`` (on step ``H``: the task succeeded at some step), ``dense_reward``
+    (the inner shaping term before absorption, 0 after, plus the reward paid at ``H``), ``legal_mask``
+    (all True while absorbed), other inner keys held at their last live value. The inner env must
+    implement ``reset_env``/``step_env`` (``ValueError`` otherwise); other wrappers go outside."""
 
     def __init__(self, env: Environment, horizon: int):
         if type(env).step_env is Environment.step_env or type(env).reset_env is Environment.reset_env:
@@ -215,8 +169,8 @@ class FixedHorizon(Wrapper):
         return new.obs, new, paid, at_horizon, out
 
     def step(self, key: Array, state: FixedHorizonState, action: Array, params: FixedHorizonParams | None = None):
-        """The base class's step (auto-reset); ``info["legal_mask"]`` is then
-        recomputed for the returned, possibly reset, state."""
+        """The base class's step (auto-reset), with ``info["legal_mask"]`` recomputed for the returned
+        state."""
         params = self.default_params if params is None else params
         obs, state, reward, terminated, truncated, info = super().step(key, state, action, params)
         if provides(self, "legal_mask"):
@@ -224,8 +178,7 @@ class FixedHorizon(Wrapper):
         return obs, state, reward, terminated, truncated, info
 
     def legal_mask(self, state: FixedHorizonState, params: FixedHorizonParams | None = None) -> Array:
-        """Bool ``(num_actions,)``: the inner env's mask, all True while absorbed
-        (only for inner envs that define ``legal_mask``)."""
+        """Bool ``(num_actions,)``: the inner env's mask, all True while absorbed."""
         params = self.default_params if params is None else params
         mask = self._env.legal_mask(state.env_state, self._inner_params(params))
         return jnp.logical_or(mask, state.absorbed)

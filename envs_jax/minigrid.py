@@ -1,60 +1,9 @@
 """MiniGrid tasks from XLand-MiniGrid (``xminigrid``, Nikulin et al. 2024) in this package's API.
 
-``from_xminigrid(env, params)`` wraps an ``xminigrid`` environment; every
-``MiniGrid-*`` name xminigrid registers is registered here too, so
-``envs_jax.make("MiniGrid-DoorKey-8x8")`` works. ``make(name, max_steps=T)``
-sets the time limit; other keyword arguments go to ``xminigrid.make`` (fields
-of its ``EnvParams``, e.g. ``view_size``).
-
-Registration is lazy: importing ``xminigrid`` builds JAX arrays at module level,
-which starts the XLA backend (~0.3-0.5 s, and it fixes the backend settings
-before the user's own code runs), so ``import envs_jax`` registers the fixed
-list :data:`MINIGRID_NAMES` (``tests/test_minigrid.py`` checks it against
-``xminigrid.registered_environments()``) and ``xminigrid`` is imported on the
-first ``make`` of one of them. For the same reason the tile and colour codes
-are spelled out in :mod:`envs_jax.minigrid_grid` (checked against ``xminigrid`` in the tests).
-
-Semantics (xminigrid's ``TimeStep``: ``step_type`` LAST ends an episode,
-``discount == 0`` marks termination): ``terminated`` is the task ending (goal
-reached; in ``Memory`` also the wrong object); the time limit
-``params.max_steps_in_episode`` (by default xminigrid's, e.g. ``10 * H * W`` on DoorKey)
-sets ``truncated``, never both. The reward is xminigrid's ``1 - 0.9 t / T`` on
-success, else 0. ``info["success"]``: terminated with a positive reward.
-Auto-reset and ``info["final_observation"]`` come from :class:`~envs_jax.core.Environment`.
-The MiniGrid ports with xminigrid's generic ``step`` are stepped by
-:func:`minigrid_step`, the same transition without the rule and goal
-dispatch that the generic step evaluates in full (see :class:`MiniGridAdapter`).
-
-Observation, float32 ``(V * V * 25 + 4 + 25,)`` (``V = view_size``, 7 by
-default, so 1254): xminigrid's symbolic egocentric ``V x V`` view (rotated so
-the agent faces up from the bottom centre; xminigrid's transparent view, in
-which walls hide nothing behind them) with each cell's tile id one-hot over
-the 13 tiles and its colour one-hot over the 12 colours, then the agent's
-absolute direction one-hot (4), then the carried object (tile one-hot 13,
-colour one-hot 12; all zero when the pocket is empty). One-hot
-codes suit the MLP policy better than the raw integer ids (no false order
-between, say, ``key = 7`` and ``door_locked = 8``). The direction is added
-because the egocentric view alone hides the heading, which MiniGrid's own
-``obs["direction"]`` supplies. The pocket is added because xminigrid (unlike
-MiniGrid) does not draw the carried object into the view, so without it a
-DoorKey agent could not tell whether it holds the key.
-
-DoorKey (``MiniGrid-DoorKey-*``) also reports ``info["dense_reward"]`` and
-``info["phase"]``, with the shaping convention of our own
-:class:`~envs_jax.grid.KeyDoor`: ``dense_reward = reward + gamma * Phi(s') -
-Phi(s)`` (Ng, Harada and Russell 1999), ``gamma = params.shaping_gamma``
-(default 0.99; set it to the learner's discount), ``Phi(s') = 0`` on the step
-that terminates, and ``Phi = -shaping_scale * (2 - phase + dist / max_dist) /
-3``: ``phase`` 0 fetch the key (door locked, key not held), 1 reach the door
-(locked with the key held, or closed), 2 reach the goal (door open), and
-``dist`` the breadth-first-search distance on the env's grid, in JAX
-(:func:`envs_jax.minigrid_grid.grid_distances`), from the agent to the current sub-goal cell, moving
-through floor, goal, open doors and loose objects (a dropped key can be picked
-up and moved, so it does not cut a path), capped at ``max_dist = (W - 3) + 2 (H
-- 3)``, the longest such distance on an ``H x W`` DoorKey layout (door at one
-end of the wall, agent in the far corner). ``env.potential(state, params)``
-gives ``Phi``.
-"""
+:func:`from_xminigrid` wraps an ``xminigrid`` environment. Every name of :data:`MINIGRID_NAMES` is
+registered without importing ``xminigrid`` (imported on the first ``make``), so
+``envs_jax.make("MiniGrid-DoorKey-8x8", max_steps=T)`` works; other keyword arguments go to
+``xminigrid.make`` (fields of its ``EnvParams``, e.g. ``view_size``). Design notes: ``docs/design.md``."""
 from __future__ import annotations
 
 import functools
@@ -88,11 +37,8 @@ MINIGRID_NAMES = (
 # ----------------------------------------------------------------------------- params and state
 @struct.dataclass
 class MiniGridParams:
-    """``inner``: the xminigrid ``EnvParams`` (its fields are static: height,
-    width, view_size, ...). ``max_steps`` (static): the time limit ``T``, also
-    the ``T`` of the reward; it overrides ``inner.max_steps`` (every call into
-    xminigrid gets :func:`xminigrid_params`), so ``params.replace(max_steps_in_episode=...)``
-    and ``envs_jax.make(name, max_steps=...)`` change both."""
+    """``inner``: xminigrid's ``EnvParams`` (static fields); ``max_steps_in_episode`` (static): the time
+    limit ``T``, also the ``T`` of the reward; it overrides ``inner.max_steps`` (:func:`xminigrid_params`)."""
 
     inner: Any
     max_steps_in_episode: int = struct.field(pytree_node=False, default=100)
@@ -107,10 +53,8 @@ def xminigrid_params(params: MiniGridParams) -> Any:
 
 @struct.dataclass
 class DoorKeyParams(MiniGridParams):
-    """Adds the shaping of ``info["dense_reward"]`` (leaves, sweepable under
-    ``vmap``): ``shaping_scale`` (``Phi`` lies in ``[-shaping_scale, 0]``) and
-    ``shaping_gamma`` (the ``gamma`` of ``gamma * Phi(s') - Phi(s)``; set it to
-    the learner's discount), as :class:`envs_jax.grid.ShapedParams`."""
+    """Adds the leaves ``shaping_scale`` and ``shaping_gamma`` of ``info["dense_reward"]``, as
+    :class:`envs_jax.grid.ShapedParams`."""
 
     shaping_scale: float = 1.0
     shaping_gamma: float = 0.99
@@ -118,10 +62,8 @@ class DoorKeyParams(MiniGridParams):
 
 @struct.dataclass
 class MiniGridState(EnvState):
-    """``inner``: the xminigrid ``State`` (``grid`` uint8 ``(H, W, 2)`` of
-    ``[tile, colour]`` indexed ``[y, x]``; ``agent.position`` ``(y, x)``,
-    ``agent.direction``, ``agent.pocket`` ``[tile, colour]``; ``step_num``).
-    ``time``: int32 ``()``, equal to ``inner.step_num``."""
+    """``inner``: xminigrid's ``State`` (``grid`` uint8 ``(H, W, 2)`` of ``[tile, colour]`` indexed
+    ``[y, x]``, ``agent``, ``step_num``); ``time``: int32 ``()``, equal to ``inner.step_num``."""
 
     inner: Any
 
@@ -133,8 +75,8 @@ def obs_size(view_size: int) -> int:
 
 
 def encode_obs(view: Array, direction: Array, pocket: Array) -> Array:
-    """Float32 ``(V * V * 25 + 4 + 25,)`` from the symbolic view uint8 ``(V, V, 2)``,
-    the direction ``()`` and the pocket ``(2,)`` (see the module docstring)."""
+    """Float32 ``(V * V * 25 + 4 + 25,)`` from the view uint8 ``(V, V, 2)``, the direction ``()`` and
+    the pocket ``(2,)``, all one-hot (see :class:`MiniGridAdapter`)."""
     cells = jnp.concatenate([jax.nn.one_hot(view[..., 0], NUM_TILES, dtype=jnp.float32),
                              jax.nn.one_hot(view[..., 1], NUM_COLORS, dtype=jnp.float32)], axis=-1)
     holding = pocket[0] != EMPTY
@@ -165,13 +107,9 @@ def minigrid_goal_class(env: Any):
 
 
 def minigrid_step(goal_cls: Any, inner: Any, action: Array, xparams: Any):
-    """``(view uint8 (V, V, 2), inner, reward float32 (), terminated bool ())``:
-    xminigrid's generic ``Environment.step`` for an environment without rules
-    whose goal is always of type ``goal_cls``. The generic step runs every
-    one of the 12 rule and 15 goal checks (``lax.switch`` on the encodings,
-    all evaluated under ``vmap``); calling the one goal check directly gives
-    the same transition (``tests/test_minigrid.py`` compares them) at about a
-    third of the compile time."""
+    """``(view uint8 (V, V, 2), inner, reward float32 (), terminated bool ())``: xminigrid's generic
+    ``Environment.step`` for an environment without rules whose goal is always ``goal_cls``, running
+    that one goal check (``tests/test_minigrid.py`` checks the transitions are the same)."""
     from xminigrid.core.actions import take_action
     from xminigrid.core.observation import transparent_field_of_view
 
@@ -185,20 +123,20 @@ def minigrid_step(goal_cls: Any, inner: Any, action: Array, xparams: Any):
 
 # ----------------------------------------------------------------------------- environments
 def _raw_key(key: Array) -> Array:
-    """uint32 ``(2,)`` key data (xminigrid stores the key in its state, which is selected with ``where``)."""
+    """uint32 ``(2,)`` key data (xminigrid keeps the key in its state, selected with ``where``)."""
     return jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key
 
 
 class MiniGridAdapter(Environment):
-    """An ``xminigrid`` environment in this package's API (see the module docstring).
+    """An ``xminigrid`` environment (``params``: its ``EnvParams``, default ``env.default_params()``).
 
-    ``env``: an xminigrid ``Environment`` object; ``params``: its ``EnvParams``
-    (default: ``env.default_params()``). Six actions: 0 forward, 1 turn right,
-    2 turn left, 3 pick up, 4 put down, 5 toggle. ``lean`` (default True):
-    step the MiniGrid ports of :data:`MINIGRID_GOALS` with :func:`minigrid_step`
-    (the same transition, compiled ~3x faster) rather than xminigrid's generic
-    ``step``; other environments (``Memory``, XLand) always use their own.
-    """
+    Six actions: 0 forward, 1 turn right, 2 turn left, 3 pick up, 4 put down, 5 toggle. Observation
+    float32 ``(V * V * 25 + 4 + 25,)`` (``V = view_size``): xminigrid's transparent egocentric view (the
+    agent at the bottom centre, facing up), per cell tile one-hot (13) and colour one-hot (12), then the
+    absolute direction one-hot (4) and the carried object (tile and colour one-hot, zeros when empty).
+    ``terminated``: the goal (in ``Memory`` also the wrong object); the time limit truncates. Reward:
+    xminigrid's ``1 - 0.9 t / T`` on success, else 0; ``info["success"]``: terminated with a positive
+    reward. ``lean`` (default True): step the ports of :data:`MINIGRID_GOALS` with :func:`minigrid_step`."""
 
     optional_outputs = ("success",)
 
@@ -221,7 +159,7 @@ class MiniGridAdapter(Environment):
 
     @property
     def lean(self) -> bool:
-        """True when steps go through :func:`minigrid_step` (see the class docstring)."""
+        """True when steps go through :func:`minigrid_step`."""
         return self._lean_step_fn is not None
 
     @property
@@ -259,9 +197,8 @@ class MiniGridAdapter(Environment):
         return self._obs(view, inner), nxt, reward, terminated, jnp.logical_and(terminated, reward > 0)
 
     def _xminigrid_step(self, inner: Any, action: Array, xparams: Any):
-        """``(view, inner, reward, terminated)`` from the env's own ``step``; xminigrid
-        ends an episode with a LAST ``TimeStep`` whose ``discount`` is 0 on
-        termination and 1 on the time limit."""
+        """``(view, inner, reward, terminated)`` from the env's own ``step`` (a LAST ``TimeStep`` with
+        ``discount`` 0 is a termination, with 1 the time limit)."""
         ts = self._timestep_cls(state=inner, step_type=self._mid, reward=jnp.float32(0.0),
                                 discount=jnp.float32(1.0), observation=None)
         ts = self._xstep_fn(xparams, ts, action)
@@ -272,10 +209,8 @@ class MiniGridAdapter(Environment):
         return obs, nxt, reward, terminated, {"success": success}
 
     def render(self, state: MiniGridState, params=None) -> str:
-        """Text drawing of one unbatched state: ``#`` wall, ``.`` floor, ``G``
-        goal, ``K`` key, ``L``/``C``/``/`` locked/closed/open door, ``o s p h *``
-        ball/square/pyramid/hex/star, blank outside the map, ``^>v<`` the agent;
-        then ``carrying: <colour> <tile>`` (or ``nothing``) and the step count."""
+        """Text drawing of one unbatched state (``#`` wall, ``.`` floor, ``G`` goal, ``K`` key, ``L C /``
+        locked, closed, open door, ``o s p h *`` objects, ``^>v<`` agent), the pocket and the step count."""
         grid = np.asarray(state.inner.grid)
         rows = [[TILE_GLYPHS[int(t)] for t in row] for row in grid[..., 0]]
         y, x = (int(v) for v in np.asarray(state.inner.agent.position))
@@ -287,8 +222,10 @@ class MiniGridAdapter(Environment):
 
 
 class MiniGridDoorKey(MiniGridAdapter):
-    """``MiniGrid-DoorKey-*`` with the sub-goal shaping ``info["dense_reward"]``
-    and ``info["phase"]`` (see the module docstring)."""
+    """``MiniGrid-DoorKey-*`` with ``info["phase"]`` (0 fetch the key, 1 reach the door, 2 reach the
+    goal) and ``info["dense_reward"] = r + gamma Phi(s') - Phi(s)`` (``gamma = shaping_gamma``,
+    ``Phi(s') = 0`` on termination), ``Phi = -shaping_scale * (2 - phase + dist / max_dist) / 3``,
+    ``dist`` the BFS distance to the current sub-goal (:mod:`envs_jax.minigrid_grid`)."""
 
     optional_outputs = ("dense_reward", "success")
 
@@ -313,10 +250,8 @@ class MiniGridDoorKey(MiniGridAdapter):
 
 
 def from_xminigrid(env: Any, params: Any = None, name: str | None = None, lean: bool = True) -> MiniGridAdapter:
-    """Wrap an xminigrid environment object (``params``: its ``EnvParams``,
-    default ``env.default_params()``; ``lean``: see :class:`MiniGridAdapter`).
-    DoorKey environments get the shaped :class:`MiniGridDoorKey`; every other
-    one the plain :class:`MiniGridAdapter`."""
+    """Wrap an xminigrid environment: :class:`MiniGridDoorKey` for DoorKey, else
+    :class:`MiniGridAdapter` (``params``, ``lean``: see there)."""
     from xminigrid.envs.minigrid.doorkey import DoorKey
 
     cls = MiniGridDoorKey if isinstance(env, DoorKey) else MiniGridAdapter

@@ -4,6 +4,7 @@
     python sweeps/bench.py --sections ppo --ppo-seeds 1,8 --reps 1 --total-steps 65536   # quick check
     python sweeps/bench.py --device-script       # the accelerator run (ppo + sweep, < 8 minutes)
     python sweeps/bench.py --device-script --smoke   # the same script at tiny sizes, to check it on CPU
+    python sweeps/bench.py --sections profile --publish docs   # per-phase profile -> docs/profile.md
 
 Sections (--sections; the measurements are in sweeps/_study/bench, each in fresh processes)
   ppo      CartPole-v1 with PureJaxRL's settings (4 envs x 128 steps, 4 epochs x 4 minibatches):
@@ -21,6 +22,11 @@ Sections (--sections; the measurements are in sweeps/_study/bench, each in fresh
            PPO sizes): env steps/s, compile seconds apart, compiled memory per run, peak
            RSS, the largest batch in 24 GiB; env steps per run shrink with the batch
            (--scale-budget per row) so the 4096-run rows take minutes on 2 cores.
+  profile  ms per training iteration of each phase of the loop (rollout, PPO update, the signal's observe,
+           update and rewards), each its own compiled program on a state with a full replay, for ppo and the
+           learned rewards at an admitted task's settings (--profile-task) on DelayedChain at
+           --profile-lengths steps per episode; --profile-static adds StaticConfig fields (e.g.
+           fit_batch_episodes=16). Published to DIR/profile.md.
 
 Device script (--device-script, the plan for one accelerator): ppo at 1/256/4096 seeds x
 65,536 env steps, 1 repetition, one process; sweep at 1/512/4096 runs x 4,096 steps; a 450 s
@@ -30,18 +36,22 @@ shrinks ppo, sweep and scale sizes. Explicit options override both presets.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
+import time
 
 from _study.bench import launch
 from _study.bench.workers import PPO_HPARAMS, PPO_STATIC, scale_steps
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+PROFILE_METHODS = ("ppo", "rrd", "ircr", "q-advantage", "coevo-regression", "hca", "cca", "siop", "icm")
 
 PRESETS = {"device_script": dict(sections="ppo,sweep", ppo_seeds="1,256,4096", reps=1, total_steps=65536,
                                  processes=1, sweep_runs="1,512,4096", sweep_steps=4096, deadline=450),
            "smoke": dict(ppo_seeds="1,4", reps=1, total_steps=2048, sweep_runs="1,4", sweep_steps=512,
-                         scale_runs="1,4", scale_budget=8192, deadline=900)}
+                         scale_runs="1,4", scale_budget=8192, profile_methods="ppo,coevo-regression", profile_lengths="8",
+                         profile_seeds=2, deadline=900)}
 
 
 def log(msg):
@@ -188,8 +198,39 @@ def section_scale(args):
           + notes)
 
 
+PHASES = (("rollout", "rollout"), ("ppo", "PPO update"), ("observe", "observe (replay write)"),
+          ("update", "update (refit)"), ("rewards", "rewards (credit)"))
+
+
+def section_profile(args):
+    shared = ", ".join(f"{k}={v}" for k, v in args.profile_static.items()) or "none"
+    cfgs = [{"kind": "profile", "method": m, "length": n, "seeds": args.profile_seeds, "reps": args.reps,
+             "task": args.profile_task, "admitted": os.path.join(HERE, "admitted_tasks.json"),
+             "static": args.profile_static} for n in args.profile_lengths for m in args.profile_methods]
+    rows, notes = launch.measure_each(cfgs, args.timeout, args.budget, log)
+    ppo = {c["length"]: r["ms"]["iteration"] for c, r in rows if c["method"] == "ppo"}
+    print(f"\n### Where a training iteration's time goes ({args.profile_task}'s settings and static_overrides on"
+          f" DelayedChain at {', '.join(map(str, args.profile_lengths))} steps per episode, {args.profile_seeds} runs"
+          f" vmapped; more StaticConfig fields: {shared})\n\nMilliseconds per training iteration"
+          f" ({args.profile_seeds} runs x one rollout each). Each phase of the training loop is its own compiled"
+          " program (jit(vmap)) on the state after enough iterations of training to fill the replay, fed what the"
+          " phases before it produced; the refit (update) is always taken (a plain vmap over runs takes it every"
+          f" iteration, whatever k). Median of {args.reps} timed runs after one untimed, compile apart. Iteration: one"
+          " whole iteration compiled as in training (run_chunk); x ppo: that against ppo's at the same episode"
+          " length (the cost per env step).\n")
+    head = ["episode steps", "method", *[h for _, h in PHASES], "sum of phases", "iteration", "x ppo",
+            "replay episodes", "compile s"]
+    table(head, [[c["length"], c["method"], *[f"{r['ms'][k]:.1f}" for k, _ in PHASES],
+                  f"{sum(r['ms'][k] for k, _ in PHASES):.1f}", f"{r['ms']['iteration']:.1f}",
+                  f"{r['ms']['iteration'] / ppo[c['length']]:.2f}" if c["length"] in ppo else "-",
+                  f"{r['replay_episodes']:.0f} / {r['kept']}" if r["replay_episodes"] else "-",
+                  f"{r['compile_s']:.0f}"] for c, r in rows], notes)
+
+
 SECTIONS = {"ppo": section_ppo, "methods": section_methods, "text": section_text, "sweep": section_sweep,
-            "scale": section_scale}
+            "scale": section_scale, "profile": section_profile}
+#: sections published to their own file under --publish (the others go to benchmarks.md together)
+OWN_REPORT = {"profile": ("profile", "Training iteration profile")}
 
 
 def build_parser():
@@ -216,8 +257,16 @@ def build_parser():
     add("--deadline", type=float, help="seconds for the whole run: later measurements are skipped (default: none)")
     add("--device-script", action="store_true", help="the prepared accelerator run (see above)")
     add("--smoke", action="store_true", help="tiny sizes, to check that the sections run")
-    add("--publish", metavar="DIR", help="also write the tables to DIR/benchmarks.md with the command, commit and"
-        " machine (e.g. docs; default: print only)")
+    add("--profile-methods", default=",".join(PROFILE_METHODS), help="methods of the profile section (default: ppo"
+        " and the learned rewards)")
+    add("--profile-lengths", default="30,60", help="DelayedChain episode lengths of the profile section (30,60)")
+    add("--profile-seeds", type=int, default=16, help="runs vmapped in the profile section (default 16)")
+    add("--profile-task", default="chain-l16-n05", help="the admitted task whose settings the profile section"
+        " runs (default chain-l16-n05)")
+    add("--profile-static", default="", metavar="FIELD=VALUE,...", help="more StaticConfig fields for the profile"
+        " section, each method taking those it has (e.g. fit_batch_episodes=16)")
+    add("--publish", metavar="DIR", help="also write the tables to DIR/benchmarks.md (the profile section's to"
+        " DIR/profile.md) with the command, commit and machine (e.g. docs; default: print only)")
     return ap
 
 
@@ -241,8 +290,23 @@ def parse_args(argv=None):
             or args.total_steps < 512 or args.processes < 0 or args.sweep_steps < 128):
         ap.error("--ppo-seeds, --sweep-runs, --scale-runs, --reps and --scale-budget must be >= 1, --total-steps"
                  " >= 512, --sweep-steps >= 128, --processes >= 0")
+    args.profile_methods = [m.strip() for m in args.profile_methods.split(",") if m.strip()]
+    try:
+        args.profile_lengths = [int(n) for n in args.profile_lengths.split(",")]
+        args.profile_static = dict(_field(kv) for kv in args.profile_static.split(",") if kv.strip())
+    except ValueError:
+        ap.error("--profile-lengths must be a comma list of integers, --profile-static of FIELD=VALUE")
     args.budget = launch.Budget(args.deadline)
     return args
+
+
+def _field(text: str) -> tuple:
+    """``"name=value"`` -> ``(name, value)``, the value an int, float, bool or None where it reads as one."""
+    name, value = (t.strip() for t in text.split("=", 1))
+    try:
+        return name, json.loads(value)
+    except json.JSONDecodeError:
+        return name, {"True": True, "False": False, "None": None}.get(value, value)
 
 
 class _Tee:
@@ -258,35 +322,49 @@ class _Tee:
     def flush(self):
         self.stream.flush()
 
+    def take(self) -> str:
+        """What was printed since the last call."""
+        text, self.kept = "".join(self.kept), []
+        return text
+
 
 def main(argv=None):
-    import time
-
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
-    t0, out = time.time(), _Tee(sys.stdout)
-    sys.stdout = out
-    try:
-        run_sections(args)
-    finally:
-        sys.stdout = out.stream
+    printed = run_sections(args)
     if args.publish:
         from _study import publish
 
-        path = publish.write_report(args.publish, "benchmarks", "Benchmarks",
-                                    publish.command_line("sweeps/bench.py", argv), "".join(out.kept),
-                                    wall_s=time.time() - t0, repo=HERE)
-        print(f"\nbenchmarks published to {path}")
+        title, _ = printed.pop("")
+        reports = {}  # (file name, title) -> [(text, wall s)]: OWN_REPORT sections apart, the rest together
+        for s, text in printed.items():
+            reports.setdefault(OWN_REPORT.get(s, ("benchmarks", "Benchmarks")), []).append(text)
+        for (name, head), parts in reports.items():
+            path = publish.write_report(args.publish, name, head, publish.command_line("sweeps/bench.py", argv),
+                                        title + "".join(t for t, _ in parts), wall_s=sum(w for _, w in parts),
+                                        repo=HERE)
+            print(f"\n{name} published to {path}")
 
 
-def run_sections(args):
-    print(f"# coevo-jax benchmarks ({os.cpu_count()} CPU cores"
-          f"{'; device script' if args.device_script else ''}{'; smoke sizes' if args.smoke else ''})", flush=True)
-    for s in args.sections:
-        try:
-            SECTIONS[s](args)
-        except launch.OutOfTime as e:
-            print(f"\nSection {s} not run: {e}.", flush=True)
+def run_sections(args) -> dict:
+    """Run ``args.sections``; returns what was printed, ``{"": (title, 0), section: (text, wall s)}``."""
+    out = _Tee(sys.stdout)
+    sys.stdout = out
+    printed = {}
+    try:
+        print(f"# coevo-jax benchmarks ({os.cpu_count()} CPU cores"
+              f"{'; device script' if args.device_script else ''}{'; smoke sizes' if args.smoke else ''})", flush=True)
+        printed[""] = (out.take(), 0.0)
+        for s in args.sections:
+            t0 = time.time()
+            try:
+                SECTIONS[s](args)
+            except launch.OutOfTime as e:
+                print(f"\nSection {s} not run: {e}.", flush=True)
+            printed[s] = (out.take(), time.time() - t0)
+    finally:
+        sys.stdout = out.stream
+    return printed
 
 
 if __name__ == "__main__":

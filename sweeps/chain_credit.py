@@ -65,14 +65,15 @@ from coevo_jax.reward_net import BUFFER_EPISODES
 
 from _study import cli, options
 from _study.admitted import add_admitted_option, chosen_task
-from _study.analysis.chain_credit import REWARD_METHODS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_TASK = "chain-l16-n05"
 METHODS = ("ppo", "dense", "ircr", "coevo-regression", "coevo-ranking", "coevo-novelty", "meta", "siop", "q-advantage",
            "rrd", "hca", "cca")
 FROZEN = "coevo-frozen"  # coevo-regression at its tuned values with R_phi never refit
-CREDIT_METHODS = REWARD_METHODS + ("siop",)  # the learned rewards of (state, action), and SIOP's potential
+#: the default methods with a learned reward of (state, action) (a ``credit`` function), and SIOP's potential
+CREDIT_METHODS = ("coevo-regression", "coevo-ranking", "coevo-novelty", "ircr", "meta", "q-advantage", "rrd", "hca",
+                  "cca", "siop")
 THRESHOLD = 0.8
 #: env -> (the decision that matters, the control: the same pairs where the action has no effect)
 DECISIONS = {"DelayedChain": ("choice", "last step"), "KeyToDoor-Distractor": ("pick-up", "key taken")}
@@ -184,7 +185,8 @@ def decision_scores(trainer, states) -> dict:
 
 
 def credit_curves(result) -> dict:
-    """``{arm: (env steps [S], {score: [R, S]})}`` of the arms with a learned reward of (state, action)."""
+    """``{arm: (env steps [S], {score: [R, S]})}`` of the arms with a learned reward of (state, action) (a
+    signal with a ``credit`` function)."""
     import jax
 
     from coevo_jax.experiment.spec import chunk_length
@@ -193,9 +195,9 @@ def credit_curves(result) -> dict:
 
     study, out = result.study, {}
     for arm in study.arms:
-        if arm.static.method not in REWARD_METHODS:
-            continue
         trainer = trainer_for(result, arm.name)
+        if trainer.signal.credit is None:
+            continue
         chunk = chunk_length(arm.static.num_iterations, study.num_chunks)
         snapshots = range(1, arm.static.num_iterations // chunk + 1)
         states = jax.tree.map(lambda *x: np.concatenate(x), *[result.chunk_states(arm.name, c) for c in snapshots])

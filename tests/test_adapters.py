@@ -168,3 +168,20 @@ def test_adapters_declare_no_optional_outputs():
     env, _ = envs_jax.make("CartPole-v1")
     assert env.optional_outputs == ()
     assert not any(envs_jax.provides(env, k) for k in envs_jax.OPTIONAL_OUTPUTS)
+
+
+def test_bsuite_experiments_take_their_parameters_by_name():
+    """bsuite's UmbrellaChain: ``chain_length`` is an env parameter (the episode ends after it), ``n_distractor``
+    a constructor argument (the observation grows by it); the outcome (+-1 for the umbrella taken at the first
+    step) is paid at the last step."""
+    env, params = envs_jax.make("UmbrellaChain-bsuite", chain_length=7, n_distractor=3)
+    assert env.observation_space(params).shape == (6,) and env.action_space(params).n == 2
+    obs, state = env.reset(jax.random.PRNGKey(0), params)
+    need = int(obs[0])
+    for t in range(7):
+        obs, state, r, term, trunc, info = env.step(jax.random.PRNGKey(t + 1), state, need if t == 0 else 1 - need,
+                                                    params)
+        assert bool(term) == (t == 6) and not bool(trunc)
+    assert float(r) == 1.0  # the right umbrella, paid at the end (no distractor reward on the last step)
+    env, params = envs_jax.make("MemoryChain-bsuite", memory_length=4)
+    assert params.inner.memory_length == 4

@@ -1,14 +1,20 @@
 """Credit at the choice step of DelayedChain (_study.analysis.chain_credit): the
 pairs are the env's own choice observations, and the scores' reference values."""
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import coevo_jax as cj
 import envs_jax
 from coevo_jax.config import StaticConfig, static_config
+from coevo_jax.params import hyperparams, param
+from coevo_jax.registry import MethodSpec, register_method, unregister_method
 from coevo_jax.reward_net import make_reward_net
+from coevo_jax.signals import RewardStreams, Signal, SignalParams
+from coevo_jax.signals.base import no_observe, no_update
 from coevo_jax.train import Trainer
+from envs_jax.chain import choice_credit
 
 from _study.analysis.chain_credit import choice_pairs, choice_rewards, choice_scores
 
@@ -221,3 +227,69 @@ def test_cca_pairs_are_scored_with_the_policy_mean_removed_on_both_policies():
                 logits = policy_outputs(trainer.network, jax.tree.map(lambda x: x[i], state.params), obs)[0]
             pi = np.asarray(jax.nn.softmax(logits), np.float64)
             np.testing.assert_allclose((pi * got[i].reshape(3, 3)).sum(-1), 0.0, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- a method of this file's own
+ORACLE = "cue-oracle"
+
+
+@hyperparams
+class OracleParams(SignalParams):
+    shift: int = param(0, 0, 8, integer=True, doc="pay the action this many places after the cue")
+
+
+def make_oracle(static, network, env, env_params) -> Signal:
+    """PPO's rewards, and a ``credit`` that pays, at the choice step (elapsed fraction 0), the episode's
+    return times ``state["scale"]`` on the action ``shift`` places after the cue (DelayedChain's
+    observation: the cue one-hot first, the elapsed fraction last)."""
+    k = env.unwrapped.num_choices
+
+    def init(key, traj, hp):
+        return {"scale": jnp.float32(1.0)}
+
+    def rewards(state, traj, hp):
+        return state, RewardStreams(traj.reward), {}
+
+    def credit(state, traj, hp, probs):
+        paid = (traj.obs[..., -1] == 0) * traj.reward.sum(0) * state["scale"]  # [T, N]: one episode per column
+        return jax.nn.one_hot((traj.obs[..., :k].argmax(-1) + hp.signal.shift) % k, probs.shape[-1]) * paid[..., None]
+
+    return Signal(init, no_observe, no_update, rewards, credit)
+
+
+@pytest.fixture(scope="module")
+def oracle():
+    """The toy registered for this module's tests, and two stacked snapshots of it (``scale`` 1 and 0.5)."""
+    register_method(MethodSpec(ORACLE, make_oracle, OracleParams, doc="test: pays the cue's action at the choice"))
+    try:
+        env, params = envs_jax.make("DelayedChain", num_choices=3, length=4, outcome_reward=2.0)
+        trainer = Trainer(static_config(ORACLE, num_envs=2, rollout_len=8, total_steps=16), env, params)
+        state = jax.vmap(trainer.init)(jax.random.split(jax.random.PRNGKey(0), 2),
+                                       jax.tree.map(lambda x: np.stack([x, x]), cj.default_hparams(ORACLE)))
+        yield trainer, state.replace(signal_state={"scale": np.array([1.0, 0.5], np.float32)})
+    finally:
+        unregister_method(ORACLE)
+
+
+def test_a_method_registered_in_a_test_is_scored_through_its_own_credit(oracle):
+    """No study code names the toy: its credit is the ground truth at the choice (the outcome on the
+    cue's action, read from the pair's successful episode), 0 at the last step, per snapshot."""
+    trainer, state = oracle
+    truth = choice_credit(*choice_pairs(3), 3, 2.0)
+    got = choice_rewards(trainer, state)
+    np.testing.assert_allclose(got, np.stack([truth, 0.5 * truth]))
+    scores = choice_scores(got, 3, 2.0)
+    np.testing.assert_allclose(scores["spearman"], 1.0)
+    np.testing.assert_allclose(scores["top1"], 1.0)
+    np.testing.assert_allclose(scores["gap"], [2.0, 1.0])
+    np.testing.assert_array_equal(choice_rewards(trainer, state, 0.75), 0.0)
+
+
+def test_the_pairs_action_is_read_from_the_credit_of_every_action(oracle):
+    """A credit that pays the action after the cue is read there: the pair (cue, cue + 1) gets the
+    outcome, the cue's own action nothing (the analysis passes ``hp`` on to the credit)."""
+    trainer, state = oracle
+    got = choice_rewards(trainer, state, hp=cj.default_hparams(ORACLE, shift=1))
+    shifted = np.roll(np.eye(3), 1, axis=1).reshape(-1) * 2.0
+    np.testing.assert_allclose(got, np.stack([shifted, 0.5 * shifted]))
+    np.testing.assert_allclose(choice_scores(got, 3, 2.0)["top1"], 0.0)

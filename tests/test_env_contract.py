@@ -10,7 +10,7 @@ from envs_jax import OPTIONAL_OUTPUTS, provides
 from xla_options import OPT0
 
 STEPS = 64
-GYMNAX = ("CartPole", "Acrobot", "Mountain")
+GYMNAX = ("CartPole", "Acrobot", "Mountain", "UmbrellaChain-bsuite", "DiscountingChain-bsuite", "MemoryChain-bsuite")  # adapted gymnax envs: no optional outputs
 #: The MiniGrid names given the full contract; every MiniGrid program costs
 #: seconds of XLA compile, so the others get :func:`test_contract_traced`.
 MINIGRID_FULL = ("MiniGrid-Empty-5x5",)  # DoorKey-5x5: tests/test_minigrid.py

@@ -147,3 +147,47 @@ def test_sample_steps_only_valid_and_uniform():
     assert counts.min() > 850 and counts.max() < 1150  # 1000 each
     empty = buf.replace(valid=jnp.zeros(4, bool))
     assert float(ep.sample_steps(jax.random.PRNGKey(1), empty, 8)[2].sum()) == 0.0
+
+
+def test_draw_episodes_only_valid_distinct_and_uniform():
+    valid = jnp.array([True, False, True, True, False, True])
+    draw = jax.jit(jax.vmap(lambda k: ep.draw_episodes(k, valid, 3)))
+    slots = np.asarray(draw(jax.random.split(jax.random.PRNGKey(0), 6000)))
+    assert slots.shape == (6000, 3) and slots.dtype == np.int32
+    assert all(len(set(row)) == 3 for row in slots.tolist())  # without replacement
+    assert set(slots.ravel().tolist()) == {0, 2, 3, 5}  # only valid slots
+    counts = np.bincount(slots.ravel(), minlength=6)[[0, 2, 3, 5]]
+    assert counts.min() > 4250 and counts.max() < 4750  # 4500 each: each valid slot in 3 of 4 draws
+    # more than the valid ones: every valid slot first, then invalid ones; all of them: a permutation
+    few = np.asarray(ep.draw_episodes(jax.random.PRNGKey(1), valid, 5))
+    assert set(few[:4].tolist()) == {0, 2, 3, 5} and few[4] in (1, 4)
+    assert sorted(np.asarray(ep.draw_episodes(jax.random.PRNGKey(2), valid, 6)).tolist()) == list(range(6))
+
+
+def test_episode_minibatches_hold_whole_episodes_of_the_replay():
+    """A drawn minibatch of a filled replay holds complete episodes that are in its training
+    buffer, each with all its rows and its per-episode data; num = 0 gives the buffer itself."""
+    rng = np.random.default_rng(3)
+    done = [rng.random((6, 3)) < 0.3 for _ in range(3)]
+    buf = run_replay(done, num_envs=3, size=8, max_len=4, val_every=0).train
+    data = (buf.steps["id"], buf.ends["id"], buf.length, buf.valid)
+    assert ep.episode_minibatches(data, buf.valid, 0)(jax.random.PRNGKey(0)) is data
+    stored = {int(buf.ends["id"][s]): s for s in np.nonzero(np.asarray(buf.valid))[0]}
+    sample = jax.jit(ep.episode_minibatches(data, buf.valid, 3))
+    for i in range(20):
+        ids, end_ids, length, valid = map(np.asarray, sample(jax.random.PRNGKey(i)))
+        assert valid.all() and len(set(end_ids.tolist())) == 3
+        for row, end_id, n in zip(ids, end_ids, length):
+            slot = stored[int(end_id)]  # an episode of the replay, all of its rows
+            np.testing.assert_array_equal(row, np.asarray(buf.steps["id"][slot]))
+            assert n == int(buf.length[slot])
+
+
+def test_fit_batch_is_checked_against_the_replay():
+    assert ep.check_fit_batch(0, 256) == 0 and ep.check_fit_batch(256, 256) == 256
+    assert ep.check_fit_batch(1000, None) == 1000  # the size is not known yet
+    for bad in (257, -1, 2.0, True):
+        with pytest.raises(ep.ConfigError, match=r"^StaticConfig.fit_batch_episodes=.* must be an integer in"
+                                                 r" \[0, 256\], at most buffer_episodes=256 \(the training replay's"
+                                                 r" episodes\); 0: every refit step reads the whole replay$"):
+            ep.check_fit_batch(bad, 256)

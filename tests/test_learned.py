@@ -17,6 +17,7 @@ import coevo_jax as cj
 import envs_jax
 from coevo_jax import episodes as ep
 from coevo_jax import reward_net as RN
+from coevo_jax.rollout import rollout
 from coevo_jax.signals import PolicyView, init_return_scale
 from coevo_jax.signals import learned as L
 
@@ -217,10 +218,10 @@ def test_observe_fills_the_episode_replay():
 
 
 # ----------------------------------------------------------------------------- fitting
-def _fitting_setup(method, steps, lr, seed=0, episodes=16, max_len=8, feat_dim=4):
+def _fitting_setup(method, steps, lr, seed=0, episodes=16, max_len=8, feat_dim=4, fit_batch=0):
     env, env_params = envs_jax.make("CartPole-v1", max_steps=max_len)  # 2 actions
     static = cj.static_config(method, reward_hidden=(32, 32), action_embed_dim=4, reward_steps=steps,
-                              buffer_episodes=episodes)
+                              buffer_episodes=episodes, fit_batch_episodes=fit_batch)
     signal = L.make_learned(static, None, env, env_params)
     hp = cj.default_hparams(method, lr=lr, reward_lr_ratio=1.0, drift_weight=0.0, extreme_weight=0.0)
 
@@ -274,6 +275,77 @@ def test_regression_fit_drives_sums_to_returns():
     # the drift anchor moved toward the refit's result: anchor = drift_ema * old anchor + (1 - drift_ema) * phi
     for a, p0, p1 in zip(*map(jax.tree.leaves, (new.anchor_params, state.anchor_params, new.params))):
         np.testing.assert_allclose(np.asarray(a), 0.9 * np.asarray(p0) + 0.1 * np.asarray(p1), rtol=1e-5, atol=1e-7)
+
+
+def test_minibatch_of_the_whole_replay_is_the_whole_replay_fit():
+    """``fit_batch_episodes`` = the replay's size (every slot valid) draws all of it, in some order:
+    a refit step's losses (regression, ranking, drift, saturation; the min-max target), gradient norm,
+    step and diagnostics are the whole replay's; 2 episodes of the 6 give another loss."""
+    out = {}
+    for b in (0, 6, 2):
+        signal, state, buf, hp = _fitting_setup("coevo-ranking", steps=1, lr=3e-3, episodes=6, fit_batch=b)
+        hp = hp.replace(ranking_weight=0.5, minmax_target=1.0, drift_weight=0.1, extreme_weight=0.01)
+        state = _with_returns(state, buf, L.episode_sums(jnp.tanh(buf.features[..., 0]), buf.mask))
+        state = state.replace(anchor_params=jax.tree.map(lambda a: a + 0.05, state.params))  # drift and its gradient
+        new, metrics = jax.jit(signal.update)(state, None, POLICY, hp, jax.random.PRNGKey(0))
+        out[b] = new.params, {k: float(v) for k, v in metrics.items()}
+    (whole, m_whole), (drawn, m_drawn), (_, m_two) = out[0], out[6], out[2]
+    assert m_whole["drift_loss"] > 1e-3 and m_whole["fit_loss"] > 1e-2
+    assert m_drawn.keys() == m_whole.keys()
+    for k, v in m_whole.items():
+        np.testing.assert_allclose(m_drawn[k], v, rtol=1e-5, atol=1e-7, err_msg=k)
+    for a, b in zip(jax.tree.leaves(drawn), jax.tree.leaves(whole)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
+    assert abs(m_two["first_reward_loss"] - m_whole["first_reward_loss"]) > 1e-4
+
+
+@pytest.mark.parametrize("method", ["ircr", "rrd", "q-advantage", "hca", "cca"])
+def test_replay_methods_fit_minibatches_of_episodes(method):
+    """Each learned model on the episode replay: a refit step on a minibatch of every episode of a
+    full replay is the whole replay's step (losses, gradient norm, diagnostics, parameters; CCA draws
+    its cuts from another key, so only runs here); 2 episodes give another loss."""
+    env, p = envs_jax.make("DelayedChain", length=4)  # 16 episodes a rollout, 12 to the training buffer
+    static = cj.static_config(method, num_envs=4, rollout_len=16, total_steps=64, reward_hidden=(8,),
+                              action_embed_dim=2, reward_steps=1, reward_input="obs", buffer_episodes=8)
+    trainer = cj.Trainer(static, env, p)
+    hp = cj.default_hparams(method)
+    state = trainer.init(jax.random.PRNGKey(0), hp)
+    traj = jax.jit(lambda s: rollout(trainer.network, s.params, trainer.env, p, s.rollout, s.key, 16)[1])(state)
+    replay = jax.jit(trainer.signal.observe)(state.signal_state, traj, hp, state.key)[0]
+    assert bool(replay.replay.train.valid.all())
+    policy = PolicyView(None, None, None, jnp.float32(1e-3), jnp.float32(1.0))
+    out = {}
+    for b in (0, 8, 2):
+        signal = cj.signals.make_signal(static.replace(fit_batch_episodes=b), trainer.network, trainer.env, p)
+        new, metrics = jax.jit(signal.update)(replay, traj, policy, hp, jax.random.PRNGKey(1))
+        out[b] = new.params, {k: float(v) for k, v in metrics.items()}
+    (whole, m_whole), (drawn, m_drawn), (_, m_two) = out[0], out[8], out[2]
+    assert m_drawn.keys() == m_whole.keys() and all(np.isfinite(v) for v in m_drawn.values())
+    first = next(k for k in m_whole if "first" in k)
+    assert abs(m_two[first] - m_whole[first]) > 1e-6 * (1 + abs(m_whole[first]))
+    if method == "cca":
+        return
+    for k, v in m_whole.items():
+        np.testing.assert_allclose(m_drawn[k], v, rtol=1e-5, atol=1e-7, err_msg=k)
+    for a, b in zip(jax.tree.leaves(drawn), jax.tree.leaves(whole)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
+
+
+def test_fit_batch_larger_than_the_replay_is_refused_before_compiling():
+    env, p = envs_jax.make("DelayedChain", length=16)
+    static = cj.static_config("q-advantage", num_envs=16, rollout_len=64, buffer_episodes=8, fit_batch_episodes=9)
+    with pytest.raises(cj.ConfigError, match=r"^StaticConfig.fit_batch_episodes=9 must be an integer in \[0, 8\],"
+                                             r" at most buffer_episodes=8 \(the training replay's episodes\); 0:"):
+        cj.validate_static(static)
+    derived = ep.replay_episodes(None, 16, 64, env, p)  # 128: the size a None buffer_episodes gives
+    for method in ("coevo-regression", "rrd", "ircr", "q-advantage", "hca", "cca"):
+        too_many = cj.static_config(method, num_envs=16, rollout_len=64, fit_batch_episodes=derived + 1)
+        cj.validate_static(too_many)  # the replay's size is not known before the env is
+        with pytest.raises(cj.ConfigError, match=rf"fit_batch_episodes={derived + 1} .* at most"
+                                                 rf" buffer_episodes={derived} "):
+            cj.Trainer(too_many, env, p)
+    with pytest.raises(cj.ConfigError, match=r"fit_batch_episodes=-1 must be an integer in \[0, 65536\]"):
+        cj.validate_static(static.replace(buffer_episodes=None, fit_batch_episodes=-1))
 
 
 def test_ranking_fit_recovers_episode_order():

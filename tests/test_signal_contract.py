@@ -253,6 +253,36 @@ def test_vmap_over_keys_equals_solo(passes, method):
         assert not _leaves_equal(s0_a, s0_b)  # two keys, two initialisations
 
 
+#: the built-ins with a learned per-step reward of (state, action): their signals define ``credit``
+CREDIT_METHODS = ("coevo-regression", "coevo-ranking", "coevo-novelty", "ircr", "rrd", "meta", "q-advantage", "hca",
+                  "cca")
+
+
+def test_the_methods_with_a_learned_reward_of_state_and_action_have_credit(env):
+    env, p = env
+    assert {m for m in METHODS if cj.Trainer(tiny_static(m), env, p).signal.credit is not None} == set(CREDIT_METHODS)
+
+
+@pytest.mark.parametrize("method", CREDIT_METHODS)
+def test_credit_at_the_action_taken_is_what_rewards_pays(passes, method):
+    """``credit`` is ``[T, N, A]`` and finite; at the action taken it is the reward ``rewards`` pays at
+    ``beta_ext = 0, beta_int = 1``, unnormalised (in the episodic stream, or in the intrinsic one where
+    the method pays it there). hca's credit conditions on the step's episode return, ``rewards`` on the
+    rollout's bootstrapped return-to-go: its value is checked in tests/test_chain_credit.py."""
+    r = passes(method)
+    signal, traj, state = r["signal"], r["traj"], r["solo"][0][0][2]
+    hp = r["hp"].replace(beta_ext=0.0, beta_int=1.0, normalize_int=0.0)
+    credit = jax.jit(signal.credit)(state, traj, hp, traj.probs)
+    assert credit.shape == traj.probs.shape and bool(jnp.all(jnp.isfinite(credit)))
+    if method == "hca":
+        return
+    paid = np.asarray(jnp.take_along_axis(credit, traj.action[..., None], -1)[..., 0])
+    streams = jax.jit(signal.rewards)(state, traj, hp)[1]
+    assert any(np.allclose(paid, np.asarray(s), rtol=1e-5, atol=1e-7) for s in (streams.episodic, streams.intrinsic)
+               if s is not None)
+    assert np.abs(paid).max() > 0 and np.abs(credit - paid[..., None]).max() > 0  # the actions are told apart
+
+
 @pytest.mark.parametrize("method", [m for m in METHODS if cj.method_spec(m).off is not None])
 def test_off_gives_sparse_ppos_advantages_bit_for_bit(passes, method):
     r = passes(method)

@@ -114,7 +114,10 @@ def test_default_studies_keep_each_protocol():
     assert dict(arms["dense"].fixed) == tuned.tuned["dense"] and dict(arms["siop"].fixed) == tuned.tuned["siop"]
     # the controls of _study/controls.py, each at its tuned values with its held ones on top
     assert [n for n in arms if n in compare_mod_controls()] == ["step-bonus", "frozen-rphi", "rphi-shuffled",
-                                                                "siop-shuffled"]  # no cue bonus off the chain
+                                                                "ppo-lambda1", "siop-shuffled"]  # no cue bonus off the chain
+    assert arms["ppo-lambda1"].static.method == "ppo" and arms["ppo-lambda1"].fixed["gae_lambda"] == 1.0
+    (few,) = built("compare_methods", ["--tasks", "doorkey8-t100", "--methods", "ppo,rrd", "--controls", "ppo-lambda1"])
+    assert [a.name for a in few.arms][:3] == ["ppo", "rrd", "ppo-lambda1"]
     assert arms["step-bonus"].static.method == "constant" and arms["step-bonus"].fixed["beta_int"] == 1.0
     assert arms["frozen-rphi"].static.method == "coevo-regression" and arms["frozen-rphi"].fixed["reward_lr_ratio"] == 0
     assert arms["rphi-shuffled"].static.method == "coevo-shuffled"

@@ -1,11 +1,6 @@
-"""Matplotlib figures for sweeps: learning curves (IQM or mean with pointwise
-95% bootstrap bands, after Agarwal et al. 2021, "Deep RL at the Edge of the
-Statistical Precipice") and a metric-vs-hyperparameter plot with CI bands and
-horizontal reference lines (e.g. sparse PPO and the dense-reward upper bound).
-
-All functions take host NumPy arrays and write PNGs atomically (a temporary
-file renamed into place).
-"""
+"""Matplotlib figures for studies (host NumPy in, PNGs written atomically): learning curves (IQM or
+mean with pointwise 95% bootstrap bands, after Agarwal et al. 2021), metric-vs-hyperparameter plots
+with reference lines, interval estimates and diagnostic grids."""
 from __future__ import annotations
 
 import io
@@ -21,8 +16,7 @@ from coevo_jax.files import atomic_write_bytes
 
 
 def subplots(nrows: int = 1, ncols: int = 1, figsize=None, **kwargs):
-    """``(fig, axes)`` like ``pyplot.subplots``, on a bare :class:`~matplotlib.figure.Figure`: no pyplot
-    state and no backend chosen (importing this module changes nothing in matplotlib)."""
+    """``(fig, axes)`` like ``pyplot.subplots`` on a bare ``Figure`` (no pyplot state, no backend chosen)."""
     fig = Figure(figsize=figsize)
     return fig, fig.subplots(nrows, ncols, **kwargs)
 
@@ -37,9 +31,8 @@ def save_figure(fig, path: str, dpi: int = 110) -> str:
 
 def curve_band(ax, steps: np.ndarray, curves: np.ndarray, label: str, stat: str = "iqm", n_boot: int = 300,
                seed: int = 0, index: int = 0):
-    """Draw ``stat`` (``"iqm"``/``"mean"``) of ``curves [R, I]`` against ``steps [I]``
-    with its pointwise 95% bootstrap band; ``index`` (the line's place in its panel)
-    picks its colour, and its dash once the 10 colours repeat. Returns the line."""
+    """Draw ``stat`` (``"iqm"``/``"mean"``) of ``curves [R, I]`` over ``steps [I]`` with its 95% band; ``index``
+    picks colour and dash. Returns the line."""
     point, lo, hi = stats.curve_band(curves, stat=stat, n_boot=n_boot, seed=seed)
     steps = np.asarray(steps, np.float64)
     ok = np.isfinite(steps) & np.isfinite(point)
@@ -53,9 +46,7 @@ def curve_band(ax, steps: np.ndarray, curves: np.ndarray, label: str, stat: str 
 
 def plot_learning_curves(panels: Mapping[str, Mapping[str, tuple]], path: str, ylabel: str = "episode return",
                          stat: str = "iqm", title: str | None = None, ncols: int = 3) -> str:
-    """One panel per key of ``panels``; each panel maps a line label to
-    ``(steps [I], curves [R, I])``. x = env steps, y = ``stat`` over runs with a
-    95% bootstrap band."""
+    """One panel per key of ``panels``, each ``{label: (steps [I], curves [R, I])}``."""
     names = list(panels)
     ncols = max(1, min(ncols, len(names)))
     nrows = int(np.ceil(len(names) / ncols))
@@ -81,12 +72,8 @@ def plot_metric_vs_hparam(xs: Sequence[float], lines: Mapping[str, Sequence[np.n
                           references: Mapping[str, np.ndarray] | None = None, xlabel: str = "K",
                           ylabel: str = "final return", stat: str = "iqm", logx: bool = True,
                           title: str | None = None) -> str:
-    """A metric against a hyperparameter with 95% bootstrap CI bands.
-
-    ``lines``: label -> one array of per-run scores per x value (same order as
-    ``xs``; a ``None`` entry skips that x). ``references``: label -> per-run
-    scores drawn as a horizontal line at their ``stat`` with a shaded CI band.
-    """
+    """A metric against a hyperparameter with 95% CI bands: ``lines`` ``{label: [per-run scores per x]}``
+    (``None`` skips an x); ``references`` ``{label: scores}`` drawn as horizontal lines with bands."""
     fig, ax = subplots(figsize=(6.4, 4.2))
     f = stats.iqm if stat == "iqm" else (lambda v: float(np.nanmean(v)))
     for i, (label, per_x) in enumerate(lines.items()):
@@ -121,10 +108,8 @@ def plot_metric_vs_hparam(xs: Sequence[float], lines: Mapping[str, Sequence[np.n
 
 def plot_diagnostics(rows: Mapping[str, Mapping[str, Mapping[str, tuple]]], path: str, stat: str = "mean",
                      title: str | None = None, notes: Mapping[tuple, str] | None = None) -> str:
-    """A grid of curves: ``rows[row][column][line] = (steps [I], curves [R, I])``
-    (e.g. row = method, column = diagnostic, line = K); an empty cell reads
-    "metric not reported". ``notes[(row, column)]`` is added under the panel title
-    (e.g. which metric was drawn)."""
+    """A grid of curves ``rows[row][column][line] = (steps [I], curves [R, I])``; an empty cell reads
+    "metric not reported"; ``notes[(row, column)]`` goes under the panel title."""
     notes = notes or {}
     row_names = list(rows)
     col_names = list(dict.fromkeys(c for r in row_names for c in rows[r]))
@@ -161,9 +146,8 @@ def _setting_label(setting: dict) -> str:
 
 
 def study_default_plots(out: str, result) -> list[str]:
-    """``learning_curves.png`` (IQM return vs env steps per setting, one panel
-    per arm) and ``final_return_vs_<field>.png`` for each swept field (arms
-    without a grid drawn as reference lines) of a finished study (a ``StudyResult``)."""
+    """``learning_curves.png`` (one panel per arm) and ``final_return_vs_<field>.png`` per swept field of
+    a finished ``StudyResult``."""
     study, curves, runs = result.study, result.curves, result.runs
     ret, steps = curves["episode_return"], curves["env_steps"]
     settings = [a.settings() for a in study.arms]
@@ -201,9 +185,8 @@ def study_default_plots(out: str, result) -> list[str]:
 
 def plot_interval_estimates(groups: Mapping[str, Mapping[str, np.ndarray]], path: str, xlabel: str = "final return",
                             stat: str = "iqm", title: str | None = None) -> str:
-    """Interval estimates (Agarwal et al. 2021, Fig. 1 style): one panel per
-    group (e.g. environment), one row per label (method), a dot at ``stat`` of
-    the per-run scores and a bar for its 95% bootstrap CI."""
+    """Interval estimates (Agarwal et al. 2021, Fig. 1 style): one panel per group, one row per label,
+    ``stat`` of the per-run scores with its 95% bootstrap CI."""
     names = list(groups)
     fig, axes = subplots(1, max(1, len(names)), figsize=(4.2 * max(1, len(names)), 0.45 * max(
         (len(g) for g in groups.values()), default=1) + 1.4), squeeze=False)
@@ -228,8 +211,8 @@ def plot_interval_estimates(groups: Mapping[str, Mapping[str, np.ndarray]], path
 
 
 def arm_panels(results, metric: str = "episode_return", panel=None) -> dict:
-    """:func:`plot_learning_curves` panels of finished studies (``StudyResult`` s): one panel
-    per study (named ``panel(result)``, default its env), one line per arm (all its runs)."""
+    """:func:`plot_learning_curves` panels of finished studies: one per study (``panel(result)``, default
+    its env), one line per arm."""
     out = {}
     for r in results:
         runs = {a.name: r.select(a.name) for a in r.study.arms}
@@ -239,8 +222,8 @@ def arm_panels(results, metric: str = "episode_return", panel=None) -> dict:
 
 
 def success_curves(results, out: str, x_unit: str) -> str:
-    """``out/success_curves.png``: every study's success rate per arm (IQM, 95% bands);
-    returns the report's line naming it (``x_unit``: what the x axis counts)."""
+    """Write ``out/success_curves.png`` (every study's success rate per arm); returns the report's line
+    naming it."""
     os.makedirs(out, exist_ok=True)
     path = plot_learning_curves(arm_panels(results, "success_rate"), os.path.join(out, "success_curves.png"),
                                 ylabel="success rate")

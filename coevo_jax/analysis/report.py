@@ -1,10 +1,6 @@
-"""A finished study's report: per-run scores, one summary row per (arm, grid point), ``summary.csv``
-and the default plots, all computed from the runner's ``curves.npz`` (the runner writes no statistics).
-
-:func:`write_report` adds them to a :class:`~coevo_jax.experiment.results.StudyResult` (and to its
-folder), :func:`load_report` reads a reported study back (rebuilding a report a kill cut short), and
-:func:`rebuild_report` recomputes them after a change to the metrics; nothing reruns.
-"""
+"""A finished study's report, computed from the runner's ``curves.npz``: per-run scores, one summary
+row per (arm, grid point), ``summary.csv`` and the default plots (:func:`write_report`,
+:func:`load_report`, :func:`rebuild_report`; nothing reruns)."""
 from __future__ import annotations
 
 import dataclasses
@@ -27,16 +23,16 @@ class StudyReport(StudyResult):
     summary: list = dataclasses.field(default_factory=list)  # one dict per (arm, grid point)
 
     def scores(self, label: str, **hp) -> dict:
-        """Per-run scores (:func:`~coevo_jax.analysis.metrics.run_scores`) of arm ``label``'s runs whose
-        HParams equal ``hp``, in seed order: ``{score: [runs]}``."""
+        """``{score: [runs]}`` (:func:`~coevo_jax.analysis.metrics.run_scores`) of arm ``label``'s runs with
+        HParams ``hp``, in seed order."""
         _, arm = self.arm(label)
         return metrics.run_scores(self.curves, self.select(label, **hp), arm.static.num_iterations,
                                   self.study.threshold, self.study.threshold_metric)
 
 
 def summary_rows(result: StudyResult) -> list[dict]:
-    """One row per (arm, grid point): seeds, diverged runs, the swept values and the summary statistics of
-    its scores (:func:`~coevo_jax.analysis.stats.score_columns`)."""
+    """One row per (arm, grid point): seeds, diverged runs, swept values and
+    :func:`~coevo_jax.analysis.stats.score_columns`."""
     study, runs, curves = result.study, result.runs, result.curves
     swept = list(dict.fromkeys(f for a in study.arms for f in a.grid))
     rows = []
@@ -59,8 +55,7 @@ def _fields(result: StudyResult) -> dict:
 
 
 def write_report(result: StudyResult) -> StudyReport:
-    """Compute the summary rows and write ``summary.csv`` and the default plots
-    (:func:`~coevo_jax.analysis.plots.study_default_plots`) into the study's folder."""
+    """Compute the summary rows; write ``summary.csv`` and the default plots into the study's folder."""
     report = StudyReport(**_fields(result), summary=summary_rows(result))
     plots.study_default_plots(report.out, report)
     atomic_write_text(os.path.join(report.out, SUMMARY), rows_to_csv(report.summary))  # last: it marks the report
@@ -68,7 +63,7 @@ def write_report(result: StudyResult) -> StudyReport:
 
 
 def load_report(out: str) -> StudyReport:
-    """The finished, reported study in ``out`` (a study whose report is missing gets it written)."""
+    """The finished study in ``out`` with its report (written if missing)."""
     result = load_result(out)
     if not os.path.exists(os.path.join(out, SUMMARY)):
         return write_report(result)
@@ -77,6 +72,5 @@ def load_report(out: str) -> StudyReport:
 
 
 def rebuild_report(out: str) -> StudyReport:
-    """Recompute ``summary.csv`` and the default plots of the finished study in ``out`` (after a change to
-    the metrics); runs nothing."""
+    """Recompute ``summary.csv`` and the default plots of the finished study in ``out``; runs nothing."""
     return write_report(load_result(out))

@@ -1,9 +1,6 @@
-"""Aggregate statistics over runs, after Agarwal et al. (2021), "Deep RL at the
-Edge of the Statistical Precipice": interquartile mean (IQM), percentile
-bootstrap confidence intervals, the probability of improvement and performance
-profiles, computed by that paper's library (``rliable``). NumPy, host side. The
-per-run scores themselves are defined in :mod:`coevo_jax.analysis.metrics`.
-"""
+"""Aggregate statistics over runs (NumPy, host side) after Agarwal et al. (2021), "Deep RL at the Edge
+of the Statistical Precipice", computed with their library ``rliable``: IQM, percentile bootstrap
+CIs, probability of improvement, performance profiles. Per-run scores: :mod:`~coevo_jax.analysis.metrics`."""
 from __future__ import annotations
 
 import warnings
@@ -13,14 +10,10 @@ from rliable import library as rly
 from scipy.stats import trim_mean
 
 
-def _interval_estimates(scores: dict, func, n_boot: int, alpha: float, seed: int):
-    """rliable's ``get_interval_estimates`` (percentile stratified bootstrap), seeded,
-    without arch's deprecation warning for the ``random_state`` argument rliable passes.
-
-    rliable 1.2's ``StratifiedBootstrap`` draws its resamples from NumPy's *global*
-    generator (``np.random.choice``), not from ``random_state``, so the global
-    generator is seeded for the call and restored after it: the same scores give
-    the same CI every time, and the caller's global random state is untouched."""
+def interval_estimates(scores: dict, func, n_boot: int, alpha: float, seed: int):
+    """rliable's ``get_interval_estimates`` (percentile stratified bootstrap), seeded and without
+    arch's deprecation warning; NumPy's global generator (which rliable's bootstrap draws from) is
+    seeded for the call and restored after it."""
     saved = np.random.get_state()
     np.random.seed(seed)
     try:
@@ -38,11 +31,8 @@ def _finite(x) -> np.ndarray:
 
 
 def iqm(x: np.ndarray) -> float:
-    """Interquartile mean of scores ``[R]`` (NaNs dropped; NaN when nothing is left):
-    the mean of the sorted scores without the lowest and highest ``int(R / 4)``, the
-    25% trimmed mean of rliable's ``aggregate_iqm`` (equal to it to float rounding,
-    tested), in plain NumPy: a bootstrap CI calls it once per resample, where
-    ``aggregate_iqm``'s per-call overhead would dominate."""
+    """Interquartile mean of scores ``[R]`` (NaNs dropped; NaN if none left): the mean without the lowest
+    and highest ``int(R / 4)``, rliable's ``aggregate_iqm`` in plain NumPy."""
     x = np.sort(_finite(x))
     cut = int(0.25 * len(x))
     return float(x[cut:len(x) - cut].mean()) if len(x) else float("nan")
@@ -54,32 +44,29 @@ def bootstrap_ci(x: np.ndarray, stat=np.mean, n_boot: int = 2000, alpha: float =
     x = _finite(x)
     if len(x) == 0:
         return float("nan"), float("nan")
-    _, ci = _interval_estimates({"x": x[:, None]}, lambda s: np.array([stat(s[:, 0])]), n_boot, alpha, seed)
+    _, ci = interval_estimates({"x": x[:, None]}, lambda s: np.array([stat(s[:, 0])]), n_boot, alpha, seed)
     return float(ci["x"][0, 0]), float(ci["x"][1, 0])
 
 
 def probability_of_improvement(x: np.ndarray, y: np.ndarray, n_boot: int = 2000, alpha: float = 0.05,
                                seed: int = 0) -> dict:
-    """P(X > Y) (ties count half) of per-run scores ``x [R]`` over ``y [R']``
-    (rliable's ``probability_of_improvement``, computed by :func:`pairwise_improvement`, equal to it and
-    ~10x faster per resample) with its percentile bootstrap CI (rliable's): ``{"p", "ci_low", "ci_high"}``."""
+    """``{"p", "ci_low", "ci_high"}``: P(X > Y) (ties half) of per-run scores ``x [R]`` over ``y [R']``
+    (rliable's, via :func:`pairwise_improvement`) with its percentile bootstrap CI."""
     x, y = _finite(x), _finite(y)
     if len(x) == 0 or len(y) == 0:
         return {"p": float("nan"), "ci_low": float("nan"), "ci_high": float("nan")}
     def statistic(a, b):
         return np.array([pairwise_improvement(a[:, 0], b[:, 0])])
 
-    point, ci = _interval_estimates({"xy": (x[:, None], y[:, None])}, statistic, n_boot, alpha, seed)
+    point, ci = interval_estimates({"xy": (x[:, None], y[:, None])}, statistic, n_boot, alpha, seed)
     low, high = np.ravel(ci["xy"])
     return {"p": float(np.ravel(point["xy"])[0]), "ci_low": float(low), "ci_high": float(high)}
 
 
 def improvement_pvalue(x: np.ndarray, y: np.ndarray, n_boot: int = 2000, seed: int = 0) -> float:
-    """One-sided percentile-bootstrap p-value of "P(X > Y) > 0.5" for per-run scores ``x [R]``, ``y [R']``:
-    the fraction of bootstrap resamples (``x`` and ``y`` resampled apart, as rliable's stratified bootstrap
-    does for two score sets) whose P(X > Y) (ties half: rliable's ``probability_of_improvement``, here
-    vectorised over the resamples, equal to it, tested) is <= 0.5. It is below ``alpha`` exactly when the
-    lower end of the ``1 - 2 alpha`` percentile CI is above 0.5."""
+    """One-sided percentile-bootstrap p-value of "P(X > Y) > 0.5" for ``x [R]``, ``y [R']`` (resampled
+    apart): the fraction of resamples whose P(X > Y) is <= 0.5. Below ``alpha`` exactly when the lower
+    end of the ``1 - 2 alpha`` percentile CI is above 0.5."""
     x, y = _finite(x), _finite(y)
     if len(x) == 0 or len(y) == 0:
         return float("nan")
@@ -96,9 +83,8 @@ def pairwise_improvement(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def holm(pvalues: dict, alpha: float = 0.05) -> dict:
-    """Holm's step-down procedure over ``{name: p}``: ``{name: True}`` for each hypothesis rejected at
-    family-wise level ``alpha`` (sorted ascending, the i-th of m is rejected while ``p <= alpha / (m - i)``,
-    i from 0; the first that fails stops it; a NaN is never rejected)."""
+    """Holm's step-down procedure over ``{name: p}``: ``{name: True}`` where rejected at family-wise
+    level ``alpha`` (a NaN is never rejected)."""
     order = sorted(pvalues, key=lambda k: (np.isnan(pvalues[k]), pvalues[k]))
     out, going = {}, True
     for i, k in enumerate(order):
@@ -130,28 +116,24 @@ def iqm_text(x: np.ndarray, seed: int = 0, digits: int = 2) -> str:
 
 
 def performance_profile(scores: dict, taus: np.ndarray, n_boot: int = 1000, seed: int = 0) -> dict:
-    """Score distributions (rliable's ``score_distributions`` with its stratified bootstrap, seeded): for each
-    label of ``scores {label: [R]}``, the fraction of runs scoring above each
-    threshold of ``taus [T]`` with its stratified-bootstrap 95% band:
-    ``{label: (fraction [T], low [T], high [T])}``."""
+    """``{label: (fraction [T], low [T], high [T])}``: for ``scores {label: [R]}`` the fraction of runs
+    above each threshold of ``taus [T]`` (rliable's ``score_distributions``) with a 95% bootstrap band."""
     data = {k: _finite(v)[:, None] for k, v in scores.items() if len(_finite(v))}
     taus = np.asarray(taus, np.float64)
-    point, ci = _interval_estimates(data, lambda s: rly.score_distributions(s, taus), n_boot, 0.05, seed)
+    point, ci = interval_estimates(data, lambda s: rly.score_distributions(s, taus), n_boot, 0.05, seed)
     return {k: (point[k], ci[k][0], ci[k][1]) for k in point}
 
 
 def curve_band(curves: np.ndarray, stat: str = "iqm", n_boot: int = 300, alpha: float = 0.05, seed: int = 0):
-    """``(point [I], low [I], high [I])``: ``stat`` (``"iqm"``/``"mean"``) of
-    ``curves [R, I]`` at each iteration with its pointwise percentile bootstrap
-    band (rliable's stratified bootstrap, the iterations as strata). The band
-    is left NaN at iterations where some run has no value yet."""
+    """``(point [I], low [I], high [I])``: ``stat`` (``"iqm"``/``"mean"``) of ``curves [R, I]`` per
+    iteration with a pointwise bootstrap band (NaN where some run has no value yet)."""
     curves = np.asarray(curves, np.float64)
     point = np.array([iqm(c) if stat == "iqm" else _mean(c) for c in curves.T])
     full = np.isfinite(curves).all(0)
     lo, hi = point.copy() * np.nan, point.copy() * np.nan
     if curves.shape[0] > 1 and full.any():
         agg = (lambda s: trim_mean(s, 0.25, axis=0)) if stat == "iqm" else (lambda s: s.mean(0))
-        _, ci = _interval_estimates({"c": curves[:, full]}, agg, n_boot, alpha, seed)
+        _, ci = interval_estimates({"c": curves[:, full]}, agg, n_boot, alpha, seed)
         lo[full], hi[full] = ci["c"][0], ci["c"][1]
     return point, lo, hi
 
@@ -162,10 +144,9 @@ def _mean(x) -> float:
 
 
 def score_columns(scores: dict, threshold: float | None, resolution: int, seed: int) -> dict:
-    """Summary columns of per-run ``scores`` (:func:`~coevo_jax.analysis.metrics.run_scores`):
-    each score's IQM with a 95% stratified-bootstrap CI (rliable) and mean;
-    steps to threshold as the median over seeds (``inf``: most never reach it),
-    the fraction of seeds that reach it and its resolution (env steps per iteration)."""
+    """Summary columns of per-run ``scores`` (:func:`~coevo_jax.analysis.metrics.run_scores`): each
+    score's IQM with a 95% bootstrap CI and mean; steps to threshold as the median over seeds (``inf``
+    when most never reach it), the fraction of seeds that reach it and its resolution."""
     row = {}
     for name, x in scores.items():
         if name == "steps_to_threshold":

@@ -1,7 +1,5 @@
 """Summary rows as CSV text: :func:`rows_to_csv` writes a study's ``summary.csv``,
-:func:`csv_to_rows` reads it back (numbers parsed). The study scripts' results tables
-(markdown, the definitions line, the random-policy row) live in ``sweeps/_study/analysis/tables.py``.
-"""
+:func:`csv_to_rows` reads it back with numbers parsed."""
 from __future__ import annotations
 
 import csv

@@ -1,12 +1,7 @@
-"""Orbax checkpoints of one batch of runs, the runner's one storage format: save after
-each chunk, restore, refuse a mismatch, read a finished batch back.
-
-A checkpoint holds the batched :class:`~coevo_jax.train.TrainState`, the
-metric curves so far (``[metrics, B, iterations]``) and a JSON record of what
-it is (config hash, batch size, run indices, metric names). A checkpoint of
-another config or another batch layout is refused, never resumed. A batch's
-folder keeps its last step (and, for a study with ``save_chunks``, every step).
-"""
+"""Orbax checkpoints of one batch of runs, the runner's storage format: the batched
+:class:`~coevo_jax.train.TrainState`, the curves so far ``[metrics, B, iterations]`` and a JSON
+record (config hash, batch size, run indices, metric names). A mismatched checkpoint is refused,
+never resumed; a batch's folder keeps its last step (every step with ``save_chunks``)."""
 from __future__ import annotations
 
 import dataclasses
@@ -31,8 +26,8 @@ class BatchRecord:
 
 
 def _open(path: str, **options):
-    """An orbax ``CheckpointManager`` of ``path`` (made absolute, as orbax requires; synchronous saves;
-    under ``jax.distributed`` every host writes its devices' part of each save)."""
+    """An orbax ``CheckpointManager`` of ``path`` (absolute; synchronous saves; every host writes its
+    devices' part)."""
     import orbax.checkpoint as ocp
 
     return ocp.CheckpointManager(os.path.abspath(path), options=ocp.CheckpointManagerOptions(enable_async_checkpointing=False,
@@ -56,10 +51,8 @@ def check_record(meta: dict, record: BatchRecord, where: str) -> None:
 
 
 def restore(mngr, record: BatchRecord, state_abstract, curves_sharding):
-    """``(state, curves [M, B, I_done], names, chunks_done)`` from the latest complete
-    checkpoint (placed as ``state_abstract`` and ``curves_sharding``), or ``None`` when there is
-    none. A step that cannot be read (a save cut short by a kill) is deleted, with a warning,
-    and the one before it tried."""
+    """``(state, curves [M, B, I_done], names, chunks_done)`` from the latest complete checkpoint, or
+    ``None``; an unreadable step (a save cut short) is deleted with a warning and the one before tried."""
     import jax
     import orbax.checkpoint as ocp
 
@@ -108,8 +101,8 @@ def finished(path: str, num_chunks: int) -> bool:
 
 
 def read(path: str, step: int | None = None, state_shape=None) -> dict:
-    """Step ``step`` (default: the last) of the batch folder ``path`` as NumPy: ``{"meta", "curves"
-    [M, B, I], "state"}`` (the state only given ``state_shape``, the abstract state of one run)."""
+    """Step ``step`` (default the last) of the batch folder ``path`` as NumPy: ``{"meta", "curves" [M, B,
+    I], "state"}`` (``state`` only given ``state_shape``, one run's abstract state)."""
     import jax
     import orbax.checkpoint as ocp
 
@@ -132,8 +125,8 @@ def read(path: str, step: int | None = None, state_shape=None) -> dict:
 
 
 def read_arm(folders, num_runs: int, step: int | None = None, state_shape=None):
-    """One arm's batches (``folders``) at ``step``, placed by run index: ``(names, curves [M, R, I],
-    state leaves [R, ...] or None)``; :class:`StudyError` unless they hold every run once."""
+    """``(names, curves [M, R, I], state leaves [R, ...] or None)`` of one arm's batches at ``step``,
+    placed by run index; :class:`StudyError` unless they hold every run once."""
     import jax
 
     names, curves, leaves, seen = None, None, None, np.zeros(num_runs, int)

@@ -1,8 +1,5 @@
-"""The output folder: whether it is new, resumable or refused. A folder is never
-silently overwritten: a finished study, another config's checkpoints or a folder
-that is not a study's are refused unless ``overwrite``. Its files are written
-atomically (:mod:`coevo_jax.files`).
-"""
+"""The output folder: new, resumable or refused. A finished study, another config's checkpoints or a
+folder that is not a study's are refused unless ``overwrite``; files are written atomically."""
 from __future__ import annotations
 
 import json
@@ -37,10 +34,8 @@ def _check_writable(out: str) -> None:
 
 
 def check_out(out: str, text: str, overwrite: bool) -> str:
-    """What to do with ``out`` for the study whose ``config.json`` is ``text``:
-    ``"new"``, ``"resume"`` or ``"wipe"``. Raises :class:`StudyError` (one line)
-    for an unwritable folder, a finished study without ``overwrite``, another
-    config's checkpoints, or a non-empty folder that is not a study's."""
+    """``"new"``, ``"resume"`` or ``"wipe"`` for ``out`` and the study whose ``config.json`` is ``text``;
+    :class:`StudyError` (one line) for the refused cases."""
     if os.path.exists(out) and not os.path.isdir(out):
         raise StudyError(f"{out} exists and is not a folder")
     if not os.path.exists(out) or not os.listdir(out):
@@ -78,8 +73,7 @@ def _version(text: str):
 
 
 def wait_prepared(out: str, text: str, timeout_s: float = 600.0) -> None:
-    """On a host other than 0: wait until host 0 has prepared ``out`` (:func:`prepare_out`) for the
-    study whose ``config.json`` is ``text``, so this host writes nothing into a folder not yet checked."""
+    """On a host other than 0: wait until host 0 has prepared ``out`` for this study."""
     want, deadline = json.loads(text), time.time() + timeout_s
     while os.path.exists(os.path.join(out, FINISHED_MARK)) or read_json(os.path.join(out, "config.json")) != want:
         if time.time() > deadline:

@@ -1,10 +1,6 @@
-"""How a study is cut: runs -> batches -> chunks, and each run's key.
-
-Run ``r`` of an arm is grid point ``r // num_seeds``, seed ``r % num_seeds``.
-An arm's runs are cut into consecutive batches of one compiled shape (so one
-compiled program serves all its batches). A run's key comes from its seed index
-alone, never from the layout.
-"""
+"""How a study is cut: runs -> batches -> chunks, and each run's key. Run ``r`` of an arm is grid point
+``r // num_seeds``, seed ``r % num_seeds``; batches share one compiled shape; a run's key depends on
+its seed index alone."""
 from __future__ import annotations
 
 import dataclasses
@@ -69,8 +65,8 @@ def arm_hparams(arm: Arm) -> Any:
 
 
 def build_plan(study: Study, check_trainers: bool = True) -> list[ArmPlan]:
-    """Validate everything (counts, static configs, HParams values, env) and
-    resolve each arm; nothing is compiled. :class:`ConfigError` names the bad value."""
+    """Validate everything (counts, static configs, HParams, env) and resolve each arm, compiling nothing;
+    :class:`ConfigError` names the bad value."""
     _check_counts(study)
     env, env_params = study.make_env()
     plans = []
@@ -99,8 +95,8 @@ def run_keys(base_seed: int, seed_index: np.ndarray):
 
 
 def batch_size(num_runs: int, cap: int | None, num_devices: int) -> int:
-    """Runs per compiled batch of one arm: at most ``cap`` rounded up to a multiple of
-    ``num_devices``, balanced so the last batch is nearly full."""
+    """Runs per compiled batch: at most ``cap`` rounded up to a multiple of ``num_devices``, balanced
+    so the last batch is nearly full."""
     cap = num_runs if cap is None else max(1, min(cap, num_runs))
     batches = math.ceil(num_runs / cap)
     return int(math.ceil(math.ceil(num_runs / batches) / num_devices) * num_devices)

@@ -15,8 +15,8 @@ def fmt_time(s: float) -> str:
 
 
 class Progress:
-    """The progress (``set(data)``, a :class:`~coevo_jax.experiment.worker.Reporter`'s) as one line on
-    stdout: runs, iterations, env steps/s, ETA, phase (redrawn every 0.5 s on a terminal, every 10 s otherwise)."""
+    """A :class:`~coevo_jax.experiment.worker.Reporter`'s progress (``set(data)``) as one stdout line,
+    redrawn every 0.5 s on a terminal, every 10 s otherwise."""
 
     def __init__(self, total_runs: int, total_iters: int, total_steps: int, enabled: bool = True):
         self.totals, self.enabled, self.data = (total_runs, total_iters, total_steps), enabled, {}

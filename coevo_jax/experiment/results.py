@@ -1,13 +1,6 @@
-"""A finished study's results: the merged curves and the files.
-
-The output folder holds ``config.json`` (everything needed to rerun),
-``curves.npz`` (every metric ``[runs, iterations]`` under ``metric/``, per-run
-metadata under ``run/``), ``run_info.json`` (timings, memory), ``checkpoints/``
-(orbax, one folder per batch: its curves, and its runs' states with
-``save_final`` / ``save_chunks``) and, last, ``FINISHED``. Scores, the summary
-rows and plots are the report's (:mod:`coevo_jax.analysis.report`), computed
-from ``curves.npz``; the runner computes no statistics.
-"""
+"""A finished study's results: merged curves and the output folder's files, ``config.json``,
+``curves.npz`` (every metric ``[runs, iterations]`` under ``metric/``, per-run metadata under
+``run/``), ``run_info.json``, ``checkpoints/`` and, last, ``FINISHED``. No statistics here."""
 from __future__ import annotations
 
 import dataclasses
@@ -57,14 +50,13 @@ class StudyResult:
         return jax.tree.map(lambda x: np.asarray(x)[setting], arm_hparams(arm))
 
     def final_states(self, label: str):
-        """The stacked final :class:`~coevo_jax.train.TrainState` of arm ``label``'s runs
-        (a study run with ``save_final=True`` or ``save_chunks=True``)."""
+        """Stacked final :class:`~coevo_jax.train.TrainState` of arm ``label``'s runs (needs
+        ``save_final`` or ``save_chunks``)."""
         return self.chunk_states(label, None)
 
     def chunk_states(self, label: str, chunk: int | None):
-        """The stacked :class:`~coevo_jax.train.TrainState` of arm ``label``'s runs after
-        ``chunk`` of their chunks (``1 .. num_chunks``, ``None``: the last; a study run with
-        ``save_chunks=True``)."""
+        """Stacked :class:`~coevo_jax.train.TrainState` of arm ``label``'s runs after ``chunk`` chunks
+        (``1 .. num_chunks``, ``None``: the last; needs ``save_chunks``)."""
         import jax
 
         ai, arm = self.arm(label)

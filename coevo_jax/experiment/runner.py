@@ -1,17 +1,6 @@
-"""``run_study``: validate, prepare the folder, run the arms, merge, write.
-
-A batch's runs are split over devices, each running its own slice
-(:mod:`~coevo_jax.experiment.worker`): this process's local devices, and with
-``jax.distributed`` (one process per host, each making the same calls) the
-devices of every host; host 0 writes the results. On CPU the local devices are
-host devices made by the ``devices`` option before JAX starts its CPU backend
-(the study scripts: ``--devices``, one per core).
-Rerunning the same call on the same folder resumes every batch from its last
-checkpoint, with results identical to an uninterrupted run, also on another
-device count that cuts the same batches (a run's numbers do not depend on the
-device split; a checkpoint of other batches is refused by name, see
-:func:`~coevo_jax.experiment.checkpoint.check_record`).
-"""
+"""``run_study``: validate, prepare the folder, run the arms over this host's devices (and, with
+``jax.distributed``, every host's), merge and write (host 0). Rerunning the same call on the same
+folder resumes every batch, with results identical to an uninterrupted run."""
 from __future__ import annotations
 
 import json
@@ -36,10 +25,9 @@ def _positive(name: str, v) -> None:
 
 
 def start_devices(devices: int | None = None, distributed: Mapping | None = None) -> list:
-    """Join ``jax.distributed`` (``distributed``: ``initialize``'s ``coordinator_address``,
-    ``num_processes``, ``process_id``) and return this process's first ``devices`` local
-    devices (default: all). On CPU, ``devices`` host devices are made when JAX's CPU backend
-    has not started yet; both must come before the first JAX computation of the process."""
+    """Join ``jax.distributed`` (``distributed``: ``coordinator_address``, ``num_processes``,
+    ``process_id``) and return this process's first ``devices`` local devices (default all; on CPU that
+    many host devices are made). Call before the first JAX computation."""
     import jax
 
     _positive("devices", devices)
@@ -61,8 +49,7 @@ def start_devices(devices: int | None = None, distributed: Mapping | None = None
 
 
 def barrier(name: str, timeout_s: int = 24 * 3600) -> None:
-    """Wait for every ``jax.distributed`` process (a no-op without it): the coordination
-    service's barrier, which needs no collective on the devices."""
+    """Wait for every ``jax.distributed`` process (no-op without it)."""
     import jax
 
     if jax.process_count() <= 1:
@@ -76,18 +63,13 @@ def run_study(study: Study, out: str, *, overwrite: bool = False, devices: int |
               max_parallel: int | None = None, stop_after_chunks: int | None = None, progress: bool = True,
               compile_cache: str | bool | None = True, distributed: Mapping | None = None,
               log=print) -> StudyResult | None:
-    """Run (or resume) ``study`` into the folder ``out``.
+    """Run (or resume) ``study`` into the folder ``out``; :class:`StudyResult`, or ``None`` when stopped
+    early or on hosts other than 0. Everything is validated before anything compiles or is written.
 
-    ``devices``: local devices to split each batch over (default: all; on CPU
-    see :func:`start_devices`); ``max_parallel``: runs resident at once on this
-    host; ``stop_after_chunks``: stop after that many chunks (rerun to resume);
-    ``compile_cache``: JAX's persistent compilation cache folder (``True``: the
-    default folder; ``False``: off); ``distributed``: several hosts, one
-    process each, as ``jax.distributed.initialize``'s ``coordinator_address``,
-    ``num_processes`` (hosts) and ``process_id`` (this host), sharing ``out``.
-    Everything is validated before anything compiles or is written. Returns the
-    :class:`StudyResult`, or ``None`` when stopped early or on hosts other than host 0.
-    """
+    ``devices``: local devices per batch (:func:`start_devices`); ``max_parallel``: runs resident at once
+    on this host; ``stop_after_chunks``: stop after that many chunks; ``compile_cache``: JAX's persistent
+    compilation cache folder (``True`` default folder, ``False`` off); ``distributed``: see
+    :func:`start_devices` (the hosts share ``out``)."""
     import jax
 
     t_start = time.time()

@@ -1,14 +1,6 @@
-"""What to run: a :class:`Study` of :class:`Arm` s, as data with a JSON round trip.
-
-An *arm* is one method (a :class:`~coevo_jax.config.StaticConfig`) with a
-cartesian grid of HParams values; every grid point runs ``num_seeds`` seeds.
-Seed ``s`` of every arm and grid point uses the key ``fold_in(PRNGKey(
-base_seed), s)``, so seeds are paired across arms. ``config.json`` (the
-canonical JSON of the study) names the study's output folder; its hash guards
-resuming. An arm's ``static`` is written flat (``StaticConfig.as_dict``: the core
-fields, then the method's static options); version 3 wrote every method's
-fields, and reads back with those of the arm's method only.
-"""
+"""What to run: a :class:`Study` of :class:`Arm` s, as data with a JSON round trip. Seed ``s`` of every
+arm and grid point uses ``fold_in(PRNGKey(base_seed), s)`` (seeds are paired across arms); the hash of
+``config.json`` (the canonical JSON) guards resuming."""
 from __future__ import annotations
 
 import dataclasses
@@ -40,14 +32,9 @@ def _py(x):
 
 @dataclasses.dataclass(frozen=True)
 class Arm:
-    """One method (``static``) with its grid of HParams values.
-
-    ``grid``: HParams field -> values (cartesian product, in the order given;
-    with ``zipped``, point ``i`` takes value ``i`` of every field: a list of
-    arbitrary points, e.g. a tuning sample); ``fixed``: overrides applied to
-    every grid point on top of ``default_hparams(static.method)``; ``label``
-    names the arm in tables (default: the method name).
-    """
+    """One method (``static``) with its grid of HParams values: ``grid`` ``{field: values}`` (cartesian
+    product; with ``zipped`` point ``i`` takes value ``i`` of every field); ``fixed`` overrides on top of
+    ``default_hparams(static.method)``; ``label`` names the arm (default the method)."""
 
     static: StaticConfig
     grid: Mapping[str, Sequence[float]] = dataclasses.field(default_factory=dict)
@@ -78,8 +65,8 @@ class Arm:
 
     @staticmethod
     def from_json(d: dict, version: int = CONFIG_VERSION) -> "Arm":
-        """The arm of ``d`` (:meth:`to_json`); ``version`` 3 (every method's static fields, flat): the fields
-        of the arm's method are kept, the others dropped."""
+        """The arm of ``d`` (:meth:`to_json`; a ``version`` 3 file's flat static fields of other methods are
+        dropped)."""
         flat = {k: tuple(v) if isinstance(v, list) else v for k, v in d["static"].items()}
         method = flat.pop("method")
         if version < 4:
@@ -90,17 +77,10 @@ class Arm:
 
 @dataclasses.dataclass(frozen=True)
 class Study:
-    """A whole experiment: one environment, its arms, ``num_seeds`` seeds per grid point.
-
-    ``threshold``: the fixed, absolute level of ``threshold_metric`` that
-    ``steps_to_threshold`` waits for (``None``: not reported).
-    ``num_chunks``: checkpointed chunks per run (the chunk length is the
-    divisor of the iteration count nearest ``iterations / num_chunks``).
-    ``save_final``: keep every run's final :class:`~coevo_jax.train.TrainState` (in its last checkpoint)
-    (for reports that evaluate the trained policies). ``save_chunks``: also keep
-    every run's state after each chunk (for reports over training;
-    :meth:`~coevo_jax.experiment.results.StudyResult.chunk_states`).
-    """
+    """A whole experiment: one environment, its arms, ``num_seeds`` seeds per grid point. ``threshold``:
+    the absolute level of ``threshold_metric`` for ``steps_to_threshold`` (``None``: not reported);
+    ``num_chunks``: checkpointed chunks per run (:func:`chunk_length`); ``save_final`` / ``save_chunks``:
+    keep every run's final / per-chunk :class:`~coevo_jax.train.TrainState` in the checkpoints."""
 
     env: str
     arms: tuple
@@ -155,9 +135,8 @@ def config_hash(text: str) -> str:
 
 
 def chunk_length(num_iterations: int, num_chunks: int) -> int:
-    """Iterations per chunk: the divisor of ``num_iterations`` nearest to
-    ``num_iterations / num_chunks`` (ties: the smaller), so every chunk has the
-    same compiled length."""
+    """Iterations per chunk: the divisor of ``num_iterations`` nearest ``num_iterations / num_chunks``
+    (ties: the smaller), so every chunk has the same compiled length."""
     target = num_iterations / max(1, num_chunks)
     divisors = [d for d in range(1, num_iterations + 1) if num_iterations % d == 0]
     return min(divisors, key=lambda d: (abs(math.log(d / target)) if target > 0 else d, d))

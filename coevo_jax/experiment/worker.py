@@ -1,16 +1,6 @@
-"""Run a study's arms: compile each arm's batch program once, run its batches chunk by chunk.
-
-One process per host runs :func:`run_arms`, every host making the same calls.
-For each arm it compiles ``init`` and one chunk of
-``jit(shard_map(vmap(Trainer.run_chunk)))`` for its batch shape: the batch's
-runs are split over the devices and each device runs its slice as its own
-program (a refit gated on the batch asks only about the device's runs), so a
-run's numbers do not depend on the other devices' runs. A
-program compiled before, by this or an earlier study, comes from JAX's
-persistent compilation cache. Per batch: :func:`~checkpoint.restore` or
-``init``, then chunks with an orbax checkpoint after each; a batch is finished
-when its last checkpoint holds every chunk.
-"""
+"""Run a study's arms (one process per host, every host making the same calls): compile each arm's
+``init`` and one chunk of ``jit(shard_map(vmap(Trainer.run_chunk)))`` per batch shape, then run each
+batch chunk by chunk from its checkpoint with an orbax checkpoint after each."""
 from __future__ import annotations
 
 import dataclasses
@@ -29,7 +19,7 @@ from coevo_jax.registry import method_spec
 
 BATCH_AXIS = "runs"  # the vmapped run axis; K-gated refits branch on it (Trainer.batch_axis)
 DEVICE_AXIS = "devices"  # the mesh axis the batch is split over
-# ``init`` runs once per batch: compiled without LLVM optimisation it compiles ~3x faster and its run time
+# ``init`` runs once per batch: compiled without LLVM optimisation it compiles faster, and its run time
 # (network init, env reset) stays negligible
 INIT_COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
 
@@ -77,11 +67,9 @@ def compile_program(trainer, hp, b: int, chunk_len: int, devices) -> Program:
 
 
 def program_key(plan, b: int) -> tuple:
-    """What a compiled batch program depends on: the arm's static config less its method
-    name, what the method traces (its spec's factory and intrinsic stream; its params
-    class is in the hparams' structure), the batch and chunk sizes and the hparams'
-    structure (not their values, which are inputs). Methods equal in all of these
-    (``ppo`` and ``dense``, ``coevo-regression`` and ``coevo-ranking``) share a program."""
+    """What a compiled batch program depends on: the static config less the method name, what the method
+    traces (factory, intrinsic stream), batch and chunk sizes, the hparams' structure. Methods equal in
+    all of these share a program."""
 
     spec = method_spec(plan.arm.static.method)
     leaves, treedef = jax.tree.flatten(plan.hp)
@@ -139,12 +127,9 @@ def global_array(x: np.ndarray, sharding):
 
 def run_arms(out: str, study, plans, digest: str, devices, max_parallel: int | None,
               stop_after_chunks: int | None, callback=None) -> str:
-    """Run (or resume) every arm of the study in ``out`` on ``devices`` (under ``jax.distributed``: the
-    devices of every host, each host running its own; every host makes the same calls).
-
-    Writes one orbax folder per batch, ``out/checkpoints/a{arm}_b{batch}``, and at the end this host's
-    ``out/checkpoints/host{i}.json``. Returns ``"done"`` or ``"stopped"`` (after ``stop_after_chunks`` chunks).
-    """
+    """Run (or resume) every arm of the study in ``out`` on ``devices`` (under ``jax.distributed`` every
+    host's). Writes ``out/checkpoints/a{arm}_b{batch}`` per batch and this host's
+    ``out/checkpoints/host{i}.json``; returns ``"done"`` or ``"stopped"`` (``stop_after_chunks``)."""
     from coevo_jax.train import Trainer
 
     env, env_params = study.make_env()
@@ -183,8 +168,8 @@ def run_arms(out: str, study, plans, digest: str, devices, max_parallel: int | N
 
 def run_batch(study, plan, program: Program, runs: np.ndarray, b: int, cdir: str, digest: str,
               rep: Reporter, chunks_run: int, stop_after: int | None, label: str) -> int:
-    """Run one batch to the end from its checkpoint (or from scratch); returns the
-    chunk count so far. Raises :class:`Stopped` after ``stop_after`` chunks."""
+    """Run one batch to the end from its checkpoint or from scratch; returns the chunk count.
+    :class:`Stopped` after ``stop_after`` chunks."""
     from jax.sharding import NamedSharding, PartitionSpec
 
     real = len(runs)

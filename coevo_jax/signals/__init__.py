@@ -12,7 +12,7 @@ from envs_jax.core import provides
 
 from coevo_jax.registry import ConfigError, method_spec
 from coevo_jax.signals.base import (
-    REFIT_STEPS, PolicyView, RefitGateParams, ReturnScale, RewardStreams, Signal, SignalParams, gated_update,
+    REFIT_STEPS, CreditFn, PolicyView, RefitGateParams, ReturnScale, RewardStreams, Signal, SignalParams, gated_update,
     init_return_scale, scale_normalise,
 )
 
@@ -46,5 +46,5 @@ def check_env_outputs(method: str, env) -> None:
                               f"{tuple(env.optional_outputs)})")
 
 
-__all__ = ["PolicyView", "RefitGateParams", "ReturnScale", "RewardStreams", "Signal", "SignalParams",
+__all__ = ["CreditFn", "PolicyView", "RefitGateParams", "ReturnScale", "RewardStreams", "Signal", "SignalParams",
            "check_env_outputs", "gated_update", "init_return_scale", "make_signal", "scale_normalise"]

@@ -1,6 +1,6 @@
 """The reward-source interface shared by every method.
 
-A reward source is a :class:`Signal`, a NamedTuple of four pure functions (in
+A reward source is a :class:`Signal`, a NamedTuple of pure functions (in
 the spirit of optax's ``GradientTransformation``). The training loop calls,
 each iteration, after collecting a ``[T, N]`` :class:`~coevo_jax.rollout.Trajectory`:
 
@@ -19,6 +19,8 @@ each iteration, after collecting a ``[T, N]`` :class:`~coevo_jax.rollout.Traject
 ``policy`` is a :class:`PolicyView` (the policy's network, params and
 optimiser state) for sources that look through the policy (meta-gradient).
 Metrics are flat dicts of scalars with the same keys on every call.
+The optional fifth function, ``credit`` (:class:`CreditFn`), is never called by
+the loop: analyses read a method's learned per-step reward of every action through it.
 
 **Two reward streams** (Burda, Edwards, Storkey and Klimov 2018, "Exploration
 by Random Network Distillation"). :class:`RewardStreams` separates
@@ -53,7 +55,7 @@ has magnitude ~1 whatever the bonus's mean.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Protocol
 
 import flax.linen as nn
 import jax
@@ -63,6 +65,10 @@ from flax import struct
 from coevo_jax.episodes import MAX_WINDOW
 from coevo_jax.fit import refit_when
 from coevo_jax.params import INF, hyperparams, param, unit
+from coevo_jax.rollout import Trajectory
+
+if TYPE_CHECKING:
+    from coevo_jax.config import HParams
 
 
 # ----------------------------------------------------------------------------- hyperparameters
@@ -115,11 +121,45 @@ class RewardStreams(NamedTuple):
 REFIT_STEPS = "refit_steps"
 
 
+class InitFn(Protocol):
+    def __call__(self, key: jax.Array, traj: Trajectory, hp: HParams) -> Any:
+        """The state, from an example ``[T, N]`` trajectory."""
+
+
+class ObserveFn(Protocol):
+    def __call__(self, state: Any, traj: Trajectory, hp: HParams, key: jax.Array) -> tuple[Any, dict]:
+        """``(state, metrics)`` after every rollout."""
+
+
+class UpdateFn(Protocol):
+    def __call__(self, state: Any, traj: Trajectory, policy: PolicyView, hp: HParams,
+                 key: jax.Array) -> tuple[Any, dict]:
+        """``(state, metrics)``: the refit, every ``hp.signal.k`` iterations."""
+
+
+class RewardsFn(Protocol):
+    def __call__(self, state: Any, traj: Trajectory, hp: HParams) -> tuple[Any, RewardStreams, dict]:
+        """``(state, streams, metrics)``: the rewards PPO optimises on ``traj``."""
+
+
+class CreditFn(Protocol):
+    def __call__(self, state: Any, traj: Trajectory, hp: HParams, probs: jax.Array) -> jax.Array:
+        """``[T, N, A]``: the reward the method would pay each action ``a`` at each step of the ``[T, N]``
+        trajectory ``traj``, under the policy's action probabilities ``probs [T, N, A]``, in the reward's own
+        units (before ``beta_int`` and any normalisation). It reads only what the method reads (``obs``,
+        ``features``: the policy's hidden features along ``traj``, ``reward``, ``episode_done``, ...);
+        ``traj.action`` is ignored. Pure; the state is not changed."""
+
+
 class Signal(NamedTuple):
-    init: Callable
-    observe: Callable
-    update: Callable
-    rewards: Callable
+    """A reward source (module docstring); ``credit`` is ``None`` for a method with no learned per-step
+    reward of (state, action)."""
+
+    init: InitFn
+    observe: ObserveFn
+    update: UpdateFn
+    rewards: RewardsFn
+    credit: CreditFn | None = None
 
 
 def float_metrics(metrics: dict) -> dict:
@@ -135,6 +175,13 @@ def no_observe(state, traj, hp, key):
 def no_update(state, traj, policy, hp, key):
     """``update`` for sources with nothing to fit."""
     return state, {}
+
+
+def each_action(reward: Callable, shape: tuple, num_actions: int) -> jax.Array:
+    """``[*shape, A]``: ``reward(action [*shape] int32) -> [*shape]`` at every action ``a``
+    (a :class:`CreditFn` from a reward of (state, action))."""
+    actions = jnp.arange(num_actions, dtype=jnp.int32)
+    return jax.vmap(lambda a: reward(jnp.full(shape, a)), out_axes=-1)(actions)
 
 
 # ----------------------------------------------------------------------------- scale-only normalisation

@@ -55,7 +55,8 @@ was possible.
 ``beta_ext * r_ext + beta_int * c_t``. **Refit** every ``K`` iterations,
 ``static.signal.reward_steps`` full-batch Adam steps (times ``K`` under
 ``refit_steps_per_k``) at ``hp.signal.reward_lr_ratio`` times the policy's lr of
-the iteration; gated like R_phi's (``min_refit_episodes``). The replay is R_phi's
+the iteration (with ``fit_batch_episodes = B > 0`` each step on ``B`` episodes drawn from the
+replay); gated like R_phi's (``min_refit_episodes``). The replay is R_phi's
 (:mod:`coevo_jax.episodes`).
 """
 from __future__ import annotations
@@ -65,7 +66,7 @@ import jax
 import jax.numpy as jnp
 
 from coevo_jax.encoding import encode_obs, obs_vocab
-from coevo_jax.episodes import buffer_mask, discounted_to_go, to_time_order
+from coevo_jax.episodes import buffer_mask, discounted_to_go, draw_episodes, to_time_order
 from coevo_jax.fit import fit, init_optimizer
 from coevo_jax.networks import orthogonal
 from coevo_jax.params import default_of, hyperparams, weight
@@ -74,7 +75,7 @@ from coevo_jax.reward_net import HEAD_GAIN, RewardNetStatic
 from coevo_jax.signals.base import RewardStreams, Signal, SignalParams, float_metrics
 from coevo_jax.signals.hca import bayes_logits, hindsight_loss
 from coevo_jax.signals.learned import RewardNetParams
-from coevo_jax.signals.q_advantage import action_credit, q_loss
+from coevo_jax.signals.q_advantage import action_credit, each_action_credit, q_loss
 from coevo_jax.signals.replay_model import ReplayModelState, refit_replay_model, replay_model
 
 CUT_SHARE = 0.5  # the share of replayed episodes whose future is cut for a fitting step
@@ -217,17 +218,25 @@ def make_cca(static, network, env, env_params) -> Signal:
         return ReplayModelState(params, init_optimizer(params), model.init_replay(traj))
 
     def update(state: ReplayModelState, traj, policy, hp, key):
-        batch, kept = fit_data(state.replay.train, hp.ppo.gamma)
+        buf = state.replay.train
+        batch, kept = fit_data(buf, hp.ppo.gamma)
 
         def refit(params, opt_state, tx, steps):
-            def loss_fn(p, cuts):
-                lq, lh, li = cca_losses(nets, p, *batch, *cuts)
+            def loss_fn(p, minibatch):
+                data, cuts = minibatch
+                lq, lh, li = cca_losses(nets, p, *data, *cuts)
                 return lq + lh + hp.signal.indep_coef * li, {"q_loss": lq, "h_loss": lh, "indep_kl": li}
 
-            def draw_cuts(k):
-                return cut_episodes(k, kept, batch[0].shape[0])
+            def sample(k):
+                """The buffer (or ``fit_batch`` episodes drawn from it: axis 1) and fresh cuts of its episodes."""
+                data, kept_b = batch, kept
+                if model.fit_batch:
+                    k_ep, k = jax.random.split(k)
+                    slots = draw_episodes(k_ep, buf.valid, model.fit_batch)
+                    data, kept_b = tuple(jnp.take(v, slots, axis=1) for v in batch), kept[slots]
+                return data, cut_episodes(k, kept_b, batch[0].shape[0])
 
-            params, opt_state, ms = fit(loss_fn, params, opt_state, tx, draw_cuts, key, steps=steps)
+            params, opt_state, ms = fit(loss_fn, params, opt_state, tx, sample, key, steps=steps)
             return params, opt_state, {"first_q_loss": ms["q_loss"][0], "q_loss": ms["q_loss"][-1],
                                        "h_loss": ms["h_loss"][-1], "indep_kl": ms["indep_kl"][-1],
                                        "cca_grad_norm": ms["grad_norm"][-1]}
@@ -254,7 +263,14 @@ def make_cca(static, network, env, env_params) -> Signal:
         episodic = hp.signal.beta_ext * traj.reward + hp.signal.beta_int * credit
         return state, RewardStreams(episodic, None), float_metrics(metrics)
 
-    return Signal(init, model.observe, update, rewards)
+    def credit(state: ReplayModelState, traj, hp, probs):
+        """``Q(x, Phi, a) - sum_b pi(b | x) Q(x, Phi, b)`` of every action ``a``: ``[T, N, A]``, ``Phi`` read
+        from the rest of ``traj`` as in ``rewards``."""
+        x, r, end = model.inputs(traj), traj.reward.astype(jnp.float32), traj.episode_done
+        q = q_net.apply(state.params["q"], x, stat_net.apply(state.params["stat"], x, r, end, future_cut(end)))
+        return each_action_credit(q, probs)
+
+    return Signal(init, model.observe, update, rewards, credit)
 
 
 @hyperparams

@@ -50,7 +50,8 @@ Deviations, each for a reason the paper's setting does not have:
 ``static.signal.reward_steps`` full-batch Adam steps (times ``K`` under
 ``static.signal.refit_steps_per_k``) of the masked mean cross-entropy of ``h(a_t | x_t,
 Z_t)``, at ``hp.signal.reward_lr_ratio`` times the policy's lr of the
-iteration; gated like R_phi's (``min_refit_episodes``). The replay is R_phi's
+iteration (with ``fit_batch_episodes = B > 0`` each step on the steps of ``B`` episodes drawn from
+the replay); gated like R_phi's (``min_refit_episodes``). The replay is R_phi's
 (:mod:`coevo_jax.episodes`, ``static.signal.buffer_episodes``, ``max_episode_len``).
 """
 from __future__ import annotations
@@ -60,7 +61,7 @@ import jax
 import jax.numpy as jnp
 
 from coevo_jax.encoding import encode_obs, obs_vocab
-from coevo_jax.episodes import buffer_mask, discounted_to_go
+from coevo_jax.episodes import buffer_mask, discounted_to_go, episode_minibatches
 from coevo_jax.fit import fit, init_optimizer
 from coevo_jax.networks import orthogonal
 from coevo_jax.params import default_of, hyperparams, param, weight
@@ -123,6 +124,27 @@ def rollout_returns(traj, gamma) -> jax.Array:
     return gae(traj.reward, value, next_value, traj.terminated, traj.truncated, gamma, 1.0)[1]
 
 
+def episode_returns(reward: jax.Array, done: jax.Array) -> jax.Array:
+    """``Z [T, N]``: the undiscounted return of each step's episode within the trajectory (the sum of
+    ``reward [T, N]`` over the steps between two ``done [T, N]`` ends; ``done[t]`` closes its episode)."""
+    reward = reward.astype(jnp.float32)
+    keep = 1.0 - done.astype(jnp.float32)
+
+    def back(after, x):  # the return from t to the episode's end
+        r, k = x
+        to_go = r + k * after
+        return to_go, to_go
+
+    def forward(before, x):  # the return of the episode's steps before t
+        r, k = x
+        return (before + r) * k, before
+
+    zero = jnp.zeros(reward.shape[1:], jnp.float32)
+    _, to_go = jax.lax.scan(back, zero, (reward, keep), reverse=True)
+    _, so_far = jax.lax.scan(forward, zero, (reward, keep))
+    return so_far + to_go
+
+
 def make_hindsight_net(static, env, env_params) -> HindsightNet:
     """The hindsight model for ``static`` (``reward_hidden``, ``reward_input``) and ``env``."""
     vocab = obs_vocab(env, env_params) if static.signal.reward_input == "obs" else 0
@@ -148,14 +170,18 @@ def make_hca(static, network, env, env_params) -> Signal:
         return ReplayModelState(params, init_optimizer(params), replay)
 
     def update(state: ReplayModelState, traj, policy, hp, key):
-        x, actions, z, probs, mask = fit_data(state.replay.train, hp.ppo.gamma)
+        buf = state.replay.train
+        x, actions, z, probs, mask = fit_data(buf, hp.ppo.gamma)
+        log_pi = bayes_logits(probs, 0.0)  # the acting policy's log-probabilities, once per refit
+        sample = episode_minibatches((x, actions, z, log_pi, mask), buf.valid, model.fit_batch)
 
         def refit(params, opt_state, tx, steps):
             def loss_fn(p, batch):
-                loss = hindsight_loss(bayes_logits(probs, net.apply(p, batch, z)), actions, mask)
+                x_b, a_b, z_b, log_pi_b, mask_b = batch
+                loss = hindsight_loss(log_pi_b + net.apply(p, x_b, z_b), a_b, mask_b)
                 return loss, {"h_loss": loss}
 
-            params, opt_state, ms = fit(loss_fn, params, opt_state, tx, lambda _: x, key, steps=steps)
+            params, opt_state, ms = fit(loss_fn, params, opt_state, tx, sample, key, steps=steps)
             return params, opt_state, {"first_h_loss": ms["h_loss"][0], "h_loss": ms["h_loss"][-1],
                                        "h_grad_norm": ms["grad_norm"][-1]}
 
@@ -180,7 +206,15 @@ def make_hca(static, network, env, env_params) -> Signal:
         episodic = hp.signal.beta_ext * traj.reward + hp.signal.beta_int * credit
         return state, RewardStreams(episodic, None), float_metrics(metrics)
 
-    return Signal(init, model.observe, update, rewards)
+    def credit(state: ReplayModelState, traj, hp, probs):
+        """``(1 - pi(a | x) / h(a | x, Z)) Z`` of every action ``a``: ``[T, N, A]``, with ``Z`` the return of
+        the step's episode (:func:`episode_returns`, where ``rewards`` uses the rollout's bootstrapped
+        return-to-go) and ``pi = probs``; the ratio clipped at ``hp.signal.ratio_clip``."""
+        z = episode_returns(traj.reward, traj.episode_done)
+        h = jax.nn.softmax(bayes_logits(probs, net.apply(state.params, inputs(traj), z)))
+        return hca_credit(probs, h, z[..., None], hp.signal.ratio_clip)
+
+    return Signal(init, model.observe, update, rewards, credit)
 
 
 @hyperparams

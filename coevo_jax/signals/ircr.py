@@ -36,6 +36,8 @@ full-batch Adam steps, or ``reward_steps x k`` under
 
     mean over the stored steps of valid episodes of (r_g(x_t, a_t) - n(R_e))^2
 
+(with ``fit_batch_episodes = B > 0`` each Adam step on the stored steps of ``B`` episodes drawn
+from the buffer, where the paper draws transitions; the normalisation stays the buffer's)
 on a ring buffer of the ``static.signal.buffer_episodes`` most recent complete
 episodes (:mod:`coevo_jax.episodes`; per step R_phi's input and the action, per
 episode its whole return; a row holds ``static.signal.max_episode_len`` steps, by default the env's time
@@ -72,8 +74,8 @@ from coevo_jax.reward_net import (
     RewardNetStatic, make_reward_net, reward_inputs,
 )
 from coevo_jax.signals.base import (
-    REFIT_STEPS, ReturnScale, RewardStreams, Signal, SignalParams, float_metrics, init_return_scale, return_rms,
-    scale_normalise,
+    REFIT_STEPS, ReturnScale, RewardStreams, Signal, SignalParams, each_action, float_metrics, init_return_scale,
+    return_rms, scale_normalise,
 )
 from coevo_jax.signals.learned import (  # noqa: F401  (MIN_SPREAD: the targets' floor, documented here)
     MIN_SPREAD, RewardNetParams, guidance_loss, minmax_normalise, pearson,
@@ -110,6 +112,7 @@ def make_ircr(static, network, env, env_params) -> Signal:
     net = make_reward_net(static, env, env_params)
     window = ep.episode_window("max_episode_len", static.signal.max_episode_len, env, env_params)
     kept = ep.replay_episodes(static.signal.buffer_episodes, static.num_envs, static.rollout_len, env, env_params)
+    fit_batch = ep.check_fit_batch(static.signal.fit_batch_episodes, kept)
 
     def inputs(traj):
         return reward_inputs(traj, net.reward_input, net.obs_ndim)
@@ -140,19 +143,23 @@ def make_ircr(static, network, env, env_params) -> Signal:
         tx = make_optimizer(hp.signal.reward_max_grad_norm, step_size)
 
         steps = refit_steps(static.signal.reward_steps, static, hp)
+        # the targets are normalised over the whole buffer, also for a minibatch of it
+        sample = ep.episode_minibatches((x, actions, target, mask, buf.valid), buf.valid, fit_batch)
+        k_fit, k_diag = jax.random.split(key) if fit_batch else (key, None)
 
         def loss_fn(params, batch):
-            return guidance_loss(guidance(params, *batch), target, mask), {}
+            x_b, a_b, target_b, mask_b, _ = batch
+            return guidance_loss(guidance(params, x_b, a_b), target_b, mask_b), {}
 
         def refit(learner):
-            # full-batch steps: every step reads the whole buffer
-            params, opt_state, ms = fit(loss_fn, *learner, tx, lambda _: (x, actions), key, steps=steps)
-            g = guidance(params, x, actions)
+            params, opt_state, ms = fit(loss_fn, *learner, tx, sample, k_fit, steps=steps)
+            x_d, a_d, target_d, mask_d, valid_d = sample(k_diag)  # the whole buffer, or a fresh minibatch
+            g = guidance(params, x_d, a_d)
             metrics = {
                 "ircr_first_loss": ms["loss"][0], "ircr_loss": ms["loss"][-1], "ircr_grad_norm": ms["grad_norm"][-1],
                 "ircr_step_size": step_size, REFIT_STEPS: steps,
                 # the fitted per-episode mean guidance against the episode's normalised return
-                "buffer_corr": pearson(episode_means(g, mask), target, buf.valid),
+                "buffer_corr": pearson(episode_means(g, mask_d), target_d, valid_d),
             }
             return (params, opt_state), float_metrics(metrics)
 
@@ -172,7 +179,12 @@ def make_ircr(static, network, env, env_params) -> Signal:
                    "guidance_max": r_g.max(), "int_return_rms": return_rms(scale)}
         return state.replace(scale=scale), streams, float_metrics(metrics)
 
-    return Signal(init, observe, update, rewards)
+    def credit(state: IRCRState, traj, hp, probs):
+        """``r_g`` (the linear output it pays) of every action: ``[T, N, A]``."""
+        x = inputs(traj)
+        return each_action(lambda a: guidance(state.params, x, a), x.shape[:2], probs.shape[-1])
+
+    return Signal(init, observe, update, rewards, credit)
 
 
 # ----------------------------------------------------------------------------- registration

@@ -53,7 +53,8 @@ of the iteration (``hp.ppo.lr * policy.lr_frac``, annealed with it): tuning the
 policy's lr moves R_phi's with it, and their ratio is constant over a run.
 
 **A refit needs data.** A refit (``static.signal.reward_steps`` full-batch steps,
-times ``hp.signal.k`` under ``static.signal.refit_steps_per_k``) runs only when the training
+times ``hp.signal.k`` under ``static.signal.refit_steps_per_k``; with ``fit_batch_episodes = B > 0``
+each step on ``B`` episodes drawn from the buffer, the ranking loss over their pairs) runs only when the training
 buffer holds at least ``hp.signal.min_refit_episodes`` complete episodes; before that
 R_phi, its anchor and its Adam state stay as they are (no steps on an empty
 buffer advance Adam's count). ``signal/refit_steps`` is the steps a refit
@@ -83,8 +84,8 @@ import jax.numpy as jnp
 from flax import struct
 
 from coevo_jax.episodes import (
-    VAL_EVERY, EpisodeReplay, add_rollout, buffer_mask, episode_sum, episode_window,
-    init_replay, refit_ready, replay_episodes,
+    VAL_EVERY, EpisodeReplay, add_rollout, buffer_mask, check_fit_batch, episode_minibatches, episode_sum,
+    episode_window, init_replay, refit_ready, replay_episodes,
 )
 from coevo_jax.fit import fit, init_optimizer, make_optimizer, refit_steps, refit_when
 from coevo_jax.params import default_of, grad_clip, hyperparams, param, unit, weight
@@ -94,8 +95,8 @@ from coevo_jax.reward_net import (
 )
 from coevo_jax.rollout import flatten_time
 from coevo_jax.signals.base import (
-    REFIT_STEPS, RefitGateParams, ReturnScale, RewardStreams, Signal, SignalParams, float_metrics, init_return_scale,
-    pearson, return_rms, scale_normalise,
+    REFIT_STEPS, RefitGateParams, ReturnScale, RewardStreams, Signal, SignalParams, each_action, float_metrics,
+    init_return_scale, pearson, return_rms, scale_normalise,
 )
 
 METHODS = ("coevo-regression", "coevo-ranking", "coevo-novelty")
@@ -175,7 +176,13 @@ def guidance_loss(g: jax.Array, target: jax.Array, mask: jax.Array) -> jax.Array
     return (err * mask).sum() / jnp.maximum(mask.sum(), 1.0)
 
 
-def reward_objective(r, pre, r_anchor, mask, ret, valid, hp):
+def regression_target(ret: jax.Array, valid: jax.Array, hp) -> jax.Array:
+    """The fit's target ``y [E]``: the return ``ret [E]``, or with ``hp.signal.minmax_target`` = 1 its
+    min-max normalisation over the ``valid [E]`` entries (:func:`minmax_normalise`)."""
+    return jnp.where(hp.signal.minmax_target > 0, minmax_normalise(ret, valid), ret)
+
+
+def reward_objective(r, pre, r_anchor, mask, ret, valid, hp, target=None):
     """Phase-B loss of R_phi from per-step outputs (all ``[E, L]`` but ``ret,
     valid [E]``): ``anchor_weight * fit + drift_weight * drift + extreme_weight
     * extreme``, with
@@ -187,12 +194,13 @@ def reward_objective(r, pre, r_anchor, mask, ret, valid, hp):
     regressed onto its episode's target, IRCR's per-step target instead of a
     decomposition, :func:`guidance_loss`), and the target ``y`` the episode's return,
     or with ``hp.signal.minmax_target`` = 1 its min-max normalisation over the buffer
-    (IRCR's, :func:`minmax_normalise`). The weights are traced values, so these
+    (IRCR's, :func:`minmax_normalise`): :func:`regression_target`, or ``target [E]`` where given
+    (a minibatch's episodes pass the whole buffer's). The weights are traced values, so these
     variants run one compiled program, and at 0 and 1 each loss enters exactly
     (``1 * x + 0 * y == x`` for finite ``y``; at their defaults the fit and its
     gradient are bit for bit those without the options). Returns ``(loss, metrics)``."""
     w, p = hp.signal.ranking_weight, hp.signal.per_step_weight
-    y = jnp.where(hp.signal.minmax_target > 0, minmax_normalise(ret, valid), ret)
+    y = regression_target(ret, valid, hp) if target is None else target
     decomposition = regression_loss(r, mask, y, valid)
     per_step = guidance_loss(r, jnp.where(valid, y, 0.0), mask * valid[:, None])
     fit = ((1.0 - w) * (decomposition + p * (per_step - decomposition))
@@ -269,6 +277,7 @@ def make_learned(static, network, env, env_params) -> Signal:
     novelty = static.method == "coevo-novelty"
     window = episode_window("max_episode_len", static.signal.max_episode_len, env, env_params)
     kept = replay_episodes(static.signal.buffer_episodes, static.num_envs, static.rollout_len, env, env_params)
+    fit_batch = check_fit_batch(static.signal.fit_batch_episodes, kept)
     net = make_reward_net(static, env, env_params)
     rnd = make_rnd_net(static, env, env_params)
 
@@ -318,25 +327,33 @@ def make_learned(static, network, env, env_params) -> Signal:
     def update(state: LearnedState, traj, policy, hp, key):
         buf = state.replay.train
         x, actions, mask, ret = fit_data(buf)
+        y = regression_target(ret, buf.valid, hp)  # the whole buffer's, also for a minibatch
         step_size = reward_step_size(hp, policy)
         tx = make_optimizer(hp.signal.reward_max_grad_norm, step_size)
         steps = refit_steps(static.signal.reward_steps, static, hp)
+        k_fit, k_diag = jax.random.split(key) if fit_batch else (key, None)
 
         def refit(learner):
             params, anchor_params, opt_state = learner
-            r_anchor = jax.lax.stop_gradient(net.apply(anchor_params, x, actions)[0])
+            anchor = lambda x_, a_: jax.lax.stop_gradient(net.apply(anchor_params, x_, a_)[0])  # noqa: E731
+            # the anchor's outputs: on the whole replay once per refit, on a minibatch at each step
+            r_anchor = None if fit_batch else anchor(x, actions)
+            sample = episode_minibatches((x, actions, mask, ret, y, buf.valid, r_anchor), buf.valid, fit_batch)
 
             def loss_fn(p, batch):
-                r, pre = net.apply(p, *batch)
-                return reward_objective(r, pre, r_anchor, mask, ret, buf.valid, hp)
+                x_b, a_b, mask_b, ret_b, y_b, valid_b, r_anchor = batch
+                r, pre = net.apply(p, x_b, a_b)
+                r_anchor = anchor(x_b, a_b) if r_anchor is None else r_anchor
+                return reward_objective(r, pre, r_anchor, mask_b, ret_b, valid_b, hp, target=y_b)
 
-            # full-batch steps: every step reads the whole buffer
-            params, opt_state, ms = fit(loss_fn, params, opt_state, tx, lambda _: (x, actions), key, steps=steps)
+            params, opt_state, ms = fit(loss_fn, params, opt_state, tx, sample, k_fit, steps=steps)
             ms = {**{k: v for k, v in ms.items() if k not in ("loss", "grad_norm")},
                   "reward_grad_norm": ms["grad_norm"]}
             metrics = {"first_reward_loss": ms["reward_loss"][0], **{k: v[-1] for k, v in ms.items()}}
-            r_new, _ = net.apply(params, x, actions)
-            metrics["buffer_corr"] = pearson(episode_sums(r_new, mask), ret, buf.valid)
+            # the decomposition after the fit: on the whole buffer, or on a fresh minibatch of it
+            x_d, a_d, mask_d, ret_d, _, valid_d, _ = sample(k_diag)
+            r_new, _ = net.apply(params, x_d, a_d)
+            metrics["buffer_corr"] = pearson(episode_sums(r_new, mask_d), ret_d, valid_d)
             metrics["reward_step_size"] = step_size
             metrics[REFIT_STEPS] = steps
             return (params, ema_params(anchor_params, params, hp.signal.drift_ema), opt_state), float_metrics(metrics)
@@ -376,7 +393,12 @@ def make_learned(static, network, env, env_params) -> Signal:
         }
         return state.replace(scale=scale), streams, float_metrics(metrics)
 
-    return Signal(init, observe, update, rewards)
+    def credit(state: LearnedState, traj, hp, probs):
+        """R_phi (its tanh output) of every action: ``[T, N, A]``."""
+        x = inputs(traj)
+        return each_action(lambda a: net.apply(state.params, x, a)[0], x.shape[:2], probs.shape[-1])
+
+    return Signal(init, observe, update, rewards, credit)
 
 
 # ----------------------------------------------------------------------------- registration

@@ -73,8 +73,8 @@ from coevo_jax.registry import MethodSpec, register_method
 from coevo_jax.reward_net import RewardNet, RewardNetStatic, apply_reward, make_reward_net, reward_inputs
 from coevo_jax.rollout import flatten_time, mask_logits
 from coevo_jax.signals.base import (
-    ReturnScale, RewardStreams, Signal, SignalParams, float_metrics, init_return_scale, mlp, no_observe, return_rms,
-    update_return_scale,
+    ReturnScale, RewardStreams, Signal, SignalParams, each_action, float_metrics, init_return_scale, mlp, no_observe,
+    return_rms, update_return_scale,
 )
 
 
@@ -357,7 +357,12 @@ def make_meta(static, network, env, env_params) -> Signal:
         metrics = {"r_int_mean": r_int.mean(), "r_int_std": r_int.std(), "int_return_rms": return_rms(scale)}
         return state._replace(scale=scale), streams, float_metrics(metrics)
 
-    return Signal(init, no_observe, update, rewards)
+    def credit(state, traj, hp, probs):
+        """R_phi (its tanh output, with phi) of every action: ``[T, N, A]``."""
+        x = reward_inputs(traj, reward_net.reward_input, reward_net.obs_ndim)
+        return each_action(lambda a: reward_net.apply(state.phi, x, a)[0], x.shape[:2], probs.shape[-1])
+
+    return Signal(init, no_observe, update, rewards, credit)
 
 
 # ----------------------------------------------------------------------------- registration

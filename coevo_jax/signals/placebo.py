@@ -155,7 +155,7 @@ def make_shuffled(inner_method: str, inner_factory):
             out = RewardStreams(hp.signal.beta_ext * traj.reward + hp.signal.beta_int * credit)
             return ShuffledState(s, key), out, metrics
 
-        return Signal(init, observe, update, rewards)
+        return Signal(init, observe, update, rewards)  # no credit: the shuffled reward is no function of (s, a)
 
     return factory
 

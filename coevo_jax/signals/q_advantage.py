@@ -27,7 +27,8 @@ policy has memory.
 ``static.signal.refit_steps_per_k``) of the masked mean squared error of ``Q(h_t,
 a_t)`` against the discounted return-to-go within the stored steps (``gamma =
 hp.ppo.gamma``), at ``hp.signal.reward_lr_ratio`` times the policy's lr of the
-iteration; gated like R_phi's (``min_refit_episodes``). The replay is R_phi's
+iteration (with ``fit_batch_episodes = B > 0`` each step on the steps of ``B`` episodes drawn from
+the replay); gated like R_phi's (``min_refit_episodes``). The replay is R_phi's
 (:mod:`coevo_jax.episodes`, ``static.signal.buffer_episodes``, ``max_episode_len``).
 """
 from __future__ import annotations
@@ -37,7 +38,7 @@ import jax
 import jax.numpy as jnp
 
 from coevo_jax.encoding import encode_obs, obs_vocab
-from coevo_jax.episodes import buffer_mask, discounted_to_go
+from coevo_jax.episodes import buffer_mask, discounted_to_go, episode_minibatches
 from coevo_jax.fit import fit, init_optimizer
 from coevo_jax.networks import orthogonal
 from coevo_jax.params import default_of, hyperparams, weight
@@ -81,6 +82,11 @@ def action_credit(q: jax.Array, probs: jax.Array, action: jax.Array) -> jax.Arra
     return taken(q, action) - policy_mean(q, probs)
 
 
+def each_action_credit(q: jax.Array, probs: jax.Array) -> jax.Array:
+    """:func:`action_credit` of every action: ``q, probs [..., A] -> [..., A]``."""
+    return q - policy_mean(q, probs)[..., None]
+
+
 def q_loss(q: jax.Array, action: jax.Array, target: jax.Array, mask: jax.Array) -> jax.Array:
     """Masked mean of ``(Q(h, a_t) - target)^2``: ``q [E, L, A]``, ``action, target,
     mask [E, L]`` -> ``()`` (0 on an empty buffer)."""
@@ -112,14 +118,16 @@ def make_q_advantage(static, network, env, env_params) -> Signal:
         return ReplayModelState(params, init_optimizer(params), replay)
 
     def update(state: ReplayModelState, traj, policy, hp, key):
-        x, actions, target, mask = fit_data(state.replay.train, hp.ppo.gamma)
+        buf = state.replay.train
+        sample = episode_minibatches(fit_data(buf, hp.ppo.gamma), buf.valid, model.fit_batch)
 
         def refit(params, opt_state, tx, steps):
             def loss_fn(p, batch):
-                loss = q_loss(net.apply(p, batch), actions, target, mask)
+                x_b, a_b, target_b, mask_b = batch
+                loss = q_loss(net.apply(p, x_b), a_b, target_b, mask_b)
                 return loss, {"q_loss": loss}
 
-            params, opt_state, ms = fit(loss_fn, params, opt_state, tx, lambda _: x, key, steps=steps)
+            params, opt_state, ms = fit(loss_fn, params, opt_state, tx, sample, key, steps=steps)
             return params, opt_state, {"first_q_loss": ms["q_loss"][0], "q_loss": ms["q_loss"][-1],
                                        "q_grad_norm": ms["grad_norm"][-1]}
 
@@ -141,7 +149,11 @@ def make_q_advantage(static, network, env, env_params) -> Signal:
         episodic = hp.signal.beta_ext * traj.reward + hp.signal.beta_int * credit
         return state, RewardStreams(episodic, None), float_metrics(metrics)
 
-    return Signal(init, model.observe, update, rewards)
+    def credit(state: ReplayModelState, traj, hp, probs):
+        """``Q(h, a) - sum_b pi(b | h) Q(h, b)`` of every action ``a``: ``[T, N, A]``."""
+        return each_action_credit(net.apply(state.params, inputs(traj)), probs)
+
+    return Signal(init, model.observe, update, rewards, credit)
 
 
 @hyperparams

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from coevo_jax.episodes import (
-    VAL_EVERY, EpisodeReplay, add_rollout, episode_window, init_replay, refit_ready, replay_episodes,
+    VAL_EVERY, EpisodeReplay, add_rollout, check_fit_batch, episode_window, init_replay, refit_ready, replay_episodes,
 )
 from coevo_jax.fit import make_optimizer, refit_steps, refit_when
 from coevo_jax.reward_net import reward_inputs
@@ -35,11 +35,14 @@ class ReplayModelState:
 class ReplayModel(NamedTuple):
     """``inputs(traj) -> x [T, N, D]``; ``init_replay(traj) -> EpisodeReplay`` (empty);
     ``observe(state, traj, hp, key) -> (state, {})`` (the :class:`~coevo_jax.signals.base.Signal`
-    hook: the rollout's complete episodes join the replay)."""
+    hook: the rollout's complete episodes join the replay); ``fit_batch``: the episodes a fit step
+    reads (``static.signal.fit_batch_episodes``, checked against the replay's size; 0: all of them,
+    :func:`~coevo_jax.episodes.episode_minibatches`)."""
 
     inputs: Callable
     init_replay: Callable
     observe: Callable
+    fit_batch: int = 0
 
 
 def replay_model(static, env, env_params, with_probs: bool, method: str) -> ReplayModel:
@@ -48,6 +51,7 @@ def replay_model(static, env, env_params, with_probs: bool, method: str) -> Repl
     ``with_probs``: store them (``probs [A]`` per step)."""
     window = episode_window("max_episode_len", static.signal.max_episode_len, env, env_params)
     kept = replay_episodes(static.signal.buffer_episodes, static.num_envs, static.rollout_len, env, env_params)
+    fit_batch = check_fit_batch(static.signal.fit_batch_episodes, kept)
     obs_ndim = len(env.observation_space(env_params).shape)
 
     def inputs(traj):
@@ -69,7 +73,7 @@ def replay_model(static, env, env_params, with_probs: bool, method: str) -> Repl
                              traj.episode_done)
         return state.replace(replay=replay), {}
 
-    return ReplayModel(inputs, init, observe)
+    return ReplayModel(inputs, init, observe, fit_batch)
 
 
 def refit_replay_model(state: ReplayModelState, policy, hp, static, refit: Callable):

@@ -33,7 +33,8 @@ recurrent policy's hidden state included) and the episode replay (the most
 recent ``buffer_episodes`` complete episodes, refit every ``k`` iterations with
 ``reward_steps`` full-batch Adam steps at ``rrd_lr_ratio`` times the policy's
 lr) are this library's, shared with R_phi and IRCR; the paper samples
-minibatches of episodes. The loss is the paper's equation; the authors' code
+minibatches of episodes, as ``fit_batch_episodes = B > 0`` does (each step on ``B``
+episodes drawn from the buffer, then each one's subset). The loss is the paper's equation; the authors' code
 regresses the subset's mean reward onto ``R / n`` instead (the same minimiser
 at a fixed length, each episode weighted by ``1 / n^2``). Their bias-corrected
 variant (``rrd_bias_correction``: the subset mean's variance subtracted, an
@@ -50,7 +51,7 @@ from coevo_jax.params import default_of, hyperparams, param
 from coevo_jax.registry import MethodSpec, register_method
 from coevo_jax.reward_net import RewardNetStatic, make_reward_net, reward_inputs
 from coevo_jax.signals.base import (
-    REFIT_STEPS, Signal, SignalParams, float_metrics, init_return_scale, return_rms,
+    REFIT_STEPS, Signal, SignalParams, each_action, float_metrics, init_return_scale, return_rms,
 )
 from coevo_jax.signals.ircr import IRCRState, ircr_streams
 from coevo_jax.signals.learned import RewardNetParams, pearson
@@ -83,6 +84,7 @@ def make_rrd(static, network, env, env_params) -> Signal:
     net = make_reward_net(static, env, env_params)
     window = ep.episode_window("max_episode_len", static.signal.max_episode_len, env, env_params)
     kept = ep.replay_episodes(static.signal.buffer_episodes, static.num_envs, static.rollout_len, env, env_params)
+    fit_batch = ep.check_fit_batch(static.signal.fit_batch_episodes, kept)
 
     def inputs(traj):
         return reward_inputs(traj, net.reward_input, net.obs_ndim)
@@ -113,20 +115,27 @@ def make_rrd(static, network, env, env_params) -> Signal:
         step_size = hp.signal.rrd_lr_ratio * policy.lr
         tx = make_optimizer(hp.signal.reward_max_grad_norm, step_size)
         steps = refit_steps(static.signal.reward_steps, static, hp)
+        episodes = ep.episode_minibatches((x, actions, mask, ret, buf.valid), buf.valid, fit_batch)
+        k_fit, k_diag = jax.random.split(key) if fit_batch else (key, None)
 
         def loss_fn(params, batch):
-            x_b, a_b, subset = batch
-            return rrd_loss(proxy(params, x_b, a_b), mask, subset, ret, buf.valid), {}
+            x_b, a_b, mask_b, ret_b, valid_b, subset = batch
+            return rrd_loss(proxy(params, x_b, a_b), mask_b, subset, ret_b, valid_b), {}
+
+        def sample(k):
+            """The buffer's (or ``fit_batch`` drawn) episodes, each with a fresh random subset of its steps."""
+            k_ep, k_sub = jax.random.split(k) if fit_batch else (k, k)
+            batch = episodes(k_ep)
+            return (*batch, random_subsets(k_sub, batch[2], hp.signal.rrd_subset))
 
         def refit(learner):
-            # full-batch steps, each with a fresh random subset of every episode's steps
-            sample = lambda k: (x, actions, random_subsets(k, mask, hp.signal.rrd_subset))  # noqa: E731
-            params, opt_state, ms = fit(loss_fn, *learner, tx, sample, key, steps=steps)
-            r = proxy(params, x, actions)
+            params, opt_state, ms = fit(loss_fn, *learner, tx, sample, k_fit, steps=steps)
+            x_d, a_d, mask_d, ret_d, valid_d = episodes(k_diag)  # the whole buffer, or a fresh minibatch
+            r = proxy(params, x_d, a_d)
             metrics = {"rrd_first_loss": ms["loss"][0], "rrd_loss": ms["loss"][-1],
                        "rrd_grad_norm": ms["grad_norm"][-1], "rrd_step_size": step_size, REFIT_STEPS: steps,
                        # the whole episode's decomposition against its return
-                       "buffer_corr": pearson((r * mask).sum(-1), ret, buf.valid)}
+                       "buffer_corr": pearson((r * mask_d).sum(-1), ret_d, valid_d)}
             return (params, opt_state), float_metrics(metrics)
 
         # fewer than hp.signal.min_refit_episodes complete episodes: no step, Adam's count untouched
@@ -141,7 +150,12 @@ def make_rrd(static, network, env, env_params) -> Signal:
         metrics = {"r_int_mean": r_hat.mean(), "r_int_var": r_hat.var(), "int_return_rms": return_rms(scale)}
         return state.replace(scale=scale), streams, float_metrics(metrics)
 
-    return Signal(init, observe, update, rewards)
+    def credit(state: IRCRState, traj, hp, probs):
+        """``r_hat`` (the linear output it pays) of every action: ``[T, N, A]``."""
+        x = inputs(traj)
+        return each_action(lambda a: proxy(state.params, x, a), x.shape[:2], probs.shape[-1])
+
+    return Signal(init, observe, update, rewards, credit)
 
 
 # ----------------------------------------------------------------------------- registration

@@ -1,29 +1,6 @@
-"""FourRooms: the four-rooms grid of Sutton, Precup and Singh (1999), "Between
-MDPs and semi-MDPs: a framework for temporal abstraction in reinforcement
-learning", with the exact wall layout of gymnax's ``FourRooms-misc``.
-
-A 13x13 grid including the outer walls (11x11 interior) holds four rooms joined
-by four one-cell doorways. Each episode the agent and the goal start on random
-cells of two *different* rooms (doorway cells belong to no room and are never
-start cells). Actions (``Discrete(4)``): 0 up, 1 right, 2 down, 3 left; a move
-into a wall leaves the agent in place. Moves are deterministic.
-
-Stepping onto the goal ends the episode (``terminated``) with reward
-``1 - 0.9 * t / max_steps`` (``t``: step count after the step); other steps pay
-0. ``max_steps`` defaults to 200.
-
-``info`` (same keys every step): ``success`` (bool), ``phase`` (int32, always 0)
-and ``dense_reward`` = reward + ``gamma * Phi(s') - Phi(s)`` (Ng, Harada and
-Russell 1999) with ``gamma = shaping_gamma``, ``Phi(s') = 0`` on the step that
-reaches the goal (on a time-out, ``Phi`` of the state reached) and
-``Phi = -shaping_scale * d / d_max`` in ``[-shaping_scale, 0]``, ``d`` the true
-shortest-path distance to the goal (read from an all-pairs table computed on
-the host at construction) and ``d_max = 20`` the largest one. Over an episode
-the discounted shaping sums to ``gamma**T Phi(s_T) [not terminated] - Phi(s_0)``.
-
-Observation, float32 ``(13 * 13 * 3,) = (507,)``: per cell (row-major
-``[y, x]``) one-hot channels ``[wall, goal, agent]``.
-"""
+"""FourRooms: the four-rooms grid of Sutton, Precup and Singh (1999), "Between MDPs and semi-MDPs: a
+framework for temporal abstraction in reinforcement learning", with the wall layout of gymnax's
+``FourRooms-misc``."""
 from __future__ import annotations
 
 import jax
@@ -65,10 +42,8 @@ UNREACHABLE = 10**4
 
 @struct.dataclass
 class FourRoomsParams(ShapedParams):
-    """``max_steps``: time limit ``T`` (also in the reward); ``shaping_scale``
-    (default 1.0) and ``shaping_gamma`` (default 0.99, set it to the learner's
-    discount): the shaping in ``info["dense_reward"]``, see
-    :class:`~envs_jax.grid._common.ShapedParams`. All are leaves."""
+    """``max_steps_in_episode``: the time limit ``T`` (also in the reward); ``shaping_scale``,
+    ``shaping_gamma``: see :class:`~envs_jax.grid._common.ShapedParams`. All leaves."""
 
     max_steps_in_episode: int = 200
 
@@ -109,7 +84,12 @@ def all_pairs_distances(walls: np.ndarray) -> np.ndarray:
 
 
 class FourRooms(Environment):
-    """Sutton-Precup-Singh four rooms, random agent and goal in different rooms."""
+    """Four rooms on a 13x13 grid (walls included) joined by one-cell doorways; agent and goal start in
+    two different rooms (never on a doorway). Actions ``Discrete(4)``: 0 up, 1 right, 2 down, 3 left (a
+    move into a wall stays put). The goal terminates with ``1 - 0.9 t / max_steps`` (default 200), else 0.
+    Observation float32 ``(13 * 13 * 3,)``: per cell (``[y, x]``) channels ``[wall, goal, agent]``.
+    ``info``: ``success``, ``phase`` (always 0), ``dense_reward = r + gamma Phi(s') - Phi(s)``
+    (:meth:`potential`; ``Phi(s') = 0`` on termination)."""
 
     optional_outputs = ("dense_reward", "success")
 
@@ -141,8 +121,8 @@ class FourRooms(Environment):
         return table[pos[1] * self.size + pos[0], goal[1] * self.size + goal[0]]
 
     def potential(self, state: FourRoomsState, params: FourRoomsParams | None = None) -> Array:
-        """Float32 ``()`` shaping potential ``Phi(state)`` in ``[-shaping_scale, 0]``
-        (0 on the goal)."""
+        """Float32 ``()`` ``Phi = -shaping_scale * d / d_max`` in ``[-shaping_scale, 0]``, ``d`` the
+        shortest-path distance to the goal (an all-pairs table computed at construction)."""
         params = self.default_params if params is None else params
         dist = self.distance(state.agent_pos, state.goal_pos)
         return potential(jnp.int32(0), dist, self.max_dist, num_phases=1, scale=params.shaping_scale)

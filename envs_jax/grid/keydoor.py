@@ -1,52 +1,10 @@
-"""KeyDoor: a jittable version of MiniGrid's DoorKey task
-(Chevalier-Boisvert et al., "Minimalistic Gridworld Environment for Gymnasium",
-https://github.com/Farama-Foundation/Minigrid, ``DoorKeyEnv``).
+"""KeyDoor: a jittable version of MiniGrid's DoorKey task (Chevalier-Boisvert et al., "Minimalistic
+Gridworld Environment for Gymnasium", ``DoorKeyEnv``), with absolute moves instead of turns.
 
-A ``size x size`` room *including* its outer wall (so ``KeyDoor-5x5`` has a 3x3
-interior, as MiniGrid's ``DoorKey-5x5``) is split by a vertical wall at a random
-interior column ``c in [2, size-3]``; the wall holds a locked door at a random
-interior row. The key and the agent (random facing) start on random distinct
-cells left of the wall; the goal is the bottom-right interior cell
-``(size-2, size-2)``. The agent must pick up the key, open the door and walk to
-the goal. Unlike MiniGrid the moves are absolute (no turn-left/turn-right):
-
-=====  ==========================================================================
-0..3   up, right, down, left: face that way, then step if the cell ahead is floor,
-       an *open* door or the goal (walls, the locked door and the key block)
-4      pickup: take the key if it lies in the faced cell
-5      toggle: open the locked door if it is the faced cell and the key is carried
-=====  ==========================================================================
-
-Reaching the goal ends the episode (``terminated``) with reward
-``1 - 0.9 * t / max_steps`` (``t``: step count after this step, MiniGrid's
-formula); every other step pays 0. ``max_steps`` defaults to MiniGrid's
-``10 * size**2``.
-
-``info`` (same keys every step): ``success`` (bool: the goal was reached on this
-step), ``phase`` (int32: 0 fetch key, 1 open door, 2 reach goal, of the state
-after the step) and ``dense_reward`` (float32): the reward plus potential-based
-shaping ``gamma * Phi(s') - Phi(s)`` (Ng, Harada and Russell 1999), with
-``gamma = shaping_gamma`` and ``Phi(s') = 0`` on the step that reaches the goal
-(on a time-out ``Phi(s')`` is that of the state reached). The potential is
-``Phi = -shaping_scale * (2 - phase + dist / max_dist) / 3``, ``dist`` the
-shortest grid distance to the current sub-goal (key, door, goal through the
-door) and ``max_dist = 3 * (size - 3)`` its largest value: minus the normalised
-distance still to go, in ``[-shaping_scale, 0]``, rising as the agent
-progresses and 0 at the goal. ``Phi`` depends on the state alone, so over an
-episode the discounted shaping sums to ``gamma**T Phi(s_T) [not terminated] -
-Phi(s_0)`` and, for a learner with the same ``gamma``, optimal policies are
-unchanged. (``env.potential(state, params)`` gives ``Phi``.)
-
-Observation, float32 ``(size * size * 6 + 5,)``: per cell (row-major ``[y, x]``)
-one-hot channels ``[wall, key, locked door, open door, goal, agent]``, then the
-agent's direction one-hot (4), then the carrying-key flag (1).
-
-Host-side ground truth: :func:`optimal_distances` (breadth-first search over
-``(x, y, direction, has_key, door_open)``), :func:`optimal_steps_to_goal`, and
-:func:`envs_jax.grid.optimal_advantage`: with reward ``1 - 0.9 t / T`` the
-optimal value is ``V*(s_t) = 1 - 0.9 (t + d(s_t)) / T``, so a non-terminal step
-has optimal advantage ``-0.9 / T * (1 + d(s_{t+1}) - d(s_t))``.
-"""
+A ``size x size`` room (outer wall included) is split by a wall with a locked door; the agent must
+pick up the key, open the door and reach the goal. Host-side ground truth: :func:`optimal_distances`,
+:func:`optimal_steps_to_goal` and :func:`envs_jax.grid.optimal_advantage`. Design notes:
+``docs/design.md``."""
 from __future__ import annotations
 
 import jax
@@ -78,24 +36,17 @@ UP, RIGHT, DOWN, LEFT, PICKUP, TOGGLE = range(6)
 
 @struct.dataclass
 class KeyDoorParams(ShapedParams):
-    """``max_steps``: time limit ``T`` (also in the reward); ``shaping_scale``
-    (default 1.0) and ``shaping_gamma`` (default 0.99, set it to the learner's
-    discount): the shaping in ``info["dense_reward"]``, see
-    :class:`~envs_jax.grid._common.ShapedParams`. All are leaves."""
+    """``max_steps_in_episode``: the time limit ``T`` (also in the reward); ``shaping_scale``,
+    ``shaping_gamma``: see :class:`~envs_jax.grid._common.ShapedParams`. All leaves."""
 
     max_steps_in_episode: int = 250
 
 
 @struct.dataclass
 class KeyDoorState(EnvState):
-    """One episode's state (unbatched shapes; positions are ``(x, y)`` int32).
-
-    ``walls``: bool ``(size, size)`` indexed ``[y, x]`` (outer wall plus the
-    splitting wall; the door cell is not a wall). ``agent_dir``: int32 ``()``,
-    0 up 1 right 2 down 3 left. ``has_key``/``door_open``: bool ``()``. The key
-    stays recorded at ``key_pos`` after it is picked up (it is then off the
-    grid). ``time``: int32 ``()`` steps taken in this episode.
-    """
+    """One episode, unbatched; positions ``(x, y)`` int32. ``walls``: bool ``(size, size)`` ``[y, x]``
+    (the door cell is not a wall); ``agent_dir``: 0 up 1 right 2 down 3 left; ``key_pos`` stays set
+    after the pick-up."""
 
     walls: Array
     agent_pos: Array
@@ -114,9 +65,8 @@ def phase_of(state: KeyDoorState) -> Array:
 
 
 def subgoal_distance(state: KeyDoorState) -> Array:
-    """Int32 ``()`` shortest grid distance (moves, ignoring facing) to the current
-    sub-goal: the key (phase 0), the door (phase 1), the goal through the door
-    (phase 2)."""
+    """Int32 ``()`` grid distance (moves, facing ignored) to the current sub-goal: the key, the door,
+    or the goal through the door."""
     to_key = manhattan(state.agent_pos, state.key_pos)
     to_door = manhattan(state.agent_pos, state.door_pos)
     left_of_wall = state.agent_pos[0] < state.door_pos[0]
@@ -130,9 +80,7 @@ def subgoal_distance(state: KeyDoorState) -> Array:
 
 
 def max_subgoal_distance(size: int) -> float:
-    """The largest :func:`subgoal_distance` on a ``size`` grid: ``3 * (size - 3)``,
-    reached with the door open, the agent in a far corner of the left room and
-    the door at the far end of the wall from it."""
+    """The largest :func:`subgoal_distance` on a ``size`` grid, ``3 * (size - 3)``."""
     return float(3 * (size - 3))
 
 
@@ -167,7 +115,7 @@ def transition(state: KeyDoorState, action: Array) -> KeyDoorState:
 
 
 def observe(state: KeyDoorState) -> Array:
-    """Float32 ``(size * size * 6 + 5,)`` observation (see the module docstring)."""
+    """Float32 ``(size * size * 6 + 5,)`` observation (see :class:`KeyDoor`)."""
     n = state.walls.shape[0]
     door = cell_mask(state.door_pos, n)
     grid = jnp.stack(
@@ -225,10 +173,17 @@ def sample_layout(key: Array, size: int) -> KeyDoorState:
 
 # ----------------------------------------------------------------------------- environment
 class KeyDoor(Environment):
-    """MiniGrid DoorKey-like task on a ``size x size`` grid (outer wall included).
+    """MiniGrid DoorKey-like task on a ``size x size`` grid (outer wall included, ``size >= 5``).
 
-    ``size`` fixes array shapes, so it lives here rather than in the params.
-    """
+    The wall stands at a random interior column ``c in [2, size-3]`` with the locked door at a random
+    row; key and agent (random facing) start on distinct cells left of it; the goal is ``(size-2,
+    size-2)``. Actions ``Discrete(6)``: 0..3 up, right, down, left (face that way, then step onto floor,
+    an open door or the goal), 4 pick up the key ahead, 5 open the locked door ahead with the key.
+    Reaching the goal terminates with ``1 - 0.9 t / max_steps`` (MiniGrid's; default ``max_steps = 10 *
+    size**2``), else 0. Observation float32 ``(size * size * 6 + 5,)``: per cell (``[y, x]``) channels
+    ``[wall, key, locked door, open door, goal, agent]``, the direction one-hot (4), the carrying-key
+    flag. ``info``: ``success``, ``phase`` (0 fetch key, 1 open door, 2 reach goal, after the step),
+    ``dense_reward = r + gamma Phi(s') - Phi(s)`` (:meth:`potential`; ``Phi(s') = 0`` on termination)."""
 
     optional_outputs = ("dense_reward", "success")
 
@@ -250,8 +205,8 @@ class KeyDoor(Environment):
         return Box(0.0, 1.0, (obs_size(self.size),), jnp.float32)
 
     def potential(self, state: KeyDoorState, params: KeyDoorParams | None = None) -> Array:
-        """Float32 ``()`` shaping potential ``Phi(state)`` in ``[-shaping_scale, 0]``
-        used in ``info["dense_reward"]`` (the goal state has ``Phi = 0``)."""
+        """Float32 ``()`` ``Phi = -shaping_scale * (2 - phase + dist / max_dist) / 3`` in
+        ``[-shaping_scale, 0]`` (0 at the goal; :func:`subgoal_distance`, :func:`max_subgoal_distance`)."""
         params = self.default_params if params is None else params
         return potential(phase_of(state), subgoal_distance(state), self.max_dist, NUM_PHASES, params.shaping_scale)
 
@@ -271,8 +226,8 @@ class KeyDoor(Environment):
         return observe(nxt), nxt, reward, success, info
 
     def render(self, state: KeyDoorState, params=None) -> str:
-        """Text drawing: ``#`` wall, ``K`` key, ``D`` locked door, ``/`` open door,
-        ``G`` goal, ``^>v<`` agent, ``.`` floor; then a ``carrying key: yes/no`` line."""
+        """Text drawing (``#`` wall, ``K`` key, ``D`` locked door, ``/`` open door, ``G`` goal,
+        ``^>v<`` agent, ``.`` floor) and a ``carrying key: yes/no`` line."""
         s = jax.tree.map(np.asarray, state)
         walls = s.walls
         rows = [["#" if walls[y, x] else "." for x in range(walls.shape[1])] for y in range(walls.shape[0])]
@@ -291,14 +246,11 @@ class KeyDoor(Environment):
 
 # ----------------------------------------------------------------------------- host-side ground truth
 def config_transitions(state: KeyDoorState):
-    """Numpy model of the dynamics over every configuration of ``state``'s layout.
+    """NumPy model of the dynamics over every configuration of one unbatched ``state``'s layout.
 
-    Configurations are ``(x, y, direction, has_key, door_open)`` in a grid of
-    shape ``(size, size, 4, 2, 2)``, flattened C-order. Returns ``(valid,
-    terminal, nxt)``: bool ``(n,)`` (the agent is not in a wall, on the key
-    lying on the floor, or in the locked door), bool ``(n,)`` (valid and on the
-    goal) and int ``(n, 6)`` the configuration each action leads to.
-    """
+    Configurations ``(x, y, direction, has_key, door_open)``, shape ``(size, size, 4, 2, 2)`` flattened
+    C-order. Returns ``(valid, terminal, nxt)``: bool ``(n,)`` (not in a wall, on the lying key or in the
+    locked door), bool ``(n,)`` (valid and on the goal), int ``(n, 6)`` the successor per action."""
     s = jax.tree.map(np.asarray, state)
     if s.walls.ndim != 2:
         raise ValueError("config_transitions expects one unbatched state")
@@ -333,16 +285,9 @@ def config_transitions(state: KeyDoorState):
 
 
 def optimal_distances(state: KeyDoorState) -> np.ndarray:
-    """Minimal number of actions to the goal from every configuration of the
-    layout of one unbatched ``state``.
-
-    Level-by-level breadth-first search (backwards from the goal) over
-    ``(x, y, direction, has_key, door_open)``. Returns float64
-    ``(size, size, 4, 2, 2)`` indexed ``[x, y, direction, has_key, door_open]``;
-    0 on the goal, ``np.inf`` for configurations that cannot reach the goal or
-    are impossible (agent in a wall, on the key lying on the floor, in the
-    locked door).
-    """
+    """Float64 ``(size, size, 4, 2, 2)`` ``[x, y, direction, has_key, door_open]``: the fewest actions
+    to the goal from each configuration of one unbatched ``state``'s layout (backward BFS); 0 on the
+    goal, ``inf`` where unreachable or impossible."""
     valid, terminal, nxt = config_transitions(state)
     dist = np.full(valid.shape, np.inf)
     dist[terminal] = 0.0
@@ -364,7 +309,6 @@ def config_of(state: KeyDoorState) -> tuple[int, int, int, int, int]:
 
 
 def optimal_steps_to_goal(state: KeyDoorState) -> int:
-    """Minimal number of actions from ``state`` (one, unbatched) to the goal;
-    ``-1`` if the goal cannot be reached."""
+    """Fewest actions from one unbatched ``state`` to the goal; ``-1`` if unreachable."""
     d = optimal_distances(state)[config_of(state)]
     return int(d) if np.isfinite(d) else -1

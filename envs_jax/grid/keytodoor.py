@@ -1,79 +1,13 @@
-"""KeyToDoor: the three-phase Key-to-Door task with distractor rewards, a
-credit-assignment benchmark (Hung et al. 2019, "Optimizing agent behavior over
-long time scales by transporting value"; Raposo et al. 2021, "Synthetic returns
-for long-term credit assignment"; Mesnard et al. 2021, "Counterfactual credit
+"""KeyToDoor: the three-phase Key-to-Door credit-assignment task with distractor rewards (Hung et al.
+2019, "Optimizing agent behavior over long time scales by transporting value"; Raposo et al. 2021,
+"Synthetic returns for long-term credit assignment"; Mesnard et al. 2021, "Counterfactual credit
 assignment in model-free reinforcement learning").
 
-An episode is three rooms visited in turn; each phase lasts a fixed number of
-steps, after which the agent is teleported into the next room, whatever it did:
-
-1. **key room** (``key_steps`` steps): the agent may pick up a key by stepping
-   onto it. Nothing is paid.
-2. **apple room** (``apple_steps`` steps): ``num_apples`` apples lie on random
-   cells; stepping onto one eats it and pays a reward drawn uniformly from
-   ``[0, 2 * apple_reward]`` (mean ``apple_reward``). These distractor rewards
-   depend on nothing from phase 1; their variance (from the draws and from how
-   many apples are eaten) swamps the key's effect on the return.
-   ``apple_reward = 0`` removes them (the sanity setting).
-3. **door room** (``door_steps`` steps): a door on a random cell. Stepping onto
-   it while carrying the key opens it: reward ``door_reward`` and the episode
-   ends (``terminated``, ``info["success"]``). Without the key the door blocks
-   the way like a wall. With ``door_ends_episode = 0`` every episode has the
-   fixed horizon ``max_steps`` instead: the opened door vanishes, the agent
-   stays in the room until the time limit, nothing more is paid, and
-   ``info["success"]`` stays true (the setting of return-redistribution
-   methods tuned on fixed-horizon tasks, such as IRCR: there a per-step reward
-   that is never negative does not pay the agent for delaying the door).
-
-The time limit ``max_steps`` defaults to ``key_steps + apple_steps +
-door_steps`` (the end of phase 3 is a time-out: ``truncated``). Every room is an
-``size x size`` open grid (no inner walls; a move off the grid leaves the agent
-in place). Actions (``Discrete(4)``): 0 up, 1 right, 2 down, 3 left. Start cells
-(agent in each room, key, apples, door) are drawn at reset, all distinct
-within a room.
-
-The decision that matters is the key pick-up in phase 1; it pays only in
-phase 3, more than ``apple_steps`` steps later, behind the apples' noise.
-
-``info`` (same keys every step): ``success`` (bool: the door is open after this
-step), ``key_picked`` (bool: the key was taken on this step; the ground truth of
-the decision that matters), ``phase`` (int32 0, 1, 2 of the state after the
-step) and ``dense_reward`` (the oracle): the reward plus potential-based
-shaping ``gamma * Phi(s') - Phi(s)`` (Ng, Harada and Russell 1999) with
-``Phi = -shaping_scale * door_reward * (1 - has_key)`` and ``Phi(s') = 0`` on
-the step that opens the door: picking up the key pays ``shaping_scale *
-door_reward`` at once, the door's payoff carried back to the decision that
-earns it (Hung et al.'s "transported value"), while the door still pays as
-before. Over an episode the discounted shaping sums to ``gamma**T Phi(s_T)
-[not terminated] - Phi(s_0)`` (optimal policies unchanged for a learner with
-the same ``gamma``). ``env.potential(state, params)`` gives ``Phi``.
-
-Observation, float32 ``(size * size * 4 + 5,)``: the current room, per cell
-(row-major ``[y, x]``) one-hot channels ``[agent, key, apple, door]`` (the key
-only in phase 1 while on the floor, apples only in phase 2, the door only in
-phase 3), then the phase one-hot (3), the carrying-key flag (1) and the
-fraction of the current phase elapsed (1). With ``show_carrying = 0`` (the
-default, as in the papers) the carrying flag reads 0 outside the key room:
-after phase 1 nothing in the observation tells whether the key was taken, so
-a critic cannot carry the door's value back to the pick-up by bootstrapping
-(temporal-difference credit has to cross the whole apple phase); with
-``show_carrying = 1`` it is always shown.
-
-**The memory version** (``KeyToDoor(colors=2)``, registered as ``KeyToDoor-Match``,
-after the "active visual match" of Hung et al. 2019): the key has one of two colours,
-drawn at reset and shown only in the key room, and the door room holds two doors, one
-of each colour, on random cells. The door of the key's colour opens as above; stepping
-onto the other ends the episode with nothing (``terminated``, no success). Nothing after
-phase 1 shows the key's colour, so a policy without memory picks the right door at
-best half the time: it must remember what it picked up. The observation gains a fifth
-channel, ``colour 1`` (the key in the key room, a door in the door room, where their
-colour is 1); ``door`` marks both doors. Requires ``door_ends_episode = 1``.
-
-Host-side ground truth: :func:`key_pickups` (the steps that took the key, from
-observations and actions) and :func:`key_credit` (the door's payoff on those
-steps: the optimal advantage of taking the key over leaving it when the door
-can be reached in phase 3, as it always can in the default settings).
-"""
+Three rooms in turn, each for a fixed number of steps: the key room (a key to pick up, nothing paid),
+the apple room (apples paying ``U[0, 2 * apple_reward]``, independent of phase 1) and the door room
+(the door pays ``door_reward`` only to an agent carrying the key). ``KeyToDoor(colors=2)``
+(``KeyToDoor-Match``) is the memory version. Host-side ground truth: :func:`key_pickups`,
+:func:`key_credit`. Design notes: ``docs/design.md``."""
 from __future__ import annotations
 
 import jax
@@ -94,19 +28,11 @@ PHASE_NAMES = ("key", "apples", "door")
 
 @struct.dataclass
 class KeyToDoorParams(ShapedParams):
-    """All leaves (sweepable under ``jax.vmap``).
-
-    ``key_steps``, ``apple_steps``, ``door_steps``: the phase lengths;
-    ``max_steps``: the time limit (by default their sum); ``num_apples``: apples
-    in the apple room (at most ``size**2 - 1``); ``apple_reward``: the mean
-    payoff of an apple (each pays ``U[0, 2 * apple_reward]``; 0: no
-    distractor reward); ``door_reward``: the payoff of opening the door with
-    the key; ``shaping_scale`` and ``shaping_gamma``: the oracle's shaping
-    (see the module docstring and :class:`~envs_jax.grid._common.ShapedParams`);
-    ``show_carrying``: 1 to observe the carrying flag in every phase, 0 (default)
-    in the key room only; ``door_ends_episode``: 1 (default) the opened door
-    terminates the episode, 0 the episode runs to ``max_steps`` (fixed horizon).
-    """
+    """All leaves (sweepable under ``jax.vmap``): the phase lengths ``key_steps``, ``apple_steps``,
+    ``door_steps`` (``max_steps_in_episode`` defaults to their sum); ``num_apples`` (at most
+    ``size**2 - 1``); ``apple_reward`` (mean apple payoff, 0: no distractors); ``door_reward``;
+    ``show_carrying`` (1: the carrying flag in every phase, 0: key room only); ``door_ends_episode``
+    (0: fixed horizon); ``shaping_*`` as :class:`~envs_jax.grid._common.ShapedParams`."""
 
     max_steps_in_episode: int = 30
     key_steps: int = 6
@@ -121,15 +47,9 @@ class KeyToDoorParams(ShapedParams):
 
 @struct.dataclass
 class KeyToDoorState(EnvState):
-    """One episode (unbatched; positions ``(x, y)`` int32 ``(2,)``).
-
-    ``starts``: int32 ``(3, 2)`` the agent's start cell in each room;
-    ``apples``: bool ``(size, size)`` ``[y, x]`` the apples not yet eaten;
-    ``has_key``: bool ``()``; ``time``: int32 ``()`` steps taken; ``door_pos``
-    is ``(-1, -1)`` once the door is open (only with ``door_ends_episode = 0``);
-    ``key_color``: int32 ``()`` (0 unless ``colors = 2``); ``other_door``: the door
-    of the other colour (``(-1, -1)``, off the grid, unless ``colors = 2``).
-    """
+    """One episode, unbatched; positions ``(x, y)`` int32 ``(2,)``, ``(-1, -1)`` when absent (an
+    opened door; ``other_door`` unless ``colors = 2``). ``starts`` ``(3, 2)``: the agent's start per room;
+    ``apples`` bool ``(size, size)`` ``[y, x]``: apples not yet eaten."""
 
     agent_pos: Array
     starts: Array
@@ -159,13 +79,8 @@ def phase_fraction(time: Array, params: KeyToDoorParams) -> Array:
 
 
 def sample_layout(key: Array, size: int, params: KeyToDoorParams, colors: int = 1) -> KeyToDoorState:
-    """A random episode start (``time = 0``, agent in the key room); jittable.
-
-    One random order of the cells per room: the key room's first cell is the
-    agent's start and its second the key; the apple room's first the agent's
-    start and the next ``num_apples`` the apples; the door room's first the
-    agent's start, its second the door (of the key's colour) and, with
-    ``colors = 2``, its third the other door; the key's colour is a fair coin."""
+    """A random episode start (``time = 0``), jittable: distinct cells per room from one random
+    permutation each (agent, then key / apples / doors); the key's colour is a fair coin."""
     cells = size * size
     order = jnp.argsort(jax.random.uniform(key, (NUM_PHASES, cells)), axis=-1).astype(jnp.int32)
     to_pos = lambda i: jnp.stack([i % size, i // size], axis=-1).astype(jnp.int32)
@@ -223,10 +138,8 @@ def door_open(state: KeyToDoorState) -> Array:
 
 
 def transition(key: Array, state: KeyToDoorState, action: Array, params: KeyToDoorParams):
-    """One step: ``(next state, reward, opened, picked, wrong)``; ``time`` advanced, the
-    agent teleported to the next room's start when the step ends a phase, an
-    opened door moved off the grid (``opened``: on this step; ``wrong``: the step
-    went onto the other colour's door)."""
+    """One step: ``(next state, reward, opened, picked, wrong)`` (``wrong``: onto the other colour's
+    door); the agent moves to the next room's start when the step ends a phase."""
     n = state.apples.shape[0]
     phase = phase_of(state.time, params)
     front = jnp.clip(state.agent_pos + jnp.asarray(DIRS)[jnp.asarray(action, jnp.int32)], 0, n - 1)
@@ -253,10 +166,17 @@ def transition(key: Array, state: KeyToDoorState, action: Array, params: KeyToDo
 
 # ----------------------------------------------------------------------------- environment
 class KeyToDoor(Environment):
-    """Key-to-Door with distractor apples on ``size x size`` rooms (see the module docstring).
+    """Key-to-Door on ``size x size`` open rooms (a move off the grid stays put); ``size`` and
+    ``colors`` fix shapes, the rest is :class:`KeyToDoorParams`. ``ValueError`` on invalid settings.
 
-    ``size`` fixes array shapes, so it lives here; everything else is in the params.
-    """
+    Actions ``Discrete(4)``: 0 up, 1 right, 2 down, 3 left. Observation float32 ``(obs_size(size,
+    colors),)``: the current room's cells (row-major ``[y, x]``), channels ``[agent, key, apple, door]``
+    (plus ``colour 1`` when ``colors = 2``), then the phase one-hot (3), the carrying-key flag and the
+    fraction of the phase elapsed. The door blocks like a wall without the key; opened, it terminates
+    (``door_ends_episode = 0``: it vanishes and the episode runs to the time limit). With ``colors = 2``
+    the door of the key's colour opens and the other terminates with nothing. ``info``: ``success``,
+    ``key_picked`` (this step took the key), ``phase`` (after the step) and ``dense_reward``
+    (``r + gamma Phi(s') - Phi(s)``, :meth:`potential`; ``Phi(s') = 0`` on a terminating step)."""
 
     optional_outputs = ("dense_reward", "success")
 
@@ -316,8 +236,8 @@ class KeyToDoor(Environment):
         return observe(nxt, params, self.colors), nxt, reward, terminated, info
 
     def render(self, state: KeyToDoorState, params=None) -> str:
-        """Text drawing of the current room: ``A`` agent, ``K`` key, ``a`` apple,
-        ``D`` door, ``.`` floor; then a ``phase: <name>, carrying key: yes/no`` line."""
+        """Text drawing of the current room (``A`` agent, ``K`` key, ``a`` apple, ``D`` door, ``X``
+        the other door, ``.`` floor) and a phase / carrying-key line."""
         params = self.default_params if params is None else params
         s = jax.tree.map(np.asarray, state)
         phase = int(phase_of(s.time, params))
@@ -340,9 +260,8 @@ class KeyToDoor(Environment):
 
 # ----------------------------------------------------------------------------- host-side ground truth
 def key_pickups(obs: np.ndarray, action: np.ndarray, size: int, colors: int = 1) -> np.ndarray:
-    """Bool ``[...]``: the steps that took the key, from observations ``[..., D]``
-    and the actions taken ``[...]``: in the key room, with the key on the floor,
-    a move onto its cell (nothing blocks a move there, so the move takes it)."""
+    """Bool ``[...]``: the steps that took the key, from observations ``[..., D]`` and actions
+    ``[...]`` (a move onto the key's cell in the key room while it lies there)."""
     obs, action = np.asarray(obs), np.asarray(action)
     n, channels = size, NUM_CHANNELS + colors - 1
     grid = obs[..., : n * n * channels].reshape(obs.shape[:-1] + (n * n, channels))
@@ -357,8 +276,6 @@ def key_pickups(obs: np.ndarray, action: np.ndarray, size: int, colors: int = 1)
 
 
 def key_credit(obs: np.ndarray, action: np.ndarray, size: int, door_reward: float, colors: int = 1) -> np.ndarray:
-    """Float64 ``[...]``: the ground-truth credit of each step for the door's payoff:
-    ``door_reward`` on the steps that took the key (:func:`key_pickups`), 0
-    elsewhere (the optimal advantage of taking the key over leaving it, when the
-    door can be reached)."""
+    """Float64 ``[...]``: ground-truth credit, ``door_reward`` on the steps that took the key
+    (:func:`key_pickups`), 0 elsewhere."""
     return np.where(key_pickups(obs, action, size, colors), float(door_reward), 0.0)

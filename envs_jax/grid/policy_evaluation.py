@@ -1,26 +1,6 @@
-"""Exact policy evaluation on KeyDoor (host NumPy): the advantage ``A^pi`` of any policy.
-
-A KeyDoor layout (wall column, door row, key cell) has few configurations
-``(x, y, direction, has_key, door_open)`` and deterministic dynamics
-(:func:`envs_jax.grid.keydoor.config_transitions`), so the values of a
-stationary policy ``pi(a | c)`` follow exactly from backward induction over
-the episode clock ``t`` (the reward ``1 - 0.9 (t + 1) / T`` of the step that
-reaches the goal depends on it, and the episode is cut at ``T``)::
-
-    V_T(c) = 0
-    Q_t(c, a) = r_t(c, a) + gamma * [c' is not the goal] * V_{t+1}(c'),   c' = next(c, a)
-    V_t(c) = sum_a pi(a | c) Q_t(c, a),      A_t(c, a) = Q_t(c, a) - V_t(c)
-
-:func:`expected_gae` gives, by the same recursion, what PPO's GAE(lambda)
-advantage estimates in expectation for a critic ``V_hat``: the mean of
-``sum_k (gamma lambda)^k delta_{t+k}`` over the policy's continuations, with
-``delta = r + gamma [not goal] V_hat(c') - V_hat(c)`` and the chain cut at the
-time limit (where GAE stops and bootstraps), not at rollout boundaries.
-
-:func:`keydoor_layouts` enumerates every layout ``sample_layout`` can draw and
-:func:`layout_model` the configurations reachable from its starts, with
-their observations (the set of states credit is scored on).
-"""
+"""Exact policy evaluation on KeyDoor (host NumPy): ``Q^pi``, ``A^pi`` and the expected GAE of any
+stationary policy by finite-horizon backward induction over one layout's configurations
+(:func:`layout_model`; :func:`keydoor_layouts` lists every layout). Derivation: ``docs/design.md``."""
 from __future__ import annotations
 
 import dataclasses
@@ -34,9 +14,8 @@ NUM_ACTIONS = 6
 
 
 def keydoor_layouts(size: int) -> list[KeyDoorState]:
-    """Every layout of a ``size`` KeyDoor (unbatched NumPy states, agent on the key's
-    cell as a placeholder): wall column ``2 .. size-3``, door row ``1 .. size-2``,
-    key on any cell left of the wall. ``KeyDoor-5x5`` has 9, ``6x6`` 48."""
+    """Every layout of a ``size`` KeyDoor as unbatched NumPy states (agent on the key's cell as a
+    placeholder): wall column ``2 .. size-3``, door row ``1 .. size-2``, key left of the wall."""
     ys, xs = np.arange(size)[:, None], np.arange(size)[None, :]
     border = (xs == 0) | (ys == 0) | (xs == size - 1) | (ys == size - 1)
     out = []
@@ -55,14 +34,9 @@ def keydoor_layouts(size: int) -> list[KeyDoorState]:
 
 @dataclasses.dataclass(frozen=True)
 class LayoutModel:
-    """The tabular model of one layout over its ``C`` reachable non-goal configurations.
-
-    ``flat [C]``: each configuration's index in the ``(size, size, 4, 2, 2)``
-    grid of :func:`config_transitions`; ``nxt [C, 6]``: the configuration each
-    action leads to (row index; 0 where ``goal``); ``goal [C, 6]``: the action
-    reaches the goal (ends the episode); ``start [C]``: a possible first state;
-    ``obs [C, D]``: float32 observations.
-    """
+    """The tabular model of one layout over its ``C`` reachable non-goal configurations: ``flat [C]``
+    index in :func:`config_transitions`' grid; ``nxt [C, 6]`` successor row (0 where ``goal``);
+    ``goal [C, 6]`` the action reaches the goal; ``start [C]`` a possible first state; ``obs [C, D]``."""
 
     flat: np.ndarray
     nxt: np.ndarray
@@ -72,8 +46,7 @@ class LayoutModel:
 
 
 def start_configs(layout: KeyDoorState) -> np.ndarray:
-    """Bool ``(size, size, 4, 2, 2)``: where an episode of ``layout`` may begin
-    (any facing, any cell left of the wall but the key's, no key, door locked)."""
+    """Bool ``(size, size, 4, 2, 2)``: where an episode of ``layout`` may begin."""
     n = layout.walls.shape[0]
     start = np.zeros((n, n, 4, 2, 2), bool)
     wall_x, (kx, ky) = int(layout.door_pos[0]), (int(v) for v in layout.key_pos)
@@ -112,7 +85,7 @@ def layout_model(layout: KeyDoorState) -> LayoutModel:
 
 
 def _goal_reward(t: int, max_steps: int) -> float:
-    """The reward of reaching the goal on the step taken at time ``t`` (MiniGrid's ``1 - 0.9 (t+1) / T``)."""
+    """MiniGrid's ``1 - 0.9 (t+1) / T`` for reaching the goal on the step taken at time ``t``."""
     return 1.0 - 0.9 * (t + 1) / max_steps
 
 
@@ -136,9 +109,9 @@ def policy_advantages(pi: np.ndarray, model: LayoutModel, max_steps: int, gamma:
 
 def expected_gae(pi: np.ndarray, v_hat: np.ndarray, model: LayoutModel, max_steps: int, gamma: float,
                  gae_lambda: float, t0: int = 0) -> np.ndarray:
-    """``E_pi[GAE(lambda)]`` at ``(c, a)`` and time ``t0`` for critic values ``v_hat [C]``:
-    float64 ``[C, 6]`` (see the module docstring). ``lambda = 0`` gives the one-step
-    ``delta``; ``lambda = 1`` with ``v_hat = 0`` gives ``Q^pi``."""
+    """Float64 ``[C, 6]`` ``E_pi[GAE(lambda)]`` at ``(c, a)`` and time ``t0`` for critic values
+    ``v_hat [C]``; ``lambda = 0`` gives the one-step ``delta``, ``lambda = 1`` with ``v_hat = 0``
+    gives ``Q^pi``."""
     pi, v_hat = np.asarray(pi, np.float64), np.asarray(v_hat, np.float64)
     boot = np.where(model.goal, 0.0, gamma * v_hat[model.nxt]) - v_hat[:, None]
     g_next = np.zeros(len(model.flat))  # E_pi[GAE] of the next state, 0 past the time limit

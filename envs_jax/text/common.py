@@ -1,37 +1,6 @@
-"""Shared machinery of the token-level text environments (and, through
-:meth:`TextEnv.end_turn`, of their turn-level variants in :mod:`envs_jax.text.turns`);
-the vocabulary, buffer writes and grammar live in :mod:`envs_jax.text.tokens`.
-
-A text environment is a dialogue between the agent and a simulated partner (the
-"user"), written into a fixed-length int32 token buffer ``[L]``:
-
-    <user> hello <agent> ask cuisine <eot> <user> italian <agent> ...
-
-* The observation is the whole buffer; ``<pad>`` (id 0) fills every slot after
-  the write position, which is the number of non-pad tokens (the envs never
-  write ``<pad>`` inside the dialogue).
-* One action is one token (``Discrete(vocab_size)``), appended to the buffer.
-  The agent's turn ends at ``<eot>`` or after ``params.max_turn_tokens`` tokens;
-  the partner's reply ``<user> ... <agent>`` is then written in the same step
-  (the trailing ``<agent>`` marker is left out when the reply ends the episode).
-  An action that is ``<pad>``, ``<user>`` or ``<agent>`` is written as
-  ``<unk>`` (and makes the turn malformed), so the buffer stays well formed.
-* A turn is well formed iff its tokens, ``<eot>`` included, are exactly one of
-  the environment's utterances (a finite list, see :class:`Grammar`).
-* A step whose writes would leave no room for the next agent token is
-  truncated (``state.time`` is set to ``params.max_steps_in_episode`` and the base class
-  reports ``truncated``); failing the task is ``terminated``; never both.
-
-``info`` on every step: ``success`` (bool), ``dense_reward`` (float32: the
-reward plus each env's hand-designed turn-level bonus, paid on the step a turn
-ends; see each env for whether the bonus is potential-based),
-``turn_end`` (bool), ``invalid_turn`` (bool: a turn ended malformed on this
-step), ``turns`` (int32: agent turns completed in the episode so far) and
-``legal_mask`` (bool ``[vocab_size]``: the legal NEXT tokens for the returned
-observation, i.e. after any auto-reset; all True unless
-``params.use_legal_mask``). ``env.legal_mask(state, params)`` gives the same
-for a state, e.g. right after ``reset``.
-"""
+"""Shared machinery of the token-level dialogue environments (:class:`TextEnv`), also used by their
+turn-level variants (:mod:`envs_jax.text.turns`); vocabulary, buffer writes and grammar are in
+:mod:`envs_jax.text.tokens`."""
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -104,11 +73,9 @@ class TurnEnd:
 
 def advance_time(time: Array, new_pos: Array, room: int, buffer_len: int, terminated: Array,
                  max_steps: Array) -> Array:
-    """``time + 1``, or ``max_steps`` (so that the base class truncates) when a
-    running episode's buffer has fewer than ``room`` free slots left after
-    writing up to ``new_pos`` (``room`` = the most tokens the next step may
-    write before any reply: 1 token at token level, the longest utterance at
-    turn level). All int32 ``()``."""
+    """``time + 1``, or ``max_steps`` (so the base class truncates) when a running episode's buffer has
+    fewer than ``room`` free slots after writing up to ``new_pos`` (``room``: the most tokens the next
+    step may write before a reply: 1 at token level, the longest utterance at turn level)."""
     overflow = (new_pos + room > buffer_len) & jnp.logical_not(terminated)
     nxt = time + 1
     return jnp.where(overflow, jnp.maximum(nxt, jnp.asarray(max_steps, jnp.int32)), nxt).astype(jnp.int32)
@@ -133,16 +100,21 @@ def select_reply(cases: Sequence[tuple[Array, tuple[Array, Array]]], default: tu
 
 # ----------------------------------------------------------------------------- base env
 class TextEnv(Environment):
-    """Base of the token-level dialogue environments.
+    """Base of the token-level dialogue environments: a dialogue with a simulated partner written into
+    an int32 buffer ``[L]`` (``<user> hello <agent> ask cuisine <eot> <user> italian <agent> ...``).
 
-    Subclasses set ``vocab``, ``grammar``, ``state_cls``, ``reply_words`` (the
-    longest partner reply, role markers excluded) and ``buffer_len``, and
-    implement ``_init_task(key, params) -> (fields, words, n)`` (the task fields
-    of the state and the opening user message) and
-    ``_on_turn(key, state, utt, valid, params) -> TurnOutcome``; each also has
-    ``expert_utterance(state, params)`` (its scripted expert's next utterance
-    index) and ``expert_action`` (that utterance, one token per step).
-    """
+    The observation is the buffer, ``<pad>`` (0) after the write position (the non-pad count). One
+    action is one token (``Discrete(vocab_size)``); ``<pad>``, ``<user>``, ``<agent>`` are written as
+    ``<unk>``. The agent's turn ends at ``<eot>`` or after ``max_turn_tokens``; the partner's reply
+    ``<user> ... <agent>`` (no trailing marker when it ends the episode) is written in the same step. A
+    turn is well formed iff it is exactly one of the grammar's utterances. A step that leaves no room for
+    the next token truncates; failing the task terminates. ``info``: ``success``, ``dense_reward`` (the
+    reward plus the env's turn-level bonus), ``turn_end``, ``invalid_turn``, ``turns``, ``legal_mask``
+    (legal next tokens for the returned observation; all True unless ``params.use_legal_mask``).
+
+    Subclasses set ``vocab``, ``grammar``, ``state_cls``, ``reply_words`` (longest reply) and
+    ``buffer_len`` and implement ``_init_task(key, params) -> (fields, words, n)``, ``_on_turn(key,
+    state, utt, valid, params) -> TurnOutcome``, ``expert_utterance`` and ``expert_action``."""
 
     vocab: Vocab
     grammar: Grammar
@@ -201,14 +173,10 @@ class TextEnv(Environment):
 
     def end_turn(self, key: Array, state: TextState, buf: Array, pos: Array, utt: Array, valid: Array,
                  params: TextParams) -> TurnEnd:
-        """The partner's answer to a finished agent turn, shared by the token-level
-        step and the turn-level envs (:mod:`envs_jax.text.turns`).
-
-        ``buf`` [L] already holds the turn's tokens (``<eot>`` included) and ``pos``
-        is the write position after them; ``utt`` is the utterance index the turn
-        matched and ``valid`` whether it matched one. Counts the turn, applies
-        ``_on_turn`` and writes the reply ``<user> ... [<agent>]`` at ``pos``.
-        ``state.time`` is left to the caller."""
+        """The partner's answer to a finished agent turn (shared with :mod:`envs_jax.text.turns`): ``buf
+        [L]`` holds the turn (``<eot>`` included) up to ``pos``; ``utt`` is the matched utterance, ``valid``
+        whether one matched. Counts the turn, applies ``_on_turn``, writes the reply at ``pos``; ``state.time``
+        is the caller's."""
         counted = state.replace(
             turns=state.turns + 1,
             invalid_turns=state.invalid_turns + jnp.where(valid, 0, 1).astype(jnp.int32),

@@ -1,38 +1,5 @@
-"""Turn-level variants of the dialogue tasks: one action = one whole utterance.
-
-``Booking-Turns``, ``TwentyQuestions-Turns`` and ``TextMaze-Turns`` wrap the
-token-level env (``env.token_env``) of :mod:`envs_jax.text`:
-
-* the action is an index into the token-level env's utterance table
-  (``Discrete(len(env.grammar.utterances))``, in the order of
-  ``env.grammar.utterances``; indices outside the range are clipped);
-* the observation is the same dialogue token buffer: one step writes the
-  utterance's tokens (``<eot>`` included) and the partner's reply, exactly what
-  the token-level env writes after being fed those tokens one per step;
-* the partner, the rewards, ``success`` and ``dense_reward`` are the
-  token-level env's (:meth:`TextEnv.end_turn` runs the same ``_on_turn``), so
-  returns and success rates are comparable across the two levels; only the
-  discounting differs (one step per turn instead of one per token);
-* ``params`` are the token-level env's params class, with ``max_steps_in_episode``
-  counted in turns; ``max_turn_tokens`` and ``use_legal_mask`` do not apply
-  (every turn is a whole utterance). The default time limit is the number of
-  turns the default buffer holds in the worst case (see
-  :func:`turns_that_fit`): Booking 12, TwentyQuestions 10, TextMaze 12, so the
-  tasks' own limits (Booking's ``max_turns = 10``, TwentyQuestions'
-  ``max_questions = 6``) end episodes first and the buffer never fills up
-  with the defaults; only TextMaze episodes end by truncation at 12 turns (its
-  longest shortest path is 7 moves).
-
-A step whose writes would leave fewer free slots than the longest utterance is
-truncated (as at token level, where it is one slot for the next token).
-
-``info`` holds the token-level keys: ``success``, ``dense_reward``,
-``turn_end`` (always True), ``invalid_turn`` (always False), ``turns`` and
-``legal_mask``. The token-level legal mask encodes grammaticality, and every
-utterance is grammatical, so at turn level the mask is all True (declared so
-the optional outputs match the token-level env's). ``env.expert_action(state,
-params)`` is the token-level expert's choice as an utterance index (jittable).
-"""
+"""Turn-level variants of the dialogue tasks (``Booking-Turns``, ``TwentyQuestions-Turns``,
+``TextMaze-Turns``): one action is one whole utterance of the token-level env (:class:`TurnEnv`)."""
 from __future__ import annotations
 
 import jax
@@ -64,9 +31,16 @@ def turns_that_fit(token_env: TextEnv) -> int:
 
 
 class TurnEnv(Environment):
-    """The turn-level variant of a token-level :class:`TextEnv` (see the module
-    docstring). ``max_steps``: the default ``params.max_steps_in_episode`` in turns
-    (``None``: :func:`turns_that_fit`)."""
+    """The turn-level variant of a token-level :class:`TextEnv` (``env.token_env``).
+
+    The action indexes ``env.grammar.utterances`` (``Discrete(len(...))``, clipped); one step writes the
+    utterance (``<eot>`` included) and the partner's reply into the same token buffer, exactly as the
+    token-level env would. Partner, rewards, ``success`` and ``dense_reward`` are the token-level env's;
+    only the discounting differs. ``params``: the token-level class, ``max_steps_in_episode`` counted in
+    turns (``max_steps``; default :func:`turns_that_fit`); ``max_turn_tokens`` and ``use_legal_mask`` do
+    not apply. A step leaving fewer free slots than the longest utterance truncates. ``info``: the
+    token-level keys (``turn_end`` True, ``invalid_turn`` False, ``legal_mask`` all True).
+    ``expert_action``: the token-level expert as an utterance index."""
 
     optional_outputs = TextEnv.optional_outputs
 

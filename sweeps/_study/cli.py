@@ -137,12 +137,13 @@ def main(parser: OneLineParser, studies, report, argv=None) -> int:
                        lambda args, stages: report(args, stages[0]), argv)
 
 
-def staged_main(parser: OneLineParser, stages, report, argv=None) -> int:
+def staged_main(parser: OneLineParser, stages, report, argv=None, figures=None) -> int:
     """:func:`main` for a script whose studies depend on earlier ones (e.g. tune, then evaluate).
 
     ``stages``: ``[(name, build(args, earlier) -> [Study, ...]), ...]``; ``earlier`` is the list of
     the finished stages' results (one list of ``StudyReport`` per stage). Stage ``name`` writes to
     ``--out/<name>`` (``""``: ``--out`` itself). ``report(args, results_per_stage) -> str``.
+    ``figures(args) -> [png]``: what ``--publish`` copies (default: every study folder's figures).
     """
     from coevo_jax.runtime import use_safe_xla_flags
 
@@ -167,7 +168,7 @@ def staged_main(parser: OneLineParser, stages, report, argv=None) -> int:
         text = report(args, done)
         print(text)
         if args.publish:
-            path = _publish(parser, argv, args, text, done, None if args.replot else time.time() - t0)
+            path = _publish(parser, argv, args, text, done, None if args.replot else time.time() - t0, figures)
             print(f"\nreport published to {path}")
     except (ConfigError, StudyError) as e:
         print(f"{parser.prog}: error: {str(e).splitlines()[0]}", file=sys.stderr)
@@ -182,7 +183,7 @@ def staged_main(parser: OneLineParser, stages, report, argv=None) -> int:
     return 0
 
 
-def _publish(parser, argv, args, text: str, done: list, wall_s) -> str:
+def _publish(parser, argv, args, text: str, done: list, wall_s, figures=None) -> str:
     """Write the printed report as ``--publish``'s ``<script>.md`` (see :mod:`_study.publish`)."""
     from _study import publish
 
@@ -190,5 +191,5 @@ def _publish(parser, argv, args, text: str, done: list, wall_s) -> str:
     title = " ".join((parser.description or name).strip().split("\n\n")[0].split()).rstrip(".")  # first paragraph
     outs = [r.out for stage in done for r in stage]
     return publish.write_report(args.publish, name, title, publish.command_line(f"sweeps/{parser.prog}", argv), text,
-                                publish.study_figures(outs), wall_s,
+                                publish.study_figures(outs) if figures is None else figures(args), wall_s,
                                 repo=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))

@@ -22,21 +22,17 @@ Scored per run (:func:`choice_scores`) on those ``K x K`` pairs:
   a wrong action at the choice, mean over the cues: how often the replay holds a wrong
   choice (about ``buffer_episodes * p / (K * (K - 1))`` replayed episodes per wrong pair).
 
-Which reward (:func:`choice_rewards`): R_phi's ``tanh`` output for the
-co-evolution methods (what the policy is paid, times ``beta_int``), IRCR's
-linear guidance reward, RRD's linear proxy reward, ``q-advantage``'s credit ``Q(h, a) - sum_b pi(b | h)
-Q(h, b)`` under the policy of the same snapshot, ``hca``'s credit ``(1 - pi(a | x) / h(a | x, Z)) Z`` of a
-successful episode (``Z = outcome_reward``; a failure's ``Z = 0`` pays no hindsight credit), under the
-same snapshot's policy and the method's default ratio clip; ``cca``'s credit ``Q(x, Phi, a) - sum_b pi(b | x)
-Q(x, Phi, b)`` with ``Phi`` read from the pair's whole episode, noise-free and successful (the luck held
-fixed; :func:`cca_choice_rewards`). On the memory chain
-(``hide_cue``) the later pairs show no cue, as the env does. On features input (``reward_input="features"``) R_phi
-reads the policy's hidden state of the pair's observation; a recurrent policy's
-(:mod:`coevo_jax.recurrent`) after the episode's observations up to that step
-(:func:`choice_histories`: at a later step it may remember the cue). SIOP's credit and
-PPO's critic are functions of the state: the states after the choice do not
-show it (``show_choice = 0``), so at the choice step they pay every action of
-a cue the same; they have no row here by construction.
+Which reward (:func:`choice_rewards`): what the method itself says it pays, its signal's
+``credit`` (:class:`~coevo_jax.signals.base.CreditFn`, the reward before ``beta_int`` and
+normalisation), read at the pair's step and action (:func:`pair_credit`); a method without one has
+no row (:class:`ValueError`). Each pair's episode is a :class:`~coevo_jax.rollout.Trajectory`
+(:func:`history_trajectory`): the whole chain of its cue (:func:`choice_histories` to the last step;
+the observations do not depend on the action), without distractor noise, a success (the outcome paid
+at the end), the features and probabilities of the snapshot's own policy along it (a recurrent
+policy's from a fresh carry: at a later step it may remember the cue). On the memory chain
+(``hide_cue``) the later pairs show no cue, as the env does. A credit that is a function of the
+state alone (a potential's, a critic's) has no row by construction: the states after the choice do
+not show it (``show_choice = 0``), so at the choice step it pays every action of a cue the same.
 """
 from __future__ import annotations
 
@@ -44,13 +40,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from coevo_jax.config import default_hparams
+from coevo_jax.ppo import policy_outputs
+from coevo_jax.recurrent import is_recurrent
+from coevo_jax.rollout import Trajectory
 from envs_jax.chain import choice_credit
 
 from _study.analysis.credit import spearman
-
-#: methods with a learned per-step reward of (state, action) that this module scores
-REWARD_METHODS = ("coevo-regression", "coevo-ranking", "coevo-novelty", "ircr", "meta", "q-advantage", "rrd", "hca",
-                  "cca")
 
 
 def choice_pairs(num_choices: int, elapsed: float = 0.0, hide_cue: bool = False):
@@ -77,25 +73,21 @@ def choice_histories(num_choices: int, length: int, elapsed: float = 0.0, hide_c
     return np.stack(rows, axis=1)
 
 
-def choice_rewards(trainer, states, elapsed: float = 0.0) -> np.ndarray:
+def choice_rewards(trainer, states, elapsed: float = 0.0, hp=None) -> np.ndarray:
     """The learned reward ``[R, K*K]`` of stacked :class:`~coevo_jax.train.TrainState`
-    (leaves ``[R, ...]``) on :func:`choice_pairs` of ``trainer``'s DelayedChain."""
-    k = trainer.env.unwrapped.num_choices
-    hide = bool(trainer.env_params.hide_cue)
-    obs, action = choice_pairs(k, elapsed, hide)
-    hist = choice_histories(k, int(trainer.env_params.length), elapsed, hide)
-    if trainer.static.method == "cca":
-        return cca_choice_rewards(trainer, states, elapsed)
-    return pair_rewards(trainer, states, obs, action, float(trainer.env_params.outcome_reward), hist)
+    (leaves ``[R, ...]``) on :func:`choice_pairs` of ``trainer``'s DelayedChain at ``elapsed``
+    (rounded to a step): :func:`pair_credit` on each pair's whole, successful episode."""
+    k, length = trainer.env.unwrapped.num_choices, int(trainer.env_params.length)
+    hist = choice_histories(k, length, (length - 1) / length, bool(trainer.env_params.hide_cue))  # [P, L, D]
+    reward = np.zeros(hist.shape[:2], np.float32)
+    reward[:, -1] = float(trainer.env_params.outcome_reward)
+    return pair_credit(trainer, states, hist, choice_pairs(k)[1], int(round(elapsed * length)), reward, hp)
 
 
 def along_histories(network, policy_params, hist):
     """``(logits [P, n, A], features [P, n, H])`` of a policy at every step of the histories
     ``hist [P, n, D]``: a recurrent one from a fresh carry at each history's first step, a
     feed-forward one step by step."""
-    from coevo_jax.ppo import policy_outputs
-    from coevo_jax.recurrent import is_recurrent
-
     if not is_recurrent(network):
         logits, _, features = policy_outputs(network, policy_params, hist)
         return logits, features
@@ -104,85 +96,44 @@ def along_histories(network, policy_params, hist):
     return logits, features
 
 
-def pair_rewards(trainer, states, obs: np.ndarray, action: np.ndarray, z: float,
-                 histories: np.ndarray | None = None) -> np.ndarray:
-    """The learned reward ``[R, P]`` of stacked :class:`~coevo_jax.train.TrainState` (leaves ``[R, ...]``)
-    on the pairs ``obs [P, D]``, ``action [P]``: what the method pays for taking ``action`` at ``obs``
-    (the module docstring's list). ``z``: the return ``hca``'s credit is conditioned on; ``histories
-    [P, n, D]``: each pair's episode up to its observation, which a recurrent policy reads (required
-    for one)."""
-    from coevo_jax.ppo import policy_outputs
-    from coevo_jax.recurrent import is_recurrent
-    from coevo_jax.reward_net import make_reward_net
-    from coevo_jax.signals.hca import HCAParams, bayes_logits, hca_credit, make_hindsight_net
-    from coevo_jax.signals.q_advantage import action_credit, make_q_net, taken
-
-    static = trainer.static
-    if static.method not in REWARD_METHODS:
-        raise ValueError(f"method {static.method!r} has no learned reward of (state, action); one of {REWARD_METHODS}")
-    if static.method == "cca":
-        raise ValueError("cca's credit reads the pair's future (Phi): it is scored on the chain by cca_choice_rewards,"
-                         " not from (observation, action) pairs alone")
-    recurrent = is_recurrent(trainer.network)
-    if recurrent and histories is None:
-        raise ValueError("a recurrent policy reads each pair's history: pass histories [P, n, D]")
-    q_credit, hindsight = static.method == "q-advantage", static.method == "hca"
-    net = (make_q_net if q_credit else make_hindsight_net if hindsight else make_reward_net)(
-        static, trainer.env, trainer.env_params)
-    zs = jnp.full(action.shape, z)  # hca: the return of the pair's episode
-    linear = static.method in ("ircr", "rrd")  # IRCR and RRD pay the pre-tanh output
-
-    def policy(policy_params):  # (logits, features) of each pair's observation
-        if not recurrent:
-            logits, _, features = policy_outputs(trainer.network, policy_params, jnp.asarray(obs))
-            return logits, features
-        logits, features = along_histories(trainer.network, policy_params, jnp.asarray(histories))
-        return logits[:, -1], features[:, -1]
-
-    def one(policy_params, reward_params):
-        logits, features = policy(policy_params)
-        x = features if static.signal.reward_input == "features" else jnp.asarray(obs)
-        if hindsight:
-            pi = jax.nn.softmax(logits)
-            h = jax.nn.softmax(bayes_logits(pi, net.apply(reward_params, x, zs)))
-            a = jnp.asarray(action)
-            return hca_credit(taken(pi, a), taken(h, a), zs, HCAParams().ratio_clip)
-        if q_credit:
-            return action_credit(net.apply(reward_params, x), jax.nn.softmax(logits), jnp.asarray(action))
-        r, pre = net.apply(reward_params, x, jnp.asarray(action))
-        return pre if linear else r
-
-    sig = states.signal_state
-    reward_params = sig.phi if static.method == "meta" else sig.params
-    return np.asarray(jax.jit(jax.vmap(one))(states.params, reward_params), np.float64)
+def history_trajectory(network, policy_params, hist, reward) -> Trajectory:
+    """The time-major ``[n, P]`` :class:`~coevo_jax.rollout.Trajectory` of the histories ``hist [P, n, ...]``,
+    each one episode that terminates at its last step, paid ``reward [P, n]``: the policy's ``features`` and
+    ``probs`` along it (:func:`along_histories`); actions 0, critic values 0."""
+    logits, features = along_histories(network, policy_params, hist)
+    time_major = lambda v: jnp.swapaxes(jnp.asarray(v), 0, 1)  # noqa: E731
+    obs, reward = time_major(hist), time_major(reward).astype(jnp.float32)
+    n, p = reward.shape
+    end = jnp.zeros((n, p), bool).at[-1].set(True)
+    ret = jnp.where(end, reward.sum(0), 0.0)
+    value, zeros = jnp.zeros((n, p, 1), jnp.float32), jnp.zeros((n, p), jnp.float32)
+    return Trajectory(
+        obs=obs, action=jnp.zeros((n, p), jnp.int32), logp=zeros, value=value, features=time_major(features),
+        reward=reward, dense_reward=reward, terminated=end, truncated=jnp.zeros_like(end),
+        next_obs=jnp.concatenate([obs[1:], obs[-1:]]), next_value=value, episode_done=end, episode_return=ret,
+        episode_length=jnp.where(end, jnp.float32(n), 0.0), episode_success=(end & (ret > 0)).astype(jnp.float32),
+        probs=jax.nn.softmax(time_major(logits)), first=jnp.zeros_like(end).at[0].set(True))
 
 
-def cca_choice_rewards(trainer, states, elapsed: float = 0.0) -> np.ndarray:
-    """``cca``'s credit ``[R, K*K]`` on :func:`choice_pairs` at ``elapsed``: each pair's episode is
-    the whole chain of its cue (:func:`choice_histories` to the last step; the observations do not
-    depend on the action), without distractor noise and with the outcome paid at the end (a
-    success), and ``Phi`` at the pair's step is read from the steps after it."""
-    from coevo_jax.signals.cca import make_cca_nets
-    from coevo_jax.signals.q_advantage import action_credit
+def pair_credit(trainer, states, hist, action, step: int, reward, hp=None) -> np.ndarray:
+    """``[R, P]``: what ``trainer``'s method pays for ``action [P]`` at step ``step`` of the histories
+    ``hist [P, n, ...]`` paid ``reward [P, n]`` (:func:`history_trajectory`), for stacked
+    :class:`~coevo_jax.train.TrainState` (leaves ``[R, ...]``): its signal's ``credit`` under the same
+    snapshot's policy, with ``hp`` (default: the method's default HParams). :class:`ValueError` for a
+    method whose signal has no ``credit``."""
+    credit = trainer.signal.credit
+    if credit is None:
+        raise ValueError(f"method {trainer.static.method!r} has no learned reward of (state, action): its Signal"
+                         " defines no credit function")
+    hp = default_hparams(trainer.static.method) if hp is None else hp
+    hist, reward, action = jnp.asarray(hist), jnp.asarray(reward, jnp.float32), jnp.asarray(action, jnp.int32)
 
-    static, env, params = trainer.static, trainer.env, trainer.env_params
-    k, length = env.unwrapped.num_choices, int(params.length)
-    step = int(round(elapsed * length))
-    hist = jnp.asarray(choice_histories(k, length, (length - 1) / length, bool(params.hide_cue)))  # [P, L, D]
-    action = jnp.asarray(choice_pairs(k)[1])
-    r = jnp.zeros(hist.shape[:2]).at[:, -1].set(float(params.outcome_reward)).T  # [L, P]
-    end = jnp.zeros(r.shape, bool).at[-1].set(True)
-    obs_input = static.signal.reward_input == "obs"
-    stat_net, q_net, _ = make_cca_nets(static, env, params)
+    def one(policy_params, signal_state):
+        traj = history_trajectory(trainer.network, policy_params, hist, reward)
+        paid = credit(signal_state, traj, hp, traj.probs)[step]  # [P, A]
+        return jnp.take_along_axis(paid, action[:, None], axis=-1)[:, 0]
 
-    def one(policy_params, model_params):  # logits [L, P, A], features [L, P, H] along each pair's episode
-        logits, features = (jnp.swapaxes(v, 0, 1) for v in along_histories(trainer.network, policy_params, hist))
-        x = jnp.swapaxes(hist, 0, 1) if obs_input else features
-        phi = stat_net.apply(model_params["stat"], x, r, end, jnp.zeros_like(end))
-        q = q_net.apply(model_params["q"], x[step], phi[step])
-        return action_credit(q, jax.nn.softmax(logits[step]), action)
-
-    return np.asarray(jax.jit(jax.vmap(one))(states.params, states.signal_state.params), np.float64)
+    return np.asarray(jax.jit(jax.vmap(one))(states.params, states.signal_state), np.float64)
 
 
 def wrong_choice_share(trainer, states) -> np.ndarray:

@@ -23,10 +23,11 @@ scores the chain's choice, over the on-grid moves: ``spearman`` with the
 ground truth over the pairs, ``top1`` (the share of states whose pick-up move
 is paid most; a uniform guess: 1/3, the mean of 1 / on-grid moves) and
 ``gap`` (the mean reward of the pick-up moves less that of the other moves,
-in the reward's own units). Which reward: as
-:func:`_study.analysis.chain_credit.pair_rewards`, with ``hca``'s return
-``Z`` that of a successful episode that ate every apple at its mean payoff
-(``door_reward + num_apples * apple_reward``).
+in the reward's own units). Which reward: the method's ``credit``, as
+:func:`_study.analysis.chain_credit.pair_credit`, each pair a one-step episode paid
+the return of a successful episode that ate every apple at its mean payoff
+(``door_reward + num_apples * apple_reward``: the return a return-conditioned credit
+reads; a credit that reads the future sees none).
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ import numpy as np
 from envs_jax.grid._common import DIRS
 from envs_jax.grid.keytodoor import KeyToDoorState, key_credit, observe
 
+from _study.analysis.chain_credit import pair_credit
 from _study.analysis.credit import spearman
 
 NUM_MOVES = 4
@@ -95,12 +97,10 @@ def key_scores(reward: np.ndarray, toward: np.ndarray, on_grid: np.ndarray, trut
             "gap": reward[:, toward].mean(-1) - reward[:, other].mean(-1)}
 
 
-def key_rewards(trainer, states, key_taken: bool = False) -> np.ndarray:
+def key_rewards(trainer, states, key_taken: bool = False, hp=None) -> np.ndarray:
     """The learned reward ``[R, P*4]`` of stacked :class:`~coevo_jax.train.TrainState` (leaves ``[R, ...]``)
-    on :func:`key_pairs` of ``trainer``'s KeyToDoor (a feed-forward policy)."""
-    from _study.analysis.chain_credit import pair_rewards
-
+    on :func:`key_pairs` of ``trainer``'s KeyToDoor (a feed-forward policy; module docstring)."""
     env, params = trainer.env.unwrapped, trainer.env_params
     obs, action = key_pairs(env, params, key_taken)[:2]
     z = float(params.door_reward) + float(params.num_apples) * float(params.apple_reward)
-    return pair_rewards(trainer, states, obs, action, z)
+    return pair_credit(trainer, states, obs[:, None], action, 0, np.full((len(obs), 1), z, np.float32), hp)

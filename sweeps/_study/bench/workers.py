@@ -274,7 +274,126 @@ def sweep(cfg):
             "mb_per_run": max(mem) / 2 ** 20 if mem else float("nan")}
 
 
-KINDS = {"ppo": ppo, "scale": scale, "probe": probe, "methods": methods, "text": text, "sweep": sweep}
+def profile_static(method: str, task, length: int, total_steps: int, shared: dict):
+    """``method``'s :class:`~coevo_jax.config.StaticConfig` at an admitted ``task``'s rollout shape, PPO
+    passes and ``static_overrides``, then ``shared`` (flat fields; each method takes the ones it has),
+    ``total_steps`` env steps per run; and its DelayedChain of ``length`` steps (the task's other env options)."""
+    import envs_jax
+
+    from _study.admitted import method_static
+
+    shape = dict(num_envs=task.num_envs, rollout_len=task.rollout_len, num_minibatches=task.num_minibatches,
+                 update_epochs=task.update_epochs, total_steps=total_steps)
+    static = method_static(method, {**shape, **task.static_overrides, **shared})
+    env, params = envs_jax.make(task.env, **{**task.env_kwargs, "length": length})
+    return static, env, params
+
+
+def phase_programs(trainer):
+    """The phases of :meth:`~coevo_jax.train.Trainer.iteration`, each ``jit(vmap(...))`` over runs:
+    ``{name: (fn, args_of(state, hp) -> (args, next))}``, run in the loop's order: rollout, the
+    signal's observe (replay write), update (the refit, always taken) and rewards, the PPO update.
+    Each ``args_of`` reads what the phases before it made (``next``: their outputs)."""
+    import jax
+
+    from coevo_jax.ppo import ppo_update, stream_advantages
+    from coevo_jax.rollout import rollout
+    from coevo_jax.signals import PolicyView
+    from coevo_jax.train import ppo_batch
+
+    tr, static, sig = trainer, trainer.static, trainer.signal
+
+    def keys(state):
+        key, k_roll, k_sig, k_ppo = jax.random.split(state.key, 4)
+        k_obs, k_sig = jax.random.split(k_sig)
+        return k_roll, k_obs, k_sig, k_ppo
+
+    def do_rollout(state):
+        return rollout(tr.network, state.params, tr.env, tr.env_params, state.rollout, keys(state)[0],
+                       static.rollout_len, tr.decode_chunk)[1]
+
+    def do_observe(state, traj, hp):
+        return sig.observe(state.signal_state, traj, hp, keys(state)[1])[0]
+
+    def do_update(state, sig_state, traj, hp):
+        lr_frac = tr.lr_frac(state)
+        policy = PolicyView(tr.network, state.params, state.opt_state, hp.ppo.lr * lr_frac, lr_frac)
+        return sig.update(sig_state, traj, policy, hp, keys(state)[2])[0]
+
+    def do_rewards(sig_state, traj, hp):
+        return sig.rewards(sig_state, traj, hp)[1]
+
+    def do_ppo(state, streams, traj, hp):
+        adv, targets = stream_advantages(streams, traj, hp)
+        lr = hp.ppo.lr * tr.lr_frac(state)
+        return ppo_update(state.params, state.opt_state, tr.network, ppo_batch(traj, adv, targets, tr.packed_chunk),
+                          keys(state)[3], hp, lr, static.update_epochs, static.num_minibatches,
+                          static.normalize_advantages)[:2]
+
+    vj = lambda f: jax.jit(jax.vmap(f))  # noqa: E731
+    return {"rollout": (vj(do_rollout), lambda s, hp, o: (s,)),
+            "observe": (vj(do_observe), lambda s, hp, o: (s, o["rollout"], hp)),
+            "update": (vj(do_update), lambda s, hp, o: (s, o["observe"], o["rollout"], hp)),
+            "rewards": (vj(do_rewards), lambda s, hp, o: (o["update"], o["rollout"], hp)),
+            "ppo": (vj(do_ppo), lambda s, hp, o: (s, o["rewards"], o["rollout"], hp))}
+
+
+def profile(cfg):
+    """Milliseconds per training iteration of each phase of ``cfg["method"]`` on an admitted task's
+    settings (``cfg["task"]``, its DelayedChain at ``cfg["length"]`` steps per episode; ``cfg["static"]``:
+    more flat StaticConfig fields, each method taking its own), ``cfg["seeds"]`` runs vmapped. The state
+    is that after ``warm`` iterations of training (by default enough to fill the replay once); each phase
+    is its own compiled program on the outputs of the phases before it, compile apart, the median of
+    ``cfg["reps"]`` timed runs after one untimed; ``iteration``: one whole iteration of the training
+    loop (``run_chunk``) compiled as in training."""
+    import math
+    import statistics
+
+    import jax
+    import jax.numpy as jnp
+
+    import coevo_jax as cj
+    from coevo_jax.episodes import replay_episodes
+
+    from _study.admitted import load_admitted
+
+    task = load_admitted(cfg["admitted"])[cfg["task"]]
+    method, length, runs, reps = cfg["method"], cfg["length"], cfg["seeds"], cfg["reps"]
+    static, env, params = profile_static(method, task, length, task.total_steps, cfg.get("static", {}))
+    trainer = cj.Trainer(static, env, params)
+    hp = batch_hp(cj.default_hparams(method, **task.hparams(method)), runs)
+    sig = static.signal
+    kept = replay_episodes(getattr(sig, "buffer_episodes", None), static.num_envs, static.rollout_len, env, params)
+    kept = getattr(sig, "potential_buffer_episodes", kept)
+    warm = cfg.get("warm") or math.ceil(kept * length / static.steps_per_iteration) + 1
+    t0 = time.perf_counter()
+    state = jax.jit(jax.vmap(trainer.init))(jax.random.split(jax.random.PRNGKey(cfg.get("seed", 0)), runs), hp)
+    chunk = jax.jit(jax.vmap(trainer.run_chunk, (0, 0, None)), static_argnums=2).lower(state, hp, 1).compile()
+    for _ in range(warm):
+        state = chunk(state, hp)[0]
+    jax.block_until_ready(state)
+    compile_s, ms, outs = time.perf_counter() - t0, {}, {}
+
+    def median_ms(f, args):
+        execute(f, args, 1)  # untimed
+        return 1000 * statistics.median(execute(f, args, reps)[1])
+
+    for name, (fn, args_of) in phase_programs(trainer).items():
+        args = args_of(state, hp, outs)
+        t0 = time.perf_counter()
+        compiled = fn.lower(*args).compile()
+        compile_s += time.perf_counter() - t0
+        outs[name] = jax.block_until_ready(compiled(*args))
+        ms[name] = median_ms(compiled, args)
+    ms["iteration"] = median_ms(chunk, (state, hp))
+    buf = getattr(state.signal_state, "replay", None)
+    held = float(jnp.mean(buf.train.valid.sum(-1))) if buf is not None else 0.0
+    return {"ms": ms, "compile_s": compile_s, "warm": warm, "replay_episodes": held, "kept": kept,
+            "env_steps_per_iteration": runs * static.steps_per_iteration, "peak_mb": peak_mb()}
+
+
+KINDS = {"ppo": ppo, "scale": scale, "probe": probe, "methods": methods, "text": text, "sweep": sweep,
+         "profile": profile}
 
 
 def main(argv=None) -> int:

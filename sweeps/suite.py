@@ -1,0 +1,387 @@
+#!/usr/bin/env python
+"""The credit-assignment suite: every method tuned once for the whole suite, one table, one verdict.
+
+The tasks are ``sweeps/suite.json`` (:mod:`_study.suite`): bsuite's credit-assignment and memory
+experiments through gymnax (UmbrellaChain at several chain lengths and distractor counts,
+DiscountingChain, MemoryChain with the GRU), a delayed-reward MiniGrid task and the project's own
+positive controls. Each arm (a registered method or a control of :mod:`_study.controls`, ``ppo`` and
+``ppo-lambda1`` among them) gets the same protocol:
+
+1. **stage 1**: ``--num-configs`` (>= 32) configurations of its search space (:mod:`_study.tuning`:
+   lr, entropy, 1 - lambda log-uniform, its own fields) on 1 seed per task; a configuration's score is
+   its mean normalised score over the tasks (the AUC of the task's score);
+2. **stage 2**: the best ``--finalists`` (>= 4) on ``--finalist-seeds`` (>= 3) fresh seeds per task; the
+   pick is the best suite score there, with P(pick > runner-up) over tasks and runs;
+3. **evaluation**: each pick and the uniform-random policy on ``--num-seeds`` fresh seeds per task,
+   paired across arms. Before it runs, the plan (tasks, arms, their values, seeds, rule, code) is
+   written to ``--out/plan.json`` and printed; the report carries its hash and checks the runs against
+   it. A dirty tree is refused unless ``--allow-dirty`` (the published header then names the files).
+
+The report: per task the normalised IQM of each arm with its CI and the admission rule (tuned PPO above
+random and below the optimum by a margin); over the admitted tasks rliable's IQM, mean and optimality
+gap with stratified-bootstrap CIs, P(> tuned ppo) and the verdict rule (:data:`_study.suite.RULE`), a
+performance profile and a task x arm heat map (``suite.png``). Per-seed scores go to ``scores.csv``;
+``--stored`` reuses a published one for the arms not in ``--methods`` (refused when its settings or
+library code differ), so a new method runs only its own runs:
+
+    python sweeps/suite.py                                         # every default arm on the whole suite
+    python sweeps/suite.py --methods my-method --import my_module  # one new arm against the stored ones
+    python sweeps/suite.py --tasks umbrella-l5,chain-l16-n05 --methods ppo,rrd --stored none
+
+Picks are written to ``--out/picks.json`` after the report.
+"""
+from __future__ import annotations
+
+import csv
+import importlib
+import io
+import json
+import os
+import shutil
+import sys
+
+import numpy as np
+
+from coevo_jax.analysis.metrics import final_score
+from coevo_jax.config import ConfigError
+from coevo_jax.experiment import Study
+from coevo_jax.files import atomic_write_text
+
+from _study import cli, options, suite, tuning
+from _study.controls import CONTROLS
+from _study.publish import git_commit
+from _study.random_policy import random_curves
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+STORED = os.path.join(ROOT, "docs", "results", "suite", "scores.csv")
+METHODS = ("ppo", "ppo-lambda1", "rrd", "ircr", "q-advantage", "coevo-regression")
+MIN_FINALIST_SEEDS = 3  # stage 2: fresh seeds per finalist and task, at least
+
+
+def build_parser():
+    p = cli.study_parser("suite.py", __doc__.split("\n\n")[0], os.path.join("results", "suite"))
+    p.add_argument("--suite", default=os.path.join(HERE, "suite.json"), help="the suite file (default: sweeps/suite.json)")
+    p.add_argument("--tasks", default="all", help="comma list of the suite's tasks, or all (default: all)")
+    p.add_argument("--methods", default=",".join(METHODS),
+                   help=f"comma list of methods and controls to run (default: {','.join(METHODS)})")
+    p.add_argument("--import", dest="imports", default="", metavar="MODULES",
+                   help="comma list of modules to import first (they register your methods) (default: none)")
+    p.add_argument("--stored", default=STORED, metavar="CSV",
+                   help="published per-seed scores reused for the arms not in --methods, or none (default:"
+                        " docs/results/suite/scores.csv when it exists)")
+    p.add_argument("--num-configs", type=int, default=tuning.MIN_CONFIGS, metavar="N",
+                   help=f"stage 1: configurations per arm, >= {tuning.MIN_CONFIGS} (default: {tuning.MIN_CONFIGS})")
+    p.add_argument("--finalists", type=int, default=tuning.MIN_FINALISTS, metavar="F",
+                   help=f"stage 2: configurations re-run, >= {tuning.MIN_FINALISTS} (default: {tuning.MIN_FINALISTS})")
+    p.add_argument("--finalist-seeds", type=int, default=MIN_FINALIST_SEEDS, metavar="S",
+                   help=f"stage 2: fresh seeds per finalist and task, >= {MIN_FINALIST_SEEDS} (default:"
+                        f" {MIN_FINALIST_SEEDS})")
+    p.add_argument("--num-seeds", type=int, default=20, metavar="N", help="evaluation seeds per task (default: 20)")
+    p.add_argument("--seed", type=int, default=0, metavar="B",
+                   help=f"the evaluation's base seed; stage 1's is B + {tuning.TUNE_SEED_OFFSET}, stage 2's B +"
+                        f" {tuning.TUNE_SEED_OFFSET + tuning.FINALIST_SEED_OFFSET} (default: 0)")
+    p.add_argument("--num-chunks", type=int, default=4, metavar="C", help="checkpoints per run (default: 4)")
+    p.add_argument("--allow-dirty", action="store_true",
+                   help="evaluate with uncommitted changes (the header names the files) (default: refuse)")
+    p.add_argument("--protocol-check", action="store_true",
+                   help="tiny stage sizes to check the command end to end (below the protocol's minimums; the"
+                        " report says so) (default: off)")
+    return p
+
+
+# ----------------------------------------------------------------------------- setup
+def setup(args) -> dict:
+    """Everything the stages share, validated before any compile: tasks, arms to run, stored arms,
+    stage seeds, the settings and code digests."""
+    from coevo_jax.registry import registered_methods
+
+    for module in filter(None, (m.strip() for m in args.imports.split(","))):
+        sys.path.insert(0, os.getcwd())
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise ConfigError(f"--import: cannot import {module!r}: {e}") from None
+    every = suite.load_suite(args.suite)
+    tasks = list(every) if args.tasks == "all" else options.names(args.tasks, "--tasks", list(every))
+    labels = (*registered_methods(), *CONTROLS)
+    run = options.names(args.methods, "--methods", labels)
+    if not args.protocol_check:
+        for name, value, low in (("--num-configs", args.num_configs, tuning.MIN_CONFIGS),
+                                 ("--finalists", args.finalists, tuning.MIN_FINALISTS),
+                                 ("--finalist-seeds", args.finalist_seeds, MIN_FINALIST_SEEDS)):
+            if value < low:
+                raise ConfigError(f"{name}={value} must be >= {low} (the protocol's minimum; --protocol-check runs"
+                                  " below it)")
+    if args.finalists > args.num_configs or args.num_seeds < 1:
+        raise ConfigError(f"--finalists={args.finalists} must be <= --num-configs={args.num_configs} and"
+                          f" --num-seeds={args.num_seeds} >= 1")
+    bases = tuning.stage_bases(args.seed)
+    settings = {t: suite.digest({**every[t].to_json(), "seed": args.seed, "num_seeds": args.num_seeds})
+                for t in tasks}
+    code = suite.code_digest(ROOT)
+    stored, kept = {}, []
+    if args.stored != "none" and os.path.exists(args.stored):
+        stored = suite.stored_scores(args.stored)
+        kept = sorted({a for (t, a) in stored["scores"] if a not in run and a != "random" and t in tasks})
+        if kept:
+            suite.check_stored(stored, settings, code)
+    elif args.stored not in ("none", STORED):
+        raise ConfigError(f"--stored={args.stored}: no such file")
+    for label in run:  # every search space valid before anything compiles
+        tuning.search_space(label)
+    return {"tasks": {t: every[t] for t in tasks}, "run": run, "stored": stored, "kept": kept, "bases": bases,
+            "settings": settings, "code": code}
+
+
+def _study(task: suite.SuiteTask, arms: list, num_seeds: int, base: int, args) -> Study:
+    return Study(task.env, tuple(arms), num_seeds, env_kwargs=dict(task.env_kwargs), base_seed=base,
+                 num_chunks=args.num_chunks, name=task.name)
+
+
+def _static(task: suite.SuiteTask, label: str):
+    return task.static(tuning.method_of(label))
+
+
+def _samples(label: str, args) -> list[dict]:
+    return tuning.sample_configs(tuning.search_space(label), args.num_configs)
+
+
+# ----------------------------------------------------------------------------- stages
+def tune_studies(args, earlier) -> list:
+    """Stage 1: per task, each arm's configurations zipped, 1 seed. Writes ``plan-tuning.json`` first."""
+    s = setup(args)
+    plan = {"suite": {t: task.to_json() for t, task in s["tasks"].items()}, "arms": list(s["run"]),
+            "spaces": {a: {f: list(r) for f, r in tuning.search_space(a).items()} for a in s["run"]},
+            "configs": args.num_configs, "finalists": args.finalists, "finalist_seeds": args.finalist_seeds,
+            "stage_base_seeds": list(s["bases"][:2]), "rule": tuning.RULE + "; averaged over tasks (normalised)",
+            "code": s["code"], "commit": git_commit(ROOT)}
+    _fix(os.path.join(args.out, "plan-tuning.json"), plan, ("commit",))
+    return [_study(task, [tuning.arm_of(a, _static(task, a), _samples(a, args)) for a in s["run"]], 1,
+                   s["bases"][0], args) for task in s["tasks"].values()]
+
+
+def _per_task(results, label: str, tasks: dict, score: str) -> dict:
+    by_task = {r.study.name: r for r in results}
+    return {t: suite.run_scores(by_task[t], label, task, score) for t, task in tasks.items()}
+
+
+def screened(args, stage1) -> dict:
+    """``{arm: (finalist configurations, their stage-1 scores {task: [F, 1]})}``."""
+    s = setup(args)
+    out = {}
+    for a in s["run"]:
+        per = _per_task(stage1, a, s["tasks"], "auc")
+        idx = suite.finalists(per, args.finalists)
+        configs = _samples(a, args)
+        out[a] = ([configs[i] for i in idx], {t: v[idx] for t, v in per.items()})
+    return out
+
+
+def finalist_studies(args, earlier) -> list:
+    """Stage 2: per task, each arm's finalists zipped, on fresh seeds."""
+    s = setup(args)
+    best = screened(args, earlier[0])
+    return [_study(task, [tuning.arm_of(a, _static(task, a), best[a][0]) for a in s["run"]], args.finalist_seeds,
+                   s["bases"][1], args) for task in s["tasks"].values()]
+
+
+def picks(args, stage1, stage2) -> dict:
+    """``{arm: {"config", "finalists", "verdict"}}``: each arm's pick on stage 2 (:func:`_study.suite.pick`)."""
+    s = setup(args)
+    out = {}
+    for a, (configs, _) in screened(args, stage1).items():
+        v = suite.pick(_per_task(stage2, a, s["tasks"], "auc"))
+        out[a] = {"config": configs[v["index"]], "finalists": configs, "verdict": v}
+    return out
+
+
+def eval_studies(args, earlier) -> list:
+    """The evaluation: per task each arm at its pick on the paired evaluation seeds. Writes ``plan.json``."""
+    s = setup(args)
+    dirty = git_commit(ROOT).partition(" + ")[2]
+    if dirty and not args.allow_dirty:
+        raise ConfigError(f"the tree has {dirty}: commit before the evaluation (or pass --allow-dirty)")
+    chosen = picks(args, *earlier)
+    _fix(os.path.join(args.out, "plan.json"), plan_of(args, s, chosen), ("commit",))
+    print(plan_text(os.path.join(args.out, "plan.json")), flush=True)
+    return [_study(task, [tuning.arm_of(a, _static(task, a), pick=chosen[a]["config"]) for a in s["run"]],
+                   args.num_seeds, s["bases"][2], args) for task in s["tasks"].values()]
+
+
+def plan_of(args, s: dict, chosen: dict) -> dict:
+    """The evaluation plan: tasks, arms and their values, the stored arms, seeds, the rule, the code."""
+    return {"suite": {t: task.to_json() for t, task in s["tasks"].items()}, "settings": s["settings"],
+            "arms": {a: chosen[a]["config"] for a in s["run"]}, "stored_arms": s["kept"],
+            "seeds": {"base": args.seed, "count": args.num_seeds}, "rule": suite.RULE,
+            "admission": f"best tuned ppo normalised IQM in [{suite.ADMIT_LOW}, {suite.ADMIT_HIGH}]",
+            "code": s["code"], "commit": git_commit(ROOT)}
+
+
+def _fix(path: str, plan: dict, loose=()) -> None:
+    """Write ``plan`` to ``path``, or check it equals the one there (but for the ``loose`` keys):
+    a plan is fixed once its runs began."""
+    if os.path.exists(path):
+        with open(path) as f:
+            old = json.load(f)
+        same = {k: v for k, v in old.items() if k not in loose} == json.loads(json.dumps(
+            {k: v for k, v in plan.items() if k not in loose}))
+        if not same:
+            raise ConfigError(f"{path} holds another plan (its runs began with other tasks, arms, values or seeds):"
+                              " choose another --out")
+        return
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    atomic_write_text(path, json.dumps(plan, indent=1, sort_keys=True) + "\n")
+
+
+def plan_text(path: str) -> str:
+    with open(path) as f:
+        plan = json.load(f)
+    arms = "; ".join(f"{a}: {', '.join(f'{k}={v:g}' for k, v in c.items())}" for a, c in plan["arms"].items())
+    return (f"plan {suite.digest(plan)} ({os.path.basename(path)}): tasks {', '.join(plan['suite'])}; arms {arms};"
+            f" stored {', '.join(plan['stored_arms']) or 'none'}; seeds {plan['seeds']['base']} +"
+            f" {plan['seeds']['count']}; rule: {plan['rule']}")
+
+
+# ----------------------------------------------------------------------------- report
+def eval_scores(args, s: dict, results) -> dict:
+    """``{arm: [seeds, tasks]}`` normalised final scores: the runs, the random policy, the stored arms."""
+    tasks = s["tasks"]
+    scores = {a: suite.matrix({t: v[0] for t, v in _per_task(results, a, tasks, "final").items()}) for a in s["run"]}
+    by_task = {r.study.name: r for r in results}
+    rand = {}
+    for t, task in tasks.items():
+        curves = random_curves(by_task[t].study)
+        steps = curves["env_steps"][0]
+        rand[t] = task.normalise(final_score(curves[task.metric], curves.get("episodes"), steps))
+    scores["random"] = suite.matrix(rand)
+    for a in s["kept"]:
+        scores[a] = np.array([[s["stored"]["scores"][(t, a)][args.seed + i] for t in tasks]
+                              for i in range(args.num_seeds)])
+    return scores
+
+
+def check_plan(args, s: dict, results) -> str:
+    """:class:`ConfigError` unless the evaluated studies ran ``plan.json``'s arms, values and seeds; its hash."""
+    with open(os.path.join(args.out, "plan.json")) as f:
+        plan = json.load(f)
+    for r in results:
+        for arm in r.study.arms:
+            want = plan["arms"].get(arm.name)
+            got = {k: float(v) for k, v in arm.fixed.items() if k in (want or {})}
+            if want is None or any(not np.isclose(got.get(k, np.nan), v) for k, v in want.items()):
+                raise ConfigError(f"{r.study.name}: arm {arm.name} ran {got}, not the plan's {want}")
+        if (r.study.base_seed, r.study.num_seeds) != (plan["seeds"]["base"], plan["seeds"]["count"]):
+            raise ConfigError(f"{r.study.name}: seeds {r.study.base_seed} + {r.study.num_seeds} are not the plan's")
+    return suite.digest(plan)
+
+
+def write_scores(path: str, s: dict, scores: dict, args) -> None:
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["task", "arm", "seed", "score", "settings", "code"])
+    for a, m in scores.items():
+        for j, t in enumerate(s["tasks"]):
+            for i in range(m.shape[0]):
+                w.writerow([t, a, args.seed + i, f"{m[i, j]:.6g}", s["settings"][t], s["code"]])
+    atomic_write_text(path, buf.getvalue())
+
+
+def report(args, stages) -> str:
+    from _study.analysis.tables import format_table
+
+    s = setup(args)
+    tasks, ran = s["tasks"], stages[2]
+    chosen = picks(args, stages[0], stages[1])
+    digest = check_plan(args, s, ran)
+    scores = eval_scores(args, s, ran)
+    write_scores(os.path.join(args.out, "scores.csv"), s, scores, args)
+    arms = ["random", *[a for a in scores if a != "random"]]
+    ppo_arms = [a for a in ("ppo", "ppo-lambda1") if a in scores]
+    rows, admit = [], {}
+    for j, (t, task) in enumerate(tasks.items()):
+        iqm = {a: suite.aggregate({a: scores[a][:, [j]]}, n_boot=500)[a]["IQM"] for a in arms}
+        ok, why = suite.admitted({a: iqm[a][0] for a in ppo_arms}) if ppo_arms else (False, "no ppo arm")
+        admit[t] = ok
+        rows.append({"task": t, "source": task.source, "axis": task.why,
+                     **{a: f"{v[0]:.2f} [{v[1]:.2f}, {v[2]:.2f}]" for a, v in iqm.items()},
+                     "admitted": "yes" if ok else f"no: {why}"})
+    keep = [j for j, t in enumerate(tasks) if admit[t]]
+    text = [f"Evaluation plan {digest} (plan.json), {args.num_seeds} paired seeds per task (base {args.seed});"
+            f" scores are normalised final scores, (x - random) / (optimum - random): 0 = the uniform policy, 1 ="
+            f" the optimum (the oracle row of every task). Stored arms (not rerun): {', '.join(s['kept']) or 'none'}.",
+            "", "## Per task: normalised IQM [95% CI]", "", format_table(rows, markdown=True), ""]
+    text += ["## Tuning: one configuration per arm for the whole suite", "", format_table(
+        [{"arm": a, "pick": ", ".join(f"{k}={v:g}" for k, v in c["config"].items()),
+          "suite score (stage 2)": f"{c['verdict']['scores'][c['verdict']['index']]:.3f}",
+          "P(pick > runner-up) [95% CI]": f"{c['verdict']['p']:.2f} [{c['verdict']['ci_low']:.2f},"
+                                          f" {c['verdict']['ci_high']:.2f}]"
+                                          + ("" if c["verdict"]["confident"] else ": cannot pick with confidence"),
+          "edge": ", ".join(tuning.edge_fields(c["config"], tuning.search_space(a))) or "-"}
+         for a, c in chosen.items()], markdown=True), ""]
+    figure = os.path.join(args.out, "suite.png")
+    if keep:
+        sub = {a: m[:, keep] for a, m in scores.items()}
+        agg = suite.aggregate(sub)
+        text += [f"## Over the {len(keep)} admitted tasks", "", format_table(
+            [{"arm": a, **{k: f"{v[0]:.3f} [{v[1]:.3f}, {v[2]:.3f}]" for k, v in agg[a].items()}} for a in arms],
+            markdown=True), ""]
+        methods = [a for a in arms if a not in ("random", "ppo") and a not in CONTROLS]
+        against = [a for a in ppo_arms + [c for c in scores if c in CONTROLS and c != "ppo-lambda1"]]
+        if methods and "ppo" in sub:
+            text += ["## Verdict", "", f"The rule, fixed in advance: {suite.RULE}.", "",
+                     format_table(suite.verdicts(sub, methods, against), markdown=True), ""]
+        plot(sub, agg, [t for t in tasks if admit[t]], figure)
+        text += [f"![aggregate and heat map]({figure})", ""]
+    else:
+        text += ["No task is admitted: the suite cannot rank methods at these budgets.", ""]
+    if args.protocol_check:
+        text += ["**Protocol check**: stage sizes below the protocol's minimums; these numbers rank nothing.", ""]
+    out = "\n".join(text)
+    if args.publish:
+        os.makedirs(args.publish, exist_ok=True)
+        shutil.copyfile(os.path.join(args.out, "scores.csv"), os.path.join(args.publish, "scores.csv"))
+        shutil.copyfile(os.path.join(args.out, "plan.json"), os.path.join(args.publish, "plan.json"))
+    atomic_write_text(os.path.join(args.out, "picks.json"), json.dumps(
+        {a: {"config": c["config"], "p_pick_over_runner_up": c["verdict"]["p"]} for a, c in chosen.items()}, indent=1))
+    return out
+
+
+def plot(scores: dict, agg: dict, tasks: list, path: str) -> None:
+    """The aggregate intervals (IQM, mean, optimality gap) and a task x arm heat map of normalised IQMs."""
+    from coevo_jax.analysis import plots
+    from coevo_jax.analysis.stats import iqm
+
+    arms = list(scores)
+    fig, axes = plots.subplots(1, 4, figsize=(15, 0.35 * len(arms) + 1.6),
+                               gridspec_kw={"width_ratios": [1, 1, 1, 1.6]})
+    for ax, name in zip(axes[:3], ("IQM", "mean", "optimality gap")):
+        for i, a in enumerate(arms):
+            p, lo, hi = agg[a][name]
+            ax.plot([lo, hi], [i, i], lw=5, alpha=0.6)
+            ax.plot([p], [i], "k|", ms=10)
+        ax.set_yticks(range(len(arms)), arms if name == "IQM" else [""] * len(arms))
+        ax.set_title(name, fontsize=9)
+        ax.grid(axis="x", alpha=0.3)
+    heat = np.array([[iqm(scores[a][:, j]) for j in range(len(tasks))] for a in arms])
+    im = axes[3].imshow(heat, cmap="viridis", vmin=min(0.0, np.nanmin(heat)), vmax=1.0, aspect="auto")
+    axes[3].set_xticks(range(len(tasks)), tasks, rotation=40, ha="right", fontsize=7)
+    axes[3].set_yticks(range(len(arms)), [""] * len(arms))
+    for i in range(len(arms)):
+        for j in range(len(tasks)):
+            axes[3].text(j, i, f"{heat[i, j]:.2f}", ha="center", va="center", fontsize=6, color="w")
+    axes[3].set_title("normalised IQM per task", fontsize=9)
+    fig.colorbar(im, ax=axes[3], fraction=0.04)
+    plots.save_figure(fig, path, dpi=80)
+
+
+STAGES = [("tune", tune_studies), ("finalists", finalist_studies), ("eval", eval_studies)]
+
+
+def main(argv=None) -> int:
+    return cli.staged_main(build_parser(), STAGES, report, argv,
+                           figures=lambda args: [p for p in [os.path.join(args.out, "suite.png")] if os.path.exists(p)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
