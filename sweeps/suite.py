@@ -361,12 +361,13 @@ def plot(scores: dict, agg: dict, tasks: list, path: str) -> None:
             ax.plot([lo, hi], [i, i], lw=5, alpha=0.6)
             ax.plot([p], [i], "k|", ms=10)
         ax.set_yticks(range(len(arms)), arms if name == "IQM" else [""] * len(arms))
+        ax.set_ylim(len(arms) - 0.5, -0.5)  # the first arm on top, as in the heat map
         ax.set_title(name, fontsize=9)
         ax.grid(axis="x", alpha=0.3)
     heat = np.array([[iqm(scores[a][:, j]) for j in range(len(tasks))] for a in arms])
     im = axes[3].imshow(heat, cmap="viridis", vmin=min(0.0, np.nanmin(heat)), vmax=1.0, aspect="auto")
     axes[3].set_xticks(range(len(tasks)), tasks, rotation=40, ha="right", fontsize=7)
-    axes[3].set_yticks(range(len(arms)), [""] * len(arms))
+    axes[3].set_yticks(range(len(arms)), arms, fontsize=7)
     for i in range(len(arms)):
         for j in range(len(tasks)):
             axes[3].text(j, i, f"{heat[i, j]:.2f}", ha="center", va="center", fontsize=6, color="w")
