@@ -1,16 +1,8 @@
-"""Reward methods as data: each method is one :class:`MethodSpec`, registered by
-the module that implements it.
-
-A spec names the method, its signal factory, its hyperparameter class (a
-:func:`~coevo_jax.params.hyperparams` subclass of
-:class:`~coevo_jax.signals.base.SignalParams`, the ``signal`` half of the
-method's ``HParams``), the values it runs with where they differ from the
-class defaults, whether it pays a separate intrinsic stream (a second critic
-head), its ``StaticConfig`` checks, the optional environment outputs it needs and
-the ``HParams`` overrides that switch its contribution off. ``default_hparams``, ``validate_static``,
-``StaticConfig.value_heads`` and ``make_signal`` read the spec of the method
-they are given. The built-in methods register when :mod:`coevo_jax.signals` is
-imported (``import coevo_jax`` does); a method from anywhere else registers
+"""Reward methods as data: each method is one :class:`MethodSpec` (its factory, hyperparameter class,
+static options, streams, required env outputs and ``off`` overrides), registered by the module that
+implements it. ``default_hparams``, ``validate_static``, ``StaticConfig.value_heads`` and
+``make_signal`` read the spec of the method they are given. The built-in methods register when
+:mod:`coevo_jax.signals` is imported (``import coevo_jax`` does); a method from anywhere else registers
 with :func:`register_method`.
 """
 from __future__ import annotations

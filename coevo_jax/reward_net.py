@@ -1,35 +1,15 @@
-"""The one learned reward network R_phi, shared by the co-evolving reward
-(:mod:`coevo_jax.signals.learned`) and the meta-gradient reward
-(:mod:`coevo_jax.signals.meta`), and the random-network-distillation pair that
-``coevo-novelty`` uses (Burda, Edwards, Storkey and Klimov 2018).
+"""The one learned reward network R_phi, shared by the co-evolving reward (:mod:`coevo_jax.signals.learned`),
+the meta-gradient reward (:mod:`coevo_jax.signals.meta`), IRCR and RRD, and the
+random-network-distillation pair that ``coevo-novelty`` uses (Burda, Edwards, Storkey and Klimov 2018).
 
-**What R_phi reads** (``RewardNetStatic.reward_input``):
-
-* ``"features"``: the policy's penultimate hidden state ``features_t [H]`` at
-  collection time, as in the project's source note (the policy's hidden state
-  as the state representation). These features move as the policy trains, so
-  R_phi with frozen phi is *not* a frozen reward function of the state;
-* ``"obs"``: the observation itself, flattened to ``[D]`` and read through
-  the encoder every learned network shares (:func:`coevo_jax.encoding.encode_obs`:
-  token buffers one-hot per position, ``vocab`` classes; float observations as
-  they are). A frozen phi then is a frozen function of ``(s, a)``: the control
-  that ``reward_lr_ratio = 0`` / ``meta_lr_ratio = 0`` is meant to be.
-
-**Architecture**: ``concat(x, embed(a))`` -> Dense+ReLU per ``hidden`` ->
-Dense(1) -> tanh, ``r in [-1, 1]``; ``pre`` is the pre-tanh activation. The
-action embedding is written as ``one_hot(a) @ table`` (the same function as a
-lookup, but its gradient is a matmul instead of a scatter-add: several times
-faster on CPU and under vmap). Concatenation rather than a weighted sum: a
-Dense layer on ``[x; e]`` is ``W_x x + W_e e``, a learned per-unit weighted
-sum, and the embedding may be narrower than ``x``.
-
-**Initial output near 0.** The head is orthogonal with gain ``HEAD_GAIN =
-1e-3``: on the inputs the policies produce (unit-scale features, one-hot or
-[0, 1] observations) ``|R_phi| < 0.01`` at initialisation for every seed, so
-an untrained reward adds (almost) nothing to the external one and the first
-refit starts from a decomposition near ``0 = sum``. The head is small, not
-zero, so that a frozen R_phi is still a (small) random function of its input
-and the hidden layers get gradient from the first step.
+R_phi reads (``RewardNetStatic.reward_input``) ``"features"``, the policy's penultimate hidden state
+``features_t [H]`` at collection time (it moves as the policy trains, so a frozen phi is not a frozen
+function of the state), or ``"obs"``, the observation flattened to ``[D]`` and read through
+:func:`coevo_jax.encoding.encode_obs` (a frozen phi is then a frozen function of ``(s, a)``).
+Architecture: ``concat(x, embed(a))`` -> Dense+ReLU per ``hidden`` -> Dense(1) -> tanh,
+``r in [-1, 1]``, ``pre`` the pre-tanh activation; the action embedding is ``one_hot(a) @ table``. The
+head is orthogonal with the small gain :data:`HEAD_GAIN`, so an untrained R_phi is close to 0. Why:
+``docs/design.md``, ``coevo_jax.reward_net``.
 """
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ Sections (--sections; the measurements are in sweeps/_study/bench, each in fresh
            update and rewards), each its own compiled program on a state with a full replay, for ppo and the
            learned rewards at an admitted task's settings (--profile-task) on DelayedChain at
            --profile-lengths steps per episode; --profile-static adds StaticConfig fields (e.g.
-           fit_batch_episodes=16). Published to DIR/profile.md.
+           "fit_batch_episodes=0;fit_batch_episodes=16": a table each). Published to DIR/profile.md.
 
 Device script (--device-script, the plan for one accelerator): ppo at 1/256/4096 seeds x
 65,536 env steps, 1 repetition, one process; sweep at 1/512/4096 runs x 4,096 steps; a 450 s
@@ -41,6 +41,8 @@ import os
 import sys
 import time
 
+from coevo_jax.config import static_fields
+
 from _study.bench import launch
 from _study.bench.workers import PPO_HPARAMS, PPO_STATIC, scale_steps
 
@@ -50,8 +52,8 @@ PROFILE_METHODS = ("ppo", "rrd", "ircr", "q-advantage", "coevo-regression", "hca
 PRESETS = {"device_script": dict(sections="ppo,sweep", ppo_seeds="1,256,4096", reps=1, total_steps=65536,
                                  processes=1, sweep_runs="1,512,4096", sweep_steps=4096, deadline=450),
            "smoke": dict(ppo_seeds="1,4", reps=1, total_steps=2048, sweep_runs="1,4", sweep_steps=512,
-                         scale_runs="1,4", scale_budget=8192, profile_methods="ppo,coevo-regression", profile_lengths="8",
-                         profile_seeds=2, deadline=900)}
+                         scale_runs="1,4", scale_budget=8192, profile_methods="ppo,coevo-regression",
+                         profile_lengths="8", profile_seeds=2, deadline=900)}
 
 
 def log(msg):
@@ -203,28 +205,39 @@ PHASES = (("rollout", "rollout"), ("ppo", "PPO update"), ("observe", "observe (r
 
 
 def section_profile(args):
-    shared = ", ".join(f"{k}={v}" for k, v in args.profile_static.items()) or "none"
-    cfgs = [{"kind": "profile", "method": m, "length": n, "seeds": args.profile_seeds, "reps": args.reps,
-             "task": args.profile_task, "admitted": os.path.join(HERE, "admitted_tasks.json"),
-             "static": args.profile_static} for n in args.profile_lengths for m in args.profile_methods]
-    rows, notes = launch.measure_each(cfgs, args.timeout, args.budget, log)
-    ppo = {c["length"]: r["ms"]["iteration"] for c, r in rows if c["method"] == "ppo"}
+    lengths, seeds = args.profile_lengths, args.profile_seeds
     print(f"\n### Where a training iteration's time goes ({args.profile_task}'s settings and static_overrides on"
-          f" DelayedChain at {', '.join(map(str, args.profile_lengths))} steps per episode, {args.profile_seeds} runs"
-          f" vmapped; more StaticConfig fields: {shared})\n\nMilliseconds per training iteration"
-          f" ({args.profile_seeds} runs x one rollout each). Each phase of the training loop is its own compiled"
-          " program (jit(vmap)) on the state after enough iterations of training to fill the replay, fed what the"
-          " phases before it produced; the refit (update) is always taken (a plain vmap over runs takes it every"
-          f" iteration, whatever k). Median of {args.reps} timed runs after one untimed, compile apart. Iteration: one"
-          " whole iteration compiled as in training (run_chunk); x ppo: that against ppo's at the same episode"
-          " length (the cost per env step).\n")
-    head = ["episode steps", "method", *[h for _, h in PHASES], "sum of phases", "iteration", "x ppo",
-            "replay episodes", "compile s"]
-    table(head, [[c["length"], c["method"], *[f"{r['ms'][k]:.1f}" for k, _ in PHASES],
-                  f"{sum(r['ms'][k] for k, _ in PHASES):.1f}", f"{r['ms']['iteration']:.1f}",
-                  f"{r['ms']['iteration'] / ppo[c['length']]:.2f}" if c["length"] in ppo else "-",
-                  f"{r['replay_episodes']:.0f} / {r['kept']}" if r["replay_episodes"] else "-",
-                  f"{r['compile_s']:.0f}"] for c, r in rows], notes)
+          f" DelayedChain at {', '.join(map(str, lengths))} steps per episode, {seeds} runs vmapped)\n\n"
+          f"Milliseconds per training iteration ({seeds} runs x one rollout each). Each phase of the training loop"
+          " is its own compiled program (jit(vmap)) on the state after enough iterations of training to fill the"
+          " training replay, fed what the phases before it produced; the refit (update) is always taken (a plain"
+          f" vmap over runs takes it every iteration, whatever k). Median of {args.reps} timed runs after one"
+          " untimed, compile apart (compile s: with the warm-up iterations). Iteration: one whole iteration compiled"
+          " as in training (run_chunk); x ppo: that against ppo's at the same episode length (the cost per env"
+          f" step); growth: x ppo at {lengths[-1]} over x ppo at {lengths[0]} steps per episode.\n")
+    for i, shared in enumerate(args.profile_static):
+        # after the first table, a method without any of the fields would repeat its row: left out
+        same = [m for m in args.profile_methods if i and m != "ppo" and not set(shared) & set(static_fields(m))]
+        cfgs = [{"kind": "profile", "method": m, "length": n, "seeds": seeds, "reps": args.reps,
+                 "task": args.profile_task, "admitted": os.path.join(HERE, "admitted_tasks.json"),
+                 "static": shared} for n in lengths for m in args.profile_methods if m not in same]
+        rows, notes = launch.measure_each(cfgs, args.timeout, args.budget, log)
+        notes += bool(same) * [f"{', '.join(same)}: no field {', '.join(shared)}; as in the first table."]
+        ppo = {c["length"]: r["ms"]["iteration"] for c, r in rows if c["method"] == "ppo"}
+        ratio = {(c["method"], c["length"]): r["ms"]["iteration"] / ppo[c["length"]] for c, r in rows
+                 if c["length"] in ppo}
+        growth = {m: ratio[m, lengths[-1]] / ratio[m, lengths[0]] for m, _ in ratio
+                  if (m, lengths[0]) in ratio and (m, lengths[-1]) in ratio}
+        print(f"\n#### More StaticConfig fields: {', '.join(f'{k}={v}' for k, v in shared.items()) or 'none'}\n")
+        head = ["episode steps", "method", *[h for _, h in PHASES], "sum of phases", "iteration", "x ppo",
+                "growth", "replay episodes", "compile s"]
+        table(head, [[c["length"], c["method"], *[f"{r['ms'][k]:.1f}" for k, _ in PHASES],
+                      f"{sum(r['ms'][k] for k, _ in PHASES):.1f}", f"{r['ms']['iteration']:.1f}",
+                      f"{ratio[c['method'], c['length']]:.2f}" if (c["method"], c["length"]) in ratio else "-",
+                      f"{growth[c['method']]:.2f}" if len(lengths) > 1 and c["length"] == lengths[-1]
+                      and c["method"] in growth else "",
+                      f"{r['replay_episodes']:.0f} / {r['kept']}" if r["replay_episodes"] else "-",
+                      f"{r['compile_s']:.0f}"] for c, r in rows], notes)
 
 
 SECTIONS = {"ppo": section_ppo, "methods": section_methods, "text": section_text, "sweep": section_sweep,
@@ -263,8 +276,9 @@ def build_parser():
     add("--profile-seeds", type=int, default=16, help="runs vmapped in the profile section (default 16)")
     add("--profile-task", default="chain-l16-n05", help="the admitted task whose settings the profile section"
         " runs (default chain-l16-n05)")
-    add("--profile-static", default="", metavar="FIELD=VALUE,...", help="more StaticConfig fields for the profile"
-        " section, each method taking those it has (e.g. fit_batch_episodes=16)")
+    add("--profile-static", default="", metavar="FIELD=VALUE,...[;...]", help="more StaticConfig fields for the"
+        " profile section, each method taking those it has (e.g. fit_batch_episodes=16); settings separated by ;"
+        " are measured one after the other, one table each (default: none)")
     add("--publish", metavar="DIR", help="also write the tables to DIR/benchmarks.md (the profile section's to"
         " DIR/profile.md) with the command, commit and machine (e.g. docs; default: print only)")
     return ap
@@ -293,9 +307,10 @@ def parse_args(argv=None):
     args.profile_methods = [m.strip() for m in args.profile_methods.split(",") if m.strip()]
     try:
         args.profile_lengths = [int(n) for n in args.profile_lengths.split(",")]
-        args.profile_static = dict(_field(kv) for kv in args.profile_static.split(",") if kv.strip())
+        args.profile_static = [dict(_field(kv) for kv in setting.split(",") if kv.strip())
+                               for setting in args.profile_static.split(";")]
     except ValueError:
-        ap.error("--profile-lengths must be a comma list of integers, --profile-static of FIELD=VALUE")
+        ap.error("--profile-lengths must be a comma list of integers, --profile-static of FIELD=VALUE,...[;...]")
     args.budget = launch.Budget(args.deadline)
     return args
 

@@ -114,3 +114,17 @@ def test_a_worker_runs_in_a_fresh_process_from_the_study_helpers():
     adds it: the measurements live with the studies, not in the library); here a 64 x 64 probe."""
     res = launch.run_worker({"kind": "probe", "n": 64}, 300)
     assert res["n"] == 64 and res["gflops"] > 0 and res["backend"]
+
+
+def test_profile_options():
+    b = _bench()
+    a = b.parse_args(["--sections", "profile", "--profile-static", "fit_batch_episodes=0;fit_batch_episodes=16,"
+                      "reward_input=obs", "--profile-lengths", "30,60"])
+    assert a.sections == ["profile"] and a.profile_lengths == [30, 60] and a.profile_seeds == 16
+    assert a.profile_static == [{"fit_batch_episodes": 0}, {"fit_batch_episodes": 16, "reward_input": "obs"}]
+    assert a.profile_methods[0] == "ppo"
+    assert {"rrd", "ircr", "q-advantage", "coevo-regression", "hca", "cca", "siop", "icm"} <= set(a.profile_methods)
+    a = b.parse_args(["--smoke"])
+    assert a.profile_static == [{}] and a.profile_seeds == 2 and a.profile_lengths == [8]
+    assert b.OWN_REPORT["profile"][0] == "profile"  # published to DIR/profile.md, apart from benchmarks.md
+

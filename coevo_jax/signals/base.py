@@ -1,57 +1,27 @@
 """The reward-source interface shared by every method.
 
-A reward source is a :class:`Signal`, a NamedTuple of pure functions (in
-the spirit of optax's ``GradientTransformation``). The training loop calls,
-each iteration, after collecting a ``[T, N]`` :class:`~coevo_jax.rollout.Trajectory`:
+A reward source is a :class:`Signal` of pure functions (in the spirit of optax's
+``GradientTransformation``). After each ``[T, N]`` :class:`~coevo_jax.rollout.Trajectory` the loop calls:
 
-1. ``observe(state, traj, hp, key) -> (state, metrics)``: every iteration;
-   bookkeeping (episode buffers) and the models that train on every rollout
-   (ICM, the RND predictor; they keep their parameters from before this
-   training, and the rollout's bonus is read with those: bonus first, then train);
-2. ``update(state, traj, policy, hp, key) -> (state, metrics)``: the refit,
-   run only when ``iteration % hp.signal.k == 0`` (the loop gates it); its
-   metrics may hold :data:`REFIT_STEPS`, the one key the loop reads;
-3. ``rewards(state, traj, hp) -> (state, RewardStreams, metrics)``: the
-   rewards PPO optimises, computed with the freshly updated state (the state
-   comes back because the running reward scale lives in it).
+1. ``observe(state, traj, hp, key) -> (state, metrics)``: every iteration; episode buffers and the
+   models that train on every rollout (ICM, the RND predictor: the rollout's bonus is read with their
+   parameters from before this training);
+2. ``update(state, traj, policy, hp, key) -> (state, metrics)``: the refit, run only when
+   ``iteration % hp.signal.k == 0``; its metrics may hold :data:`REFIT_STEPS`, the one key the loop reads;
+3. ``rewards(state, traj, hp) -> (state, RewardStreams, metrics)``: the rewards PPO optimises, from the
+   freshly updated state (returned: the running reward scale lives in it).
 
-``init(key, traj, hp) -> state`` builds the state from an example trajectory.
-``policy`` is a :class:`PolicyView` (the policy's network, params and
-optimiser state) for sources that look through the policy (meta-gradient).
-Metrics are flat dicts of scalars with the same keys on every call.
-The optional fifth function, ``credit`` (:class:`CreditFn`), is never called by
-the loop: analyses read a method's learned per-step reward of every action through it.
+``init(key, traj, hp) -> state`` builds the state from an example trajectory; ``policy`` is a
+:class:`PolicyView`; metrics are flat dicts of scalars with the same keys on every call. The optional
+``credit`` (:class:`CreditFn`) is never called by the loop: analyses read a method's learned per-step
+reward of every action through it.
 
-**Two reward streams** (Burda, Edwards, Storkey and Klimov 2018, "Exploration
-by Random Network Distillation"). :class:`RewardStreams` separates
-
-* ``episodic`` ``[T, N]``: the external reward and any reward that must respect
-  episode ends (potential-based shaping, a learned decomposition of the
-  return). Its return stops at termination and bootstraps at time-outs; it is
-  the critic's first head;
-* ``intrinsic`` ``[T, N]`` or ``None``: per-step bonuses (curiosity, novelty,
-  a meta-learned reward). Their return is *non-episodic* (it runs through
-  episode ends) and has its own critic head, so a bonus paid every step is
-  worth the same whether the episode ends or not: "never finish the task" does
-  not collect it forever, and a constant bonus has zero advantage.
-
-The loop adds the two streams' GAE advantages, the intrinsic one times
-``intrinsic_coef`` (:func:`coevo_jax.ppo.stream_advantages`), as in Burda et
-al.: the coefficient weighs the *advantage*, so at 0 the update is exactly the
-extrinsic one (weighting the bonus instead would leave the intrinsic critic's
-error in the advantage). Each signal sets its coefficients.
-
-**Normalisation never shifts.** :func:`scale_normalise` divides a stream by a
-running (across iterations) estimate of the root-mean-square of its
-discounted return; it never subtracts a mean (a shifted reward is a living
-bonus or a step penalty) and it keeps potential-based shaping potential-based
-(the scale is one number per batch). RMS rather than RND's standard
-deviation: the return of a bonus that is nearly constant has a tiny std, and
-dividing by it turns the bonus into a large reward (returns of tens) whose
-value the intrinsic critic must first learn, its error swamping the external
-advantage (measured on KeyDoor-5x5: success 0.66 with the std, 0.75 with the
-RMS at the same weight, 8 tuning seeds). With the RMS the normalised return
-has magnitude ~1 whatever the bonus's mean.
+:class:`RewardStreams` splits the rewards by return (Burda et al. 2018, "Exploration by Random Network
+Distillation"): ``episodic`` (its return stops at termination and bootstraps at time-outs; the critic's
+first head) and ``intrinsic`` (non-episodic, its own critic head); the loop adds the streams' GAE
+advantages, the intrinsic one times ``intrinsic_coef`` (:func:`coevo_jax.ppo.stream_advantages`).
+:func:`scale_normalise` divides a stream by a running RMS of its discounted return and never shifts it.
+Why: ``docs/design.md``, "Reward construction" and ``coevo_jax.signals.base``.
 """
 from __future__ import annotations
 

@@ -1,63 +1,35 @@
 """Counterfactual credit (method ``cca``): the action's advantage with the luck that followed held fixed.
 
-Counterfactual Credit Assignment (Mesnard et al. 2021, "Counterfactual Credit
-Assignment in Model-Free Reinforcement Learning", ICML; their CCA-PG with the
-all-action, future-conditional critic). A hindsight statistic ``Phi_t`` is read
-from what happened *after* step ``t`` (a backward GRU over the later steps'
-inputs and rewards, :class:`HindsightStat`), and a future-conditional return
-model ``Q(x_t, Phi_t, a)`` is fit to the return that followed. Each step is paid
+Counterfactual Credit Assignment (Mesnard et al. 2021, "Counterfactual Credit Assignment in Model-Free
+Reinforcement Learning", ICML; their CCA-PG with the all-action, future-conditional critic). A hindsight
+statistic ``Phi_t`` is read from what happened *after* step ``t`` (a backward GRU over the later steps'
+inputs and rewards, :class:`HindsightStat`), and a return model ``Q(x_t, Phi_t, a)`` is fit to the
+return that followed. Each step is paid
 
     c_t = Q(x_t, Phi_t, a_t) - sum_a pi(a | x_t) Q(x_t, Phi_t, a),
 
-``q-advantage``'s credit with the future's "luck" (the distractor rewards, the
-environment's noise) given to the return model, so that its regression target
-loses the variance the action did not cause. ``Phi_t`` must not tell the action:
-a hindsight classifier ``h(a | x_t, Phi_t)`` is fit by cross-entropy to the
-action taken, and ``Phi``'s own parameters minimise an independence loss,
-``KL(pi(. | x_t) || h(. | x_t, Phi_t))`` (``hp.signal.indep_coef``), which is 0
-only when the classifier can tell nothing about ``a_t`` beyond ``x_t`` (the
-paper's constraint, ``Phi_t`` independent of ``A_t`` given ``X_t``; we did not
-have its exact loss at hand, this one has the same minimiser). Then
-``Q(x_t, Phi_t, a)`` for an action not taken is a counterfactual: the return
-the other action would have had in the same luck. ``c_t`` has mean 0 under the
-policy at every step for any ``Phi`` (no living reward); where the action
-changes nothing, ``Q`` is flat in ``a`` and the credit is 0.
+``q-advantage``'s credit with the future's luck given to the return model. A hindsight classifier
+``h(a | x_t, Phi_t)`` is fit by cross-entropy to the action taken, and ``Phi``'s parameters minimise
+the independence loss ``KL(pi(. | x_t) || h(. | x_t, Phi_t))`` (``hp.signal.indep_coef``; the
+paper's constraint, ``Phi_t`` independent of ``A_t`` given ``X_t``, by a loss with the same minimiser
+as the paper's). Each loss reaches the parameters the paper trains with it: the return model's squared
+error ``Q`` and ``Phi``, the cross-entropy ``h`` only, the independence loss ``Phi`` only.
 
-Losses, each on the parameters the paper trains with it: the return model's
-squared error (``Q`` and ``Phi``), the classifier's cross-entropy (``h`` only,
-``Phi`` held fixed), the independence loss (``Phi`` only, ``h`` held fixed).
+Deviations: ``h`` is in :mod:`~coevo_jax.signals.hca`'s Bayes form ``softmax(log pi + g)`` with the
+acting policy's stored probabilities; a step whose episode runs past the rollout's end sees the future
+up to that end, with a flag, and the models are fit on complete episodes of the replay, a share
+:data:`CUT_SHARE` of them cut at a uniformly drawn step (fresh cuts every fitting step); ``Phi`` reads
+the later steps' inputs and rewards, not their actions; the three models share one Adam
+(``reward_lr_ratio``); the credit is added to the environment's reward and PPO's GAE runs on the sum
+(a single-sample form of the paper's all-action gradient). Why: ``docs/design.md``,
+``coevo_jax.signals.cca``.
 
-Deviations, each for a reason the paper's setting does not have:
-
-* ``h`` is in :mod:`~coevo_jax.signals.hca`'s Bayes form, ``softmax(log pi + g)``
-  with the acting policy's stored probabilities, so that a replay of earlier
-  policies does not read as action information (``g`` flat: independent).
-* PPO's rollouts cut episodes: a step whose episode runs past the rollout's end
-  sees the future up to that end, with a flag that says so. The models are fit
-  on complete episodes of the replay, half of them cut at a uniformly drawn
-  step the same way (each fitting step draws new cuts), so ``Q(x, Phi, a)`` on
-  a cut future is the return expected from what was seen.
-* ``Phi`` reads the later steps' inputs and rewards, not their actions.
-* the three models share one Adam (``reward_lr_ratio``); the paper's separate
-  learning rates are not exposed.
-
-Whether the independence loss keeps an outcome out of ``Phi`` is measured, with
-ground truth, by ``sweeps/cca_independence.py``: without it ``Phi`` reads the
-outcome and the credit at the choice collapses; with it the game between ``Phi``
-and ``h`` recovers the credit on some seeds only, and biases it where no leak
-was possible.
-* the credit is added to the environment's reward and PPO's GAE runs on the sum
-  (the library's interface, as ``q-advantage`` and ``hca``), a single-sample
-  form of the paper's all-action gradient ``sum_a grad pi(a | x) Q(x, Phi, a)``.
-
-``x_t`` is the policy's features (``RewardNetStatic.reward_input =
-"features"``) or the observation (``"obs"``). **Rewards**: one episodic stream
-``beta_ext * r_ext + beta_int * c_t``. **Refit** every ``K`` iterations,
-``static.signal.reward_steps`` full-batch Adam steps (times ``K`` under
-``refit_steps_per_k``) at ``hp.signal.reward_lr_ratio`` times the policy's lr of
-the iteration (with ``fit_batch_episodes = B > 0`` each step on ``B`` episodes drawn from the
-replay); gated like R_phi's (``min_refit_episodes``). The replay is R_phi's
-(:mod:`coevo_jax.episodes`).
+``x_t`` is the policy's features (``RewardNetStatic.reward_input = "features"``) or the observation
+(``"obs"``). **Rewards**: one episodic stream ``beta_ext * r_ext + beta_int * c_t``. **Refit** every
+``K`` iterations, ``static.signal.reward_steps`` full-batch Adam steps (times ``K`` under
+``refit_steps_per_k``) at ``hp.signal.reward_lr_ratio`` times the policy's lr of the iteration (with
+``fit_batch_episodes = B > 0`` each step on ``B`` episodes drawn from the replay); gated like R_phi's
+(``min_refit_episodes``). The replay is R_phi's (:mod:`coevo_jax.episodes`).
 """
 from __future__ import annotations
 

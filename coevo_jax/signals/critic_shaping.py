@@ -1,37 +1,18 @@
-"""SIOP's credit with PPO's own critic as the potential (method ``siop-critic``):
-the control that asks what SIOP's potential adds beyond the critic.
+"""SIOP's credit with PPO's own critic as the potential (method ``siop-critic``): the control that asks
+what SIOP's potential adds beyond the critic.
 
-SIOP (:mod:`coevo_jax.signals.potential`) fits a separate network ``Phi`` to
-the value of the external reward under the current policy, which is what PPO's
-critic estimates too. ``siop-critic`` keeps SIOP's credit construction and
-replaces ``Phi`` by the critic's episodic head ``V`` as recorded in the
-trajectory at collection time (``traj.value``, ``traj.next_value``; no
-gradient flows through them, and no network of its own):
+``siop-critic`` keeps SIOP's credit construction (:mod:`coevo_jax.signals.potential`) and replaces
+``Phi`` by the critic's episodic head ``V`` as recorded at collection time (``traj.value``,
+``traj.next_value``; no gradient, no network of its own):
 
-    F_t = gamma * V(s_t+1) - V(s_t),   V(s_t+1) = 0 if terminated_t,
-                                       V(final_obs_t) if truncated_t (a time-out bootstraps),
+    F_t = gamma * V(s_t+1) - V(s_t),   V(s_t+1) = 0 if terminated_t, V(final_obs_t) if truncated_t,
 
-spread over ``static.signal.credit_nstep`` steps, clipped at ``hp.signal.credit_clip`` and
-paid in the episodic stream as ``beta_ext * r_ext + beta_int * F``, all
-exactly as ``siop`` does with its default ``normalize_int = 0``
-(:func:`~coevo_jax.signals.potential.trajectory_shaping`): the credit is raw,
-in the units of the critic's values, which are those of the external return.
-``hp.signal.normalize_int`` is not read (the signal keeps no state). If
-``siop``, ``siop-critic`` and ``ppo`` learn alike, SIOP's potential adds nothing
-the critic lacks.
-
-**What it does to PPO.** The critic is the one the policy trains on the shaped
-stream, so the potential is self-referential. With ``n = 1`` and no scaling the
-GAE error is ``r_t + (1 + beta_int) (gamma V(s_t+1) - V(s_t))``: PPO's TD error
-with the critic counted ``1 + beta_int`` times. The critic's target is the
-shaped return, ``G - beta_int V_old(s)`` for a complete episode, so a critic
-that fits its target moves as ``V <- V + a (G - (1 + beta_int) V)``: the
-combined baseline ``(1 + beta_int) V`` tends to the external value ``V_ext``
-(``V`` itself to ``V_ext / (1 + beta_int)``), at ``1 + beta_int`` times the rate
-of PPO's critic. Like any potential-based shaping it leaves the optimal
-policies unchanged.
-
-``beta_int = 0`` (``off``) is sparse PPO exactly.
+spread over ``static.signal.credit_nstep`` steps, clipped at ``hp.signal.credit_clip`` and paid as
+``beta_ext * r_ext + beta_int * F``, raw, exactly as ``siop`` with ``normalize_int = 0``
+(:func:`~coevo_jax.signals.potential.trajectory_shaping`); ``hp.signal.normalize_int`` is not read.
+The critic trains on this shaped stream, so the combined baseline ``(1 + beta_int) V`` tends to the
+external value (``docs/design.md``, ``coevo_jax.signals.critic_shaping``); the optimal policies are
+unchanged. ``beta_int = 0`` (``off``) is sparse PPO exactly.
 """
 from __future__ import annotations
 

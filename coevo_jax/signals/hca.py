@@ -1,58 +1,38 @@
 """Return-conditional hindsight credit (method ``hca``): how much likelier the outcome made the action.
 
-Hindsight Credit Assignment (Harutyunyan et al. 2019, "Hindsight Credit
-Assignment", NeurIPS; the return-conditional estimator of their section 4).
-A hindsight model ``h(a | x, z)`` is fit by cross-entropy on a replay of
-complete episodes to the action taken at each step ``x_t`` given the
-discounted return ``Z_t`` that followed it. By Bayes,
-``h(a | x, z) = pi(a | x) P(z | x, a) / P(z | x)``: where the action does not
-change the return, ``h = pi``; where it decides it, ``h`` moves toward the
-action that produced the return observed. Each step is paid the paper's
-return-HCA advantage
+Hindsight Credit Assignment (Harutyunyan et al. 2019, "Hindsight Credit Assignment", NeurIPS; the
+return-conditional estimator of their section 4). A hindsight model ``h(a | x, z)`` is fit by
+cross-entropy on a replay of complete episodes to the action taken at each step ``x_t`` given the
+discounted return ``Z_t`` that followed it. Each step is paid the paper's return-HCA advantage
 
     c_t = (1 - pi(a_t | x_t) / h(a_t | x_t, Z_t)) * Z_t,
 
-whose mean over ``Z`` given ``(x, a)`` is ``Q(x, a) - V(x)`` when the returns
-of the actions overlap in support (the paper's return-conditional identity,
-``Q(x, a) = E_Z[h(a | x, Z) / pi(a | x) Z]``): 0 at steps where the action changes nothing, the action's advantage
-where it matters, and mean 0 under the policy at every step (no living reward).
-``pi(a_t | x_t)`` is the policy's probability when it acted
-(``Trajectory.probs``). ``x_t`` is the policy's features
-(``RewardNetStatic.reward_input = "features"``, the seeds' "hidden state") or the
+whose mean over ``Z`` given ``(x, a)`` is ``Q(x, a) - V(x)`` when the returns of the actions overlap
+in support (``Q(x, a) = E_Z[h(a | x, Z) / pi(a | x) Z]``); its mean under the policy is 0 at every
+step. ``pi(a_t | x_t)`` is the policy's probability when it acted (``Trajectory.probs``). ``x_t`` is the
+policy's features (``RewardNetStatic.reward_input = "features"``, the seeds' "hidden state") or the
 observation (``"obs"``).
 
-Deviations, each for a reason the paper's setting does not have:
+Deviations (why: ``docs/design.md``, ``coevo_jax.signals.hca``):
 
-* ``h`` is parameterised by that Bayes rule, ``h = softmax(log pi(. | x) + g(x,
-  z, .))`` (:func:`bayes_logits`), with :class:`HindsightNet` learning only the
-  likelihood term ``g ~ log P(z | x, a)``: fit with the probabilities of the
-  policy that acted (stored in the replay), read with the current policy's. The
-  replay holds episodes of earlier policies, and an ``h`` learned directly
-  estimates their mixture: ``pi / h`` then exceeds 1 for whatever action the
-  policy has made likelier, and with ``Z > 0`` its credit turns negative (a
-  directly learned ``h`` trained the policy below the random row on the memory
-  chain, 0.037 vs 0.127: docs/results/memchain-l16-n05/hca/chain_credit.md at
-  commit 2614c59). With the Bayes form an action that does not change
-  the return has ``g`` flat and credit 0 under any policy.
-* ``Z_t`` of the rollout's steps is the lambda = 1 return within the rollout,
-  bootstrapped from the critic where the rollout cuts an episode (PPO's
-  batches end mid-episode; the paper's episodes are complete); the hindsight
-  model is fit on complete episodes only.
-* the ratio ``pi / h`` is clipped to ``[0, hp.signal.ratio_clip]`` (default 10):
-  a rare return can leave ``h`` of the taken action near 0 and the credit
-  unbounded; ``ratio_clipped`` reports how often the clip binds.
-* the credit is added to the environment's reward and PPO's GAE runs on the sum
-  (the library's interface: every method is a reward for the same PPO), as
-  ``q-advantage`` does, instead of replacing the policy-gradient's advantage.
+* ``h`` is parameterised by Bayes' rule, ``h = softmax(log pi(. | x) + g(x, z, .))``
+  (:func:`bayes_logits`), :class:`HindsightNet` learning only the likelihood term
+  ``g ~ log P(z | x, a)``: fit with the probabilities of the policy that acted (stored in the replay),
+  read with the current policy's;
+* ``Z_t`` of the rollout's steps is the lambda = 1 return within the rollout, bootstrapped from the
+  critic where the rollout cuts an episode; the hindsight model is fit on complete episodes only;
+* the ratio ``pi / h`` is clipped to ``[0, hp.signal.ratio_clip]``; ``ratio_clipped`` reports how often
+  the clip binds;
+* the credit is added to the environment's reward and PPO's GAE runs on the sum, as ``q-advantage``
+  does, instead of replacing the policy gradient's advantage.
 
-**Rewards**: one episodic stream ``beta_ext * r_ext + beta_int * c_t`` (raw:
-``c`` is in the return's units). **Refit** every ``K`` iterations,
-``static.signal.reward_steps`` full-batch Adam steps (times ``K`` under
-``static.signal.refit_steps_per_k``) of the masked mean cross-entropy of ``h(a_t | x_t,
-Z_t)``, at ``hp.signal.reward_lr_ratio`` times the policy's lr of the
-iteration (with ``fit_batch_episodes = B > 0`` each step on the steps of ``B`` episodes drawn from
-the replay); gated like R_phi's (``min_refit_episodes``). The replay is R_phi's
-(:mod:`coevo_jax.episodes`, ``static.signal.buffer_episodes``, ``max_episode_len``).
+**Rewards**: one episodic stream ``beta_ext * r_ext + beta_int * c_t`` (raw: ``c`` is in the return's
+units). **Refit** every ``K`` iterations, ``static.signal.reward_steps`` full-batch Adam steps (times
+``K`` under ``static.signal.refit_steps_per_k``) of the masked mean cross-entropy of
+``h(a_t | x_t, Z_t)``, at ``hp.signal.reward_lr_ratio`` times the policy's lr of the iteration (with
+``fit_batch_episodes = B > 0`` each step on the steps of ``B`` episodes drawn from the replay); gated
+like R_phi's (``min_refit_episodes``). The replay is R_phi's (:mod:`coevo_jax.episodes`,
+``static.signal.buffer_episodes``, ``max_episode_len``).
 """
 from __future__ import annotations
 

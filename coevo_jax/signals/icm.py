@@ -1,40 +1,21 @@
-"""Intrinsic Curiosity Module (Pathak, Agrawal, Efros and Darrell 2017,
+"""Intrinsic Curiosity Module (method ``icm``; Pathak, Agrawal, Efros and Darrell 2017,
 "Curiosity-driven Exploration by Self-supervised Prediction").
 
-A feature encoder ``phi(s)`` (MLP, ``static.signal.icm_feature_dim`` outputs, on the
-observation read through :func:`coevo_jax.encoding.encode_obs`: token buffers
-one-hot), an inverse model ``g(phi(s_t), phi(s_t+1)) -> logits of a_t`` and a forward model
-``f(phi(s_t), onehot(a_t)) -> phi(s_t+1)``. The encoder is shaped by the inverse
-loss only: in the forward loss both feature vectors are ``stop_gradient``-ed, so
-the features keep only what the agent's actions can influence. Loss
-``(1 - beta) * L_inverse + beta * L_forward`` with ``beta = hp.signal.icm_forward_weight``;
-the intrinsic reward is ``hp.signal.icm_eta * 0.5 * ||f(phi(s_t), a_t) - phi(s_t+1)||^2``
-and the policy's rewards are two streams (:class:`~coevo_jax.signals.base.RewardStreams`):
+A feature encoder ``phi(s)`` (MLP, ``static.signal.icm_feature_dim`` outputs, on the observation read
+through :func:`coevo_jax.encoding.encode_obs`), an inverse model ``g(phi(s_t), phi(s_t+1)) -> logits of
+a_t`` and a forward model ``f(phi(s_t), onehot(a_t)) -> phi(s_t+1)``; the encoder is shaped by the
+inverse loss only (the forward loss's features are ``stop_gradient``-ed). Loss
+``(1 - beta) * L_inverse + beta * L_forward``, ``beta = hp.signal.icm_forward_weight``. The policy's
+streams (:class:`~coevo_jax.signals.base.RewardStreams`): episodic ``beta_ext * r_ext``; intrinsic
+(non-episodic) ``n(r_int)``, ``r_int = hp.signal.icm_eta * 0.5 * ||f(phi(s_t), a_t) - phi(s_t+1)||^2``,
+``n`` the division by a running RMS of its return when ``hp.signal.normalize_int``, its advantage
+weighted by ``beta_int``.
 
-* episodic: ``beta_ext * r_ext``;
-* intrinsic (non-episodic, its own critic head): ``n(r_int)``, ``n`` the
-  division by a running RMS of the intrinsic return when ``hp.signal.normalize_int``
-  (never a mean shift; Burda et al. 2018), its advantage weighted by ``beta_int``.
-
-A bonus in the episodic stream would be a living reward: with time-outs
-bootstrapped, "never reach the goal" collects it forever. In its own
-non-episodic return a bonus paid on every step is worth the same whether the
-episode ends or not.
-
-``s_t+1`` is ``traj.next_obs`` (the pre-reset final observation on steps that
-end an episode). The ICM trains on every rollout, in ``observe`` (the paper
-trains it alongside the policy), not only at the K-gated refits: one shuffled
-epoch over the trajectory in ``static.num_minibatches`` minibatches (PPO's
-minibatch size), Adam at ``hp.signal.icm_lr_ratio * hp.ppo.lr`` (a multiple of the
-policy's lr, not annealed) with global-norm clipping at
-``hp.ppo.max_grad_norm`` (the policy's; the ICM has no clip field of its own).
-``update`` has nothing to do.
-
-**Bonus first, then train.** The bonus of a rollout is the forward error of
-the model *before* it trained on that rollout (``ICMState.bonus_params``, the
-parameters ``observe`` started from), as at collection time in Pathak et al.
-and Burda et al.: a model that has just fit these transitions would shrink the
-bonus on exactly the transitions that were new.
+``s_t+1`` is ``traj.next_obs`` (the pre-reset final observation on steps that end an episode). The ICM
+trains on every rollout, in ``observe``: one shuffled epoch in ``static.num_minibatches`` minibatches,
+Adam at ``hp.signal.icm_lr_ratio * hp.ppo.lr`` (not annealed), clipped at ``hp.ppo.max_grad_norm``;
+``update`` has nothing to do. A rollout's bonus is the forward error of the model *before* it trained
+on that rollout (``ICMState.bonus_params``). Rationale: ``docs/design.md``, ``coevo_jax.signals.icm``.
 """
 from __future__ import annotations
 
@@ -185,10 +166,7 @@ def make_icm(static, network, env, env_params) -> Signal:
 class ICMParams(SignalParams):
     """``icm``'s hyperparameters: the bonus stream's advantage weight is ``beta_int``."""
 
-    # Intrinsic-advantage weights (icm beta_int, coevo-novelty novelty_coef, meta r_int_coef): from a grid of
-    # 0.01-0.03, 0.1, 0.3, 1 on KeyDoor-5x5 at the main job's budget, 8 tuning seeds kept apart from the
-    # evaluation seeds (README, "Reward construction"), the largest weight whose final success stayed within
-    # 0.05 of sparse PPO's (0.84 there): every bonus cost success on that task, more the larger its weight.
+    # the rule behind the bonus streams' default advantage weights: docs/design.md, coevo_jax.signals.icm
     beta_int: float = default_of(SignalParams, "beta_int", 0.1)
     icm_lr_ratio: float = weight(1.0, doc="the ICM's Adam step as a multiple of the policy's lr (it trains on every"
                                           " rollout; not annealed)")

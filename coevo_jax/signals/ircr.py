@@ -1,62 +1,37 @@
-"""Iterative Relative Credit Refinement (IRCR; Gangwani, Zhou and Peng 2020,
-"Learning Guidance Rewards with Trajectory-space Smoothing"), method ``ircr``.
+"""Iterative Relative Credit Refinement (IRCR; Gangwani, Zhou and Peng 2020, "Learning Guidance Rewards
+with Trajectory-space Smoothing"), method ``ircr``.
 
-**The guidance reward.** Smoothing the RL objective in trajectory space gives
-a per-step reward that is the expected (normalised) return of the episodes a
-state-action pair occurs in:
+The guidance reward of a state-action pair is the expected normalised return of the recent episodes it
+occurs in:
 
     r_g(s, a) = E[ n(R(tau)) | (s, a) in tau ],   tau from a buffer of recent episodes,
     n(R) = (R - R_min) / (R_max - R_min),          R_min, R_max over that buffer.
 
-Every step of an episode gets the same target, the episode's whole
-(undiscounted) external return, min-max normalised to ``[0, 1]`` over the
-buffer's episodes: credit is *relative* to the other recent episodes, and as
-the policy improves the buffer's returns move up and each pair's reward is
-refined again (hence "iterative"). It is a per-step regression, not a
-decomposition: there is no constraint on the sum of ``r_g`` over an episode
-(contrast ``coevo-regression``, :mod:`coevo_jax.signals.learned`). The
-normalisation makes ``r_g`` invariant to adding a constant to every return and
-to scaling every return by a positive number. When every return in the buffer
-is the same (``R_max - R_min < 1e-8``, e.g. no success yet) every target is 0:
-no episode was better than another.
+Every step of an episode gets the same target, the episode's whole undiscounted external return (a
+timed-out episode's return as collected), min-max normalised over the buffer (:func:`minmax_normalise`;
+all targets 0 when the spread is below ``MIN_SPREAD``): a per-step regression, not a decomposition.
 
-**Learned, as on-policy PPO needs.** The paper pairs IRCR with off-policy
-learners (SAC, TD3, Q-learning), where a replayed transition's reward can be
-read from the finished episode it came from, with no network. PPO needs the
-reward of steps whose episode has not finished when the rollout ends, and of
-every state-action pair it sees, so ``r_g`` here is a network fit by
-regression: :class:`~coevo_jax.reward_net.RewardNet` (R_phi's network and
-input encoding: ``RewardNetStatic.reward_input``, ``"obs"`` for the paper's
-``r_g(s, a)``, ``"features"`` the policy's hidden state, as for R_phi; token
-observations one-hot encoded), read through its *linear* output (the pre-tanh
-head ``pre``: the targets fill ``[0, 1]``, which a tanh reaches only at
-infinity). Each refit (every ``hp.signal.k`` iterations, ``static.signal.reward_steps``
-full-batch Adam steps, or ``reward_steps x k`` under
-``static.signal.refit_steps_per_k``) minimises
+**Deviation: learned.** The paper pairs IRCR with off-policy learners that read a replayed step's
+reward from its finished episode; PPO needs the reward of unfinished episodes' steps, so ``r_g`` is a
+network (:class:`~coevo_jax.reward_net.RewardNet`, R_phi's network and input,
+``RewardNetStatic.reward_input``: ``"obs"`` for the paper's ``r_g(s, a)``) read through its linear
+(pre-tanh) output. Each refit (every ``hp.signal.k`` iterations, ``static.signal.reward_steps``
+full-batch Adam steps, or ``reward_steps x k`` under ``static.signal.refit_steps_per_k``) minimises
 
     mean over the stored steps of valid episodes of (r_g(x_t, a_t) - n(R_e))^2
 
-(with ``fit_batch_episodes = B > 0`` each Adam step on the stored steps of ``B`` episodes drawn
-from the buffer, where the paper draws transitions; the normalisation stays the buffer's)
-on a ring buffer of the ``static.signal.buffer_episodes`` most recent complete
-episodes (:mod:`coevo_jax.episodes`; per step R_phi's input and the action, per
-episode its whole return; a row holds ``static.signal.max_episode_len`` steps, by default the env's time
-limit, so every step of an episode gets its return as target).
-A timed-out episode counts with the return it collected. The Adam step is
-``hp.signal.ircr_lr_ratio`` times the policy's current learning rate (annealed with
-it), clipped at ``hp.signal.reward_max_grad_norm``.
+(with ``fit_batch_episodes = B > 0`` each Adam step on the stored steps of ``B`` episodes drawn from
+the buffer, where the paper draws transitions; the normalisation stays the buffer's) on a ring buffer
+of the ``static.signal.buffer_episodes`` most recent complete episodes (:mod:`coevo_jax.episodes`; a
+row holds ``static.signal.max_episode_len`` steps, by default the env's time limit). The Adam step is
+``hp.signal.ircr_lr_ratio`` times the policy's current learning rate, clipped at
+``hp.signal.reward_max_grad_norm``; gated by ``min_refit_episodes``.
 
-**Rewards.** The paper replaces the environment reward by the guidance reward.
-``r_g`` is a learned per-step stand-in for the external return, so it respects
-episode ends: the episodic stream (base.py's rules), ``beta_ext * r_ext +
-beta_int * r_g`` with defaults ``beta_ext = 0``, ``beta_int = 1`` (the paper's
-replacement; ``beta_ext = 1`` adds it to the external reward instead). Raw by
-default (``hp.signal.normalize_int = 0``: ``r_g`` is already in ``[0, 1]``); 1 divides
-it by the running RMS of its discounted return, never shifting it. Note that
-``r_g >= 0`` on every step pays for steps: states of high-return episodes are
-worth lingering in until the refits see that lingering episodes end with low
-returns (the paper's tasks have fixed horizons). ``off`` (``beta_ext = 1``,
-``beta_int = 0``) is sparse PPO exactly.
+**Rewards.** As in the paper ``r_g`` replaces the environment reward: the episodic stream
+``beta_ext * r_ext + beta_int * r_g`` with defaults ``beta_ext = 0``, ``beta_int = 1`` (``beta_ext = 1``
+adds it instead), raw by default (``hp.signal.normalize_int = 0``; 1 divides it by a running RMS of its
+return, never shifting it). ``r_g >= 0`` pays for steps. ``off`` (``beta_ext = 1``, ``beta_int = 0``)
+is sparse PPO exactly. Rationale: ``docs/design.md``, ``coevo_jax.signals.ircr``.
 """
 from __future__ import annotations
 

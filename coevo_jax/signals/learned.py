@@ -1,79 +1,42 @@
-"""Co-evolving internal reward R_phi (methods ``coevo-regression``,
-``coevo-ranking``, ``coevo-novelty``).
+"""Co-evolving internal reward R_phi (methods ``coevo-regression``, ``coevo-ranking``, ``coevo-novelty``).
 
-The alternating ("dual-objective") scheme of the project's source note on
-policy / internal-reward co-evolution: every iteration the policy runs PPO on
-the rewards below (phase A); every ``K`` iterations R_phi is refit on recent
-complete episodes against the sparse external reward (phase B). R_phi is
-:class:`coevo_jax.reward_net.RewardNet` reading ``x_t`` (the policy's features
-at collection time, or the observation: ``RewardNetStatic.reward_input``) and the
-action. The refit objectives come from the reward-learning literature:
+The project's source note's alternating scheme: every iteration the policy runs PPO on the rewards
+below; every ``K`` iterations R_phi (:class:`coevo_jax.reward_net.RewardNet` on ``x_t``, the policy's
+features or the observation, ``RewardNetStatic.reward_input``, and the action) is refit on recent
+complete episodes against the external reward, with objectives from the reward-learning literature:
 
-* ``coevo-regression``: return decomposition as in RUDDER (Arjona-Medina et al.
-  2019) -- the sum of R_phi over an episode should equal its external return (MSE);
-* ``coevo-ranking``: the Bradley-Terry pairwise preference loss over episodes
-  (Christiano et al. 2017; T-REX, Brown et al. 2019), with episodes ordered by
-  external return instead of by a person. The objective is the traced
-  ``hp.signal.ranking_weight`` (0 regression, 1 ranking, between: a mix) of one
-  params class, :class:`LearnedParams`, so the study runner compiles one program
-  for both;
-* ``coevo-novelty``: the regression objective plus a random-network-distillation
-  bonus (Burda et al. 2019) ``e_t = ||g(x_t) - f(x_t)||^2 / K``, ``f`` fixed and
-  random, ``g`` trained on *every* rollout (in ``observe``; Adam at
-  ``hp.signal.rnd_lr_ratio * hp.ppo.lr``, one shuffled epoch in ``static.num_minibatches`` minibatches).
-  The bonus of a rollout is read with ``g`` as it was *before* that fit
-  (``rnd_bonus_params``), as at collection time in Burda et al.: a predictor
-  that has just fit the rollout would shrink the bonus on the states that were new.
+* ``coevo-regression``: return decomposition as in RUDDER (Arjona-Medina et al. 2019): R_phi's sum
+  over an episode should equal its external return (MSE);
+* ``coevo-ranking``: the Bradley-Terry pairwise preference loss (Christiano et al. 2017; T-REX, Brown
+  et al. 2019), episodes ordered by external return instead of by a person. Both are the traced
+  ``hp.signal.ranking_weight`` (0 regression, 1 ranking) of one class, :class:`LearnedParams`: one program;
+* ``coevo-novelty``: the regression plus a random-network-distillation bonus (Burda et al. 2019)
+  ``e_t = ||g(x_t) - f(x_t)||^2 / K``, ``f`` fixed and random, ``g`` trained on every rollout in
+  ``observe`` (:func:`rnd_fit`); a rollout's bonus is read with ``g`` as it was before that fit.
 
-**Rewards** (:class:`~coevo_jax.signals.base.RewardStreams`):
+**Rewards**: episodic ``beta_ext * r_ext + beta_int * R_phi``, raw (R_phi is in the return's units by
+construction); ``coevo-novelty`` adds the intrinsic stream ``n(e_t)`` (a running RMS when
+``hp.signal.normalize_int``, never a shift), its advantage weighted by ``novelty_coef``.
 
-* episodic: ``beta_ext * r_ext + beta_int * R_phi``, raw. R_phi is fit to be a
-  decomposition of the external return (its episode sum is the return, or
-  orders episodes like it), so its scale is the return's by construction;
-  dividing it by a running RMS would break "sum R_phi = return" and change
-  what ``beta_int`` means as training goes on;
-* intrinsic (``coevo-novelty`` only; non-episodic, the critic's second head):
-  ``n(e_t)``, ``n(e) = e / rms(intrinsic return)`` (a running RMS, never a
-  mean shift) when ``hp.signal.normalize_int``, its advantage weighted by
-  ``novelty_coef``. A positive bonus in the episodic stream would be a living
-  reward.
+**Refit** (:func:`reward_objective`): ``anchor_weight`` scales the fit, ``drift_weight`` penalises
+R_phi's drift from an anchor whose parameters are an EMA over refits (``drift_ema``; :func:`drift_loss`,
+in the fit's units), ``extreme_weight`` the outputs' saturation. The Adam step is
+``hp.signal.reward_lr_ratio`` times the policy's learning rate of the iteration (annealed with it). A
+refit (``static.signal.reward_steps`` full-batch steps, times ``hp.signal.k`` under
+``static.signal.refit_steps_per_k``; with ``fit_batch_episodes = B > 0`` each step on ``B`` episodes
+drawn from the buffer, the ranking loss over their pairs) runs only when the training buffer holds at
+least ``hp.signal.min_refit_episodes`` complete episodes; before that R_phi, its anchor and its Adam
+state stay as they are. ``signal/refit_steps`` is the steps a refit took (0 when skipped); the loop
+sums it into the run's ``refit_steps``.
 
-**Anti-collusion terms** (the note's): ``anchor_weight`` scales the fit term;
-``drift_weight`` penalises the difference of R_phi's outputs on the buffer from
-those of an *anchor* R_phi whose parameters are an EMA over refits (``anchor <-
-drift_ema * anchor + (1 - drift_ema) * phi`` after each refit), in the fit's
-units (:func:`drift_loss`: squared return per episode, so ``drift_weight = 1``
-weighs a drift of the predicted return like an error of it). Measured against
-the start of the current refit (``drift_ema = 0``) the penalty and its
-gradient start at 0 and do not bind within a few steps; against the lagging
-anchor it holds R_phi back when the returns jump. ``extreme_weight`` penalises
-the squared tanh pre-activation (the outputs' saturation). The
-refit's Adam step is ``hp.signal.reward_lr_ratio`` times the policy's learning rate
-of the iteration (``hp.ppo.lr * policy.lr_frac``, annealed with it): tuning the
-policy's lr moves R_phi's with it, and their ratio is constant over a run.
-
-**A refit needs data.** A refit (``static.signal.reward_steps`` full-batch steps,
-times ``hp.signal.k`` under ``static.signal.refit_steps_per_k``; with ``fit_batch_episodes = B > 0``
-each step on ``B`` episodes drawn from the buffer, the ranking loss over their pairs) runs only when the training
-buffer holds at least ``hp.signal.min_refit_episodes`` complete episodes; before that
-R_phi, its anchor and its Adam state stay as they are (no steps on an empty
-buffer advance Adam's count). ``signal/refit_steps`` is the steps a refit
-took (0 when skipped); the loop sums it into the run's ``refit_steps``.
-
-**Episode buffer** (:mod:`coevo_jax.episodes`). The refit reads a ring buffer
-of the most recent *complete* episodes (``static.signal.buffer_episodes``; by default
-enough for two rollouts, :func:`~coevo_jax.episodes.replay_episodes`), per step
-``x`` (R_phi's input), ``action`` and ``reward`` (external), per episode
-``full_return``, filled in ``observe`` from each PPO rollout: no extra
-environment steps, every shape static, episodes continued across rollouts.
-Every 4th committed episode goes to a held-out validation buffer
-(``max(2, buffer_episodes // 4)``) that the diagnostics read. A buffer row
-holds ``L`` steps, ``static.signal.max_episode_len``, by default (``None``) the env's
-time limit, so every step of every episode is decomposed
-(:func:`~coevo_jax.episodes.episode_window`: a shorter length is refused). The
-fit's target ``ret`` is the external reward within the stored steps, the whole
-episode's return. Under ``vmap`` with a batched ``k`` the gate becomes
-a select (see :func:`~coevo_jax.signals.base.gated_update`).
+**Episode buffer** (:mod:`coevo_jax.episodes`): a ring buffer of the most recent complete episodes
+(``static.signal.buffer_episodes``; by default enough for two rollouts,
+:func:`~coevo_jax.episodes.replay_episodes`), per step ``x``, ``action`` and external ``reward``, per
+episode ``full_return``, filled in ``observe``. Every 4th committed episode goes to a held-out
+validation buffer (``max(2, buffer_episodes // 4)``) that the diagnostics read. A row holds
+``static.signal.max_episode_len`` steps, by default (``None``) the env's time limit (a shorter length
+is refused); the fit's target is the external reward summed over the stored steps. Rationale:
+``docs/design.md``, ``coevo_jax.signals.learned``.
 """
 from __future__ import annotations
 

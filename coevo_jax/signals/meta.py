@@ -1,57 +1,34 @@
-"""Meta-gradient internal reward (method ``meta``): LIRPG, after Zheng, Oh and
-Singh (2018), "On Learning Intrinsic Rewards for Policy Gradient Methods"
-(NeurIPS; reference code github.com/Hwhitetooth/lirpg, ``ppo2.py``).
+"""Meta-gradient internal reward (method ``meta``): LIRPG, after Zheng, Oh and Singh (2018), "On
+Learning Intrinsic Rewards for Policy Gradient Methods" (NeurIPS; reference code
+github.com/Hwhitetooth/lirpg, ``ppo2.py``).
 
-An internal reward ``R_phi(x_t, a_t)`` (:class:`coevo_jax.reward_net.RewardNet`;
-``x_t`` the policy's features or the observation, ``RewardNetStatic.reward_input``)
-is trained so that a policy update on the rewards it makes raises the
-*external* objective of the updated policy. The policy's rewards are two
-streams (:class:`~coevo_jax.signals.base.RewardStreams`):
+An internal reward ``R_phi(x_t, a_t)`` (:class:`coevo_jax.reward_net.RewardNet`; ``x_t`` the policy's
+features or the observation, ``RewardNetStatic.reward_input``) is trained so that a policy update on
+the rewards it makes raises the *external* objective of the updated policy. The policy's streams
+(:class:`~coevo_jax.signals.base.RewardStreams`): episodic ``r_ext_coef * r_ext``; intrinsic
+(non-episodic) ``n(R_phi)``, ``n`` the division by a running RMS of its return when
+``hp.signal.normalize_int`` (0 by default), its advantage weighted by ``r_int_coef``.
+``hp.signal.r_int_episodic = 1`` pays R_phi in the episodic return instead, as LIRPG's code does.
 
-* episodic: ``r_ext_coef * r_ext``;
-* intrinsic (non-episodic return, the critic's second head):
-  ``n(R_phi)``, ``n(r) = r / rms(intrinsic return)`` (a running RMS,
-  :func:`~coevo_jax.signals.base.scale_normalise`, never a mean shift) when
-  ``hp.signal.normalize_int``, else ``n(r) = r``; its advantage is weighted by
-  ``r_int_coef`` (the same policy gradient as weighting the reward, without
-  the intrinsic critic's error at ``r_int_coef = 0``).
+1. inner update: from the policy's params ``theta`` take ``static.signal.meta_inner_steps`` steps of
+   the policy's real optimiser (:func:`coevo_jax.fit.make_optimizer`, with its real state) on the
+   full-batch PPO loss, with the advantages and value targets the real update uses
+   (:func:`coevo_jax.ppo.stream_advantages`): ``theta'(phi)``;
+2. outer objective: the PPO clipped surrogate of ``theta'`` on the same batch, ratio
+   ``pi_theta' / pi_theta_old`` (legal-action masks applied), with advantages from the external reward
+   alone and an external critic ``V_ext`` (refit on the external GAE targets);
+3. ``jax.grad`` of the outer objective w.r.t. ``phi`` through the unrolled inner steps (second order);
+   phi takes one clipped Adam ascent step (:func:`meta_step_size`) on that gradient divided by the
+   policy's learning rate.
 
-R_phi pays on every step: in the episodic stream a positive R_phi would be a
-living reward (a time-out bootstraps it forever, "never finish" collects it);
-in its own non-episodic return it is worth the same whether episodes end or
-not. ``hp.signal.r_int_episodic = 1`` pays it in the episodic return instead, as
-LIRPG's code does (the study that separates the two uses it). The default is
-``normalize_int = 0``: the untrained R_phi is ~0 (``|r| < 0.01``) and dividing
-it by its own tiny return scale would turn it into unit-scale noise.
-
-1. inner update: from ``theta`` (the policy's params) take
-   ``static.signal.meta_inner_steps`` steps of the policy's real optimiser (global-norm
-   clip + Adam, :func:`coevo_jax.fit.make_optimizer`, with its real state) on
-   the PPO loss of the whole batch, with the advantages and value targets the
-   real update uses (:func:`coevo_jax.ppo.stream_advantages` of the two
-   streams, the policy's two critic heads). This gives ``theta'(phi)``;
-2. outer objective: the PPO clipped surrogate of ``theta'`` on the same batch,
-   ratio ``pi_theta' / pi_theta_old`` (legal-action masks applied, as in the
-   stored log-probabilities: the ratio is 1 at ``theta' = theta``), with
-   advantages from the external reward alone and an external critic ``V_ext``;
-3. ``jax.grad`` of the outer objective w.r.t. ``phi`` differentiates through
-   the unrolled inner steps (second order); phi takes one clipped Adam ascent
-   step (``hp.signal.meta_lr_ratio * hp.ppo.lr * policy.lr_frac``: a multiple of the
-   policy's learning rate of the iteration, annealed with it) on that gradient divided by the
-   policy's learning rate. ``V_ext`` is refit on the external GAE targets.
-
-Choices that differ from the reference code (which takes one look-ahead step
-per PPO minibatch with Adam's second moment under ``stop_gradient``): here the
-look-ahead uses the full batch and the exact derivative of the real optimiser
-step (second moment included), except that the running RMS of ``n`` is held
-constant in the derivative; one meta step per signal update, on the
-meta-gradient divided by the policy's learning rate (the raw one is ~1e-8 per
-coordinate, below Adam's eps, so Adam would hardly move phi); ``V_ext`` (a
-separate MLP on observations) has its own optimiser mirroring the policy's
-critic (``hp.ppo.max_grad_norm``, the policy's learning rate, ``update_epochs x
-num_minibatches`` shuffled steps). ``static.signal.meta_truncate = m`` stops gradients
-through the first ``m`` inner steps (the look-ahead still takes them), so
-memory grows with ``N - m``.
+Deviations from the reference code (one look-ahead step per PPO minibatch, Adam's second moment under
+``stop_gradient``): a full-batch look-ahead with the exact derivative of the optimiser step, the running
+RMS of ``n`` held constant in it; one meta step per signal update, on the meta-gradient divided by the
+policy's learning rate; ``V_ext`` a separate MLP on observations with its own optimiser mirroring the
+policy's critic (``hp.ppo.max_grad_norm``, the policy's lr, ``update_epochs x num_minibatches``
+shuffled steps). ``static.signal.meta_truncate = m`` stops gradients through the first ``m`` inner
+steps (the look-ahead still takes them), so memory grows with ``N - m``. Why: ``docs/design.md``,
+``coevo_jax.signals.meta``.
 """
 from __future__ import annotations
 
@@ -149,15 +126,11 @@ def mixed_batch(phi, traj, reward_net: RewardNet, hp, scale: ReturnScale | None 
 def guard_adam_state(opt_state, grads):
     """Make the Adam step differentiable where a gradient is structurally zero.
 
-    Adam divides by ``sqrt(nu)``. For an entry whose gradient is exactly 0 and
-    has always been (a dead ReLU unit, an unused token embedding), ``nu = 0``,
-    the derivative of ``sqrt`` at 0 is infinite and ``0 * inf`` turns the whole
-    meta-gradient NaN. Setting ``nu`` of exactly those entries (``nu == 0`` and
-    ``grad == 0``) to a tiny positive number leaves the step's value unchanged
-    (there ``mu == 0``, so the update is ``0 / (sqrt(nu) + eps) = 0``) and
-    their derivative finite (and zero: they do not depend on phi).
-    ``opt_state`` is the state of :func:`coevo_jax.fit.make_optimizer` (a chain
-    holding one ``optax.ScaleByAdamState``); ``grads`` has the params' structure.
+    Entries with ``nu == 0`` and ``grad == 0`` (a dead ReLU unit, an unused token embedding) get a tiny
+    positive ``nu``: the step's value is unchanged and its derivative finite (and zero) instead of NaN
+    (``docs/design.md``, ``coevo_jax.signals.meta``). ``opt_state`` is the state of
+    :func:`coevo_jax.fit.make_optimizer` (a chain holding one ``optax.ScaleByAdamState``); ``grads`` has
+    the params' structure.
     """
     def fix(nu, g):
         return jnp.where((nu == 0) & (g == 0), jnp.asarray(jnp.finfo(nu.dtype).tiny * 1e8, nu.dtype), nu)
@@ -314,11 +287,10 @@ def meta_update(state: MetaState, traj, policy, hp, key, reward_net: RewardNet, 
     obj, grad = meta_gradient(state.phi, policy.params, policy.opt_state, traj, adv_ext, policy.network,
                               reward_net, hp, policy.lr, num_steps, truncate, normalize_advantages, state.scale)
     tx = make_optimizer(hp.signal.meta_max_grad_norm, meta_step_size(hp, policy))
-    # theta' - theta is proportional to the policy's step size, and so is the
-    # meta-gradient (per coordinate ~1e-8 at lr 2.5e-4, far below Adam's eps
-    # 1e-5, where Adam would barely move phi). Divide by the step size: the
-    # meta-gradient per unit inner step, independent of lr and its annealing.
-    # The optimiser descends; ascend the objective.
+    # theta' - theta is proportional to the policy's step size, and so is the meta-gradient (per
+    # coordinate far below Adam's eps, where Adam would barely move phi). Divide by the step size: the
+    # meta-gradient per unit inner step, independent of lr and its annealing. The optimiser descends;
+    # ascend the objective.
     scale = -1.0 / jnp.maximum(policy.lr, 1e-8)
     neg = jax.tree.map(lambda g: scale * g, grad)
     updates, phi_opt = tx.update(neg, state.phi_opt, state.phi)
@@ -368,9 +340,9 @@ def make_meta(static, network, env, env_params) -> Signal:
 # ----------------------------------------------------------------------------- registration
 @hyperparams
 class MetaParams(SignalParams):
-    """``meta``'s hyperparameters: the mixing weights, then phi's optimiser. R_phi is
-    raw (``normalize_int`` 0): the untrained R_phi is ~0 (|r| < 0.01); divided by its
-    own tiny return scale it would be O(1) noise. Refit every iteration (``k`` 1)."""
+    """``meta``'s hyperparameters: the mixing weights, then phi's optimiser. R_phi is raw
+    (``normalize_int`` 0): the untrained R_phi is close to 0, and divided by its own tiny return scale
+    it would be unit-scale noise. Refit every iteration (``k`` 1)."""
 
     normalize_int: float = default_of(SignalParams, "normalize_int", 0.0)
     k: int = default_of(SignalParams, "k", 1)

@@ -1,34 +1,16 @@
 """Control reward sources: what a method's reward would be without its information.
 
-A learned reward that "helps" might help for a reason that has nothing to do
-with what it learned: a shift of every step's reward (a living bonus or a step
-penalty changes which episodes are long), or the mere magnitude of an extra
-reward. Two controls separate those explanations from credit assignment:
+* ``constant`` pays ``beta_ext * r_ext + beta_int * c`` with a fixed ``hp.signal.constant_reward = c``,
+  mixed like ``coevo-regression``'s ``R_phi`` (the same episodic stream, the same ``beta_int`` default,
+  unnormalised): with ``c > 0`` a living bonus, with ``c < 0`` a step penalty.
+* ``siop-shuffled`` and ``coevo-shuffled`` (placebos) are ``siop`` and ``coevo-regression`` with each
+  step's credit moved to a uniformly random step of the *same episode segment* of the rollout: every
+  segment's credit keeps its sum, values, scale and sign balance, but not *which* step earned it.
+* ``cue-bonus`` (DelayedChain only) pays ``beta_int`` for the action that equals the cue, on every step
+  or only on the steps after the choice, where actions have no effect.
 
-* ``constant`` pays ``beta_ext * r_ext + beta_int * c`` with a fixed
-  ``hp.signal.constant_reward = c``, mixed like ``coevo-regression``'s ``R_phi`` (the
-  same episodic stream, the same ``beta_int`` default, unnormalised). With
-  ``c > 0`` it is a living bonus, with ``c < 0`` a step penalty; the default
-  ``|c| = 0.02`` is the size of a learned decomposition's per-step reward on
-  the grid tasks (a return of ~1 spread over tens of steps). An arm that beats
-  PPO by as much as ``+c`` or ``-c`` does has not shown that it learned credit.
-* ``siop-shuffled`` and ``coevo-shuffled`` (placebos) are ``siop`` and
-  ``coevo-regression`` with each step's credit moved to a
-  uniformly random step of the *same episode segment* of the rollout: every
-  segment's credit sums to the same total, and the credit keeps its values,
-  scale and sign balance, but carries no information about *which* step
-  earned it. It is not potential-based any more (that is the point): if it
-  learns as fast as the method, the method's gain is not the timing of its credit.
-
-* ``cue-bonus`` (DelayedChain only) pays ``beta_int`` for the action that equals
-  the cue, on every step or only on the steps after the choice, where actions
-  have no effect: a reward that can help a shared feed-forward policy pick the
-  cue at the choice without crediting the choice at all. A learned reward that
-  does no better than it has not shown temporal credit.
-
-The frozen co-evolved reward, the third control, needs no module: it is
-``coevo-regression`` with ``reward_lr_ratio = 0`` (``R_phi`` stays the small random
-function of its initialisation, :mod:`coevo_jax.reward_net`).
+The frozen co-evolved reward needs no module: ``coevo-regression`` with ``reward_lr_ratio = 0``. What
+each control rules out: ``docs/design.md``, ``coevo_jax.signals.placebo``.
 """
 from __future__ import annotations
 

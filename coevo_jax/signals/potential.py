@@ -1,108 +1,36 @@
-"""Self-Induced Outcome Potential (SIOP): turn-level credit as potential-based
-shaping with a learned outcome potential.
+"""Self-Induced Outcome Potential (method ``siop``): turn-level credit as potential-based shaping (Ng,
+Harada and Russell 1999, "Policy invariance under reward transformations") with a learned potential.
 
-**One formulation, one fixed point.** ``Phi(s)`` is the expected discounted
-external outcome-to-go of state ``s`` under the current policy,
+``Phi(s)`` estimates the discounted external return to go of ``s`` under the current policy,
+``Phi(terminal) = 0``; a time-out bootstraps ``Phi(final_obs)``. Three losses on replayed transitions
+share that fixed point: **fit** (``hp.signal.w_fit``) ``Phi(s_t) ~ G_t``, the Monte-Carlo discounted
+return to go of a complete episode plus ``gamma^(T-t) sg(Phi(final_obs))`` if it timed out;
+**consistency** (``w_cons``) ``Phi(s_t) ~ r_t + gamma sg(Phi(s_t+1))`` (0 after a termination,
+``Phi(final_obs)`` after a time-out); **L2** (``w_reg``) ``mean(Phi^2)``. ``hp.signal.potential_outcome``
+(traced, ``[0, 1]``) sets the reward both losses read: the external reward at 0 (the default), the
+outcome alone at 1 (a terminated episode's final reward; :func:`fit_rewards`). The seed document fits
+the outcome with undiscounted losses that have no common fixed point; this formulation discounts.
 
-    Phi(s_t) = E[ sum_{k >= 0} gamma^k r_{t+k} ],   Phi(terminal) = 0,
+The credit is ``F_t = gamma * Phi(s_t+1) - Phi(s_t)`` (:func:`shaping_credit`), the episodic stream
+``beta_ext * r_ext + beta_int * F``: for any ``Phi`` the optimal policies are the external task's, and
+over a terminated episode the stream sums to ``G - Phi(s_0)``. ``hp.signal.normalize_int`` (0 for
+``siop``) divides ``F`` by a running RMS of its return (``done = terminated | truncated``), never
+shifting it; ``credit_clip`` caps ``|F|`` after scaling (the default never binds);
+``static.signal.credit_nstep = n > 1`` spreads each credit over ``n`` steps (:func:`nstep_spread`: each
+episode's discounted sum is kept, but policy invariance is exact for ``n = 1`` only).
 
-the value function of the external reward. A time-out is not an outcome: the
-episode would have gone on, so a truncated episode bootstraps with
-``Phi(final_obs)`` (never 0, never a failure). Three losses on replayed
-transitions share this fixed point:
-
-* **fit** (``hp.signal.w_fit``): ``Phi(s_t) ~ G_t``, the Monte-Carlo discounted return
-  to go of a complete episode, ``G_t = sum_{q=t}^{T-1} gamma^(q-t) r_q`` plus
-  ``gamma^(T-t) sg(Phi(final_obs))`` if it timed out;
-* **consistency** (``hp.signal.w_cons``): ``Phi(s_t) ~ r_t + gamma sg(Phi(s_t+1))``,
-  the bootstrap term 0 on a terminated step and ``Phi(final_obs)`` on a
-  truncated one;
-* **L2** (``hp.signal.w_reg``): ``mean(Phi^2)``, a prior that shrinks ``Phi`` by a
-  fraction ``~ w_reg / (w_fit + w_cons)``.
-
-With ``w_reg = 0`` the value function of the data's policy minimises both the
-fit and the consistency loss (the fit is its unbiased estimate, the
-consistency its Bellman equation), so the weights trade variance against bias
-but move no target. (The seed document's undiscounted losses, fit ``V(s_T)``
-to the whole return and ``V(s_t) ~ V(s_t+1)``, with a terminal potential fitted
-to the outcome, have no common fixed point.)
-
-**Outcome or return** (``hp.signal.potential_outcome``, traced, in ``[0, 1]``): the
-reward ``r`` in both losses is the external reward at 0 (the default: ``Phi``
-is the value of the return, as above) and, at 1, the *outcome* alone: the
-final reward of a terminated episode, every other step's reward (intermediate
-rewards, distractors) counted 0, and a timed-out episode's last reward too
-(its outcome comes from the bootstrap ``Phi(final_obs)``). The seed fits the
-outcome; on tasks without intermediate rewards the two coincide. Values in
-between fit the value of the mixture ``(1 - w) r + w * outcome``
-(:func:`fit_rewards`). Both losses read the same ``r``, so they keep one fixed
-point; a traced value, so ``siop`` runs both targets from one compiled program
-and a sweep can vmap over it. The credit and the policy's reward ``beta_ext *
-r_ext + beta_int * F`` are unchanged.
-
-**Credit** is potential-based shaping (Ng, Harada and Russell 1999, "Policy
-invariance under reward transformations"):
-
-    F_t = gamma * Phi(s_t+1) - Phi(s_t),   Phi(s_t+1) = 0 if terminated_t,
-                                           Phi(final_obs_t) if truncated_t.
-
-For *any* ``Phi`` with ``Phi(terminal) = 0`` the optimal policies under
-``r_ext + F`` are those under ``r_ext``: a wrong potential costs speed, never
-the task. Over an episode ``sum_t gamma^t F_t = gamma^T Phi(s_T) - Phi(s_0)``
-(``Phi(s_T) = 0`` if it terminated): credit alone carries no outcome, so the
-outcome comes from ``r_ext``. The episodic stream is ``beta_ext * r_ext +
-beta_int * F`` (defaults 1 and 1); its discounted sum over a terminated episode
-is ``G - Phi(s_0)``: the outcome is paid once, minus a baseline that depends on
-the start state only. (The seed's "progress" form ``V(s_T) - V(s_0)`` with a fitted terminal value
-would pay the outcome a second time and is not potential-based under
-discounting.)
-
-**Scale** (``hp.signal.normalize_int``, 0 by default for ``siop``): 1 divides ``F`` by
-a running RMS of its discounted return (:func:`~coevo_jax.signals.base.scale_normalise`,
-``done = terminated | truncated``), one positive number per batch, so ``F``
-stays potential-based (with ``Phi / std``) and is never shifted. Off by
-default because ``Phi`` is already in units of the external return, and a
-near-constant early ``Phi`` would have its noise blown up to unit scale.
-``hp.signal.credit_clip`` caps ``|F|`` after scaling; a clipped step no longer
-cancels against its neighbours (it breaks telescoping), so the default
-(``1e6``) never binds.
-
-**n-step smoothing** (``static.signal.credit_nstep = n > 1``): each one-step credit
-``F_j`` is spread uniformly, in discounted terms, over its receivers, the up
-to ``n`` steps ``t in [j - n + 1, j]`` of the same episode inside the rollout:
-``F'_t = sum_{k<n} alive(t..t+k) gamma^k F_{t+k} / c_{t+k}``, ``c_j`` the number
-of receivers of ``F_j``. Then ``sum_t gamma^t F'_t = sum_t gamma^t F_t`` over
-every episode exactly; but ``F'`` is not potential-based, so policy invariance
-is exact for ``n = 1`` only.
-
-**Replay.** ``update`` fits ``Phi`` on a ring buffer of the
-``static.signal.potential_buffer_episodes`` most recent complete episodes
-(:mod:`coevo_jax.episodes`, filled by ``observe``; a row holds
-``static.signal.potential_episode_len`` steps, by default (``None``) the env's time
-limit, so every step of an episode is replayed; a shorter length is refused),
-not only on the current rollout: ``static.signal.potential_steps`` Adam steps (times
-``hp.signal.k`` under ``static.signal.refit_steps_per_k``; lr ``hp.signal.potential_lr_ratio`` times
-the policy's lr of the iteration, annealed with it; clipping
-``hp.signal.potential_max_grad_norm``), each on ``static.minibatch_size`` (PPO's
-minibatch size) transitions drawn uniformly from the stored steps: the
-on-policy state distribution of the last few policies, at a PPO minibatch's
-cost. The fixed point is then the value of that mixture of recent policies.
-A refit runs only when the replay holds at least ``hp.signal.min_refit_episodes``
-complete episodes (before that ``Phi`` and its Adam state stay as they are);
-``signal/refit_steps`` is the steps it took. ``rewards`` computes credit on the
-current trajectory with the freshly updated ``Phi``.
-
-**No fit ramp.** The seed ramps the fit in because early outcomes are
-uninformative; with a consistent target they are exactly the early policy's
-values, which is what ``Phi`` should track, so ``fit_ramp_iters`` is gone.
-
-**Phi reads the environment observation** through the encoder every learned
-network shares (:func:`coevo_jax.encoding.encode_obs`: token buffers one-hot,
-float observations as they are), not the policy's features, which drift as the
-policy trains. **Ensembles**:
-``static.signal.ensemble_size`` members with independent initialisations and
-minibatches, combined per state by ``static.signal.ensemble_combine`` (``"mean"`` or
-``"min"``) before the credit; any combination is again a potential.
+``update`` refits ``Phi`` on a ring buffer of the ``static.signal.potential_buffer_episodes`` most
+recent complete episodes (:mod:`coevo_jax.episodes`, filled by ``observe``; a row holds
+``potential_episode_len`` steps, by default (``None``) the env's time limit; a shorter length is
+refused): ``potential_steps`` Adam steps (times ``hp.signal.k`` under ``refit_steps_per_k``; step
+:func:`potential_step_size`, clip ``potential_max_grad_norm``), each on ``static.minibatch_size``
+transitions drawn uniformly from the stored steps. A refit runs only when the replay holds at least
+``hp.signal.min_refit_episodes`` complete episodes (before that ``Phi`` and its Adam state stay as they
+are); ``signal/refit_steps`` is the steps it took. ``rewards`` computes credit on the current trajectory
+with the freshly updated ``Phi``. ``Phi`` reads the observation (:func:`coevo_jax.encoding.encode_obs`),
+not the policy's features; ``ensemble_size`` members (independent initialisations and minibatches) are
+combined per state by ``ensemble_combine`` (``"mean"`` or ``"min"``). Derivations: ``docs/design.md``,
+``coevo_jax.signals.potential``.
 """
 from __future__ import annotations
 

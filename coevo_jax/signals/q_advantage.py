@@ -1,35 +1,25 @@
 """Action-value credit (method ``q-advantage``): what the action changed, under the policy.
 
-The simplest counterfactual credit. A return model ``Q(h, a)`` (:class:`QNet`,
-all actions' values from one pass) is fit on a replay of complete episodes to
-the discounted return that followed each step, and each step is paid
+A return model ``Q(h, a)`` (:class:`QNet`, all actions' values from one pass) is fit on a replay of
+complete episodes to the discounted return that followed each step, and each step is paid
 
     c_t = Q(h_t, a_t) - sum_a pi(a | h_t) Q(h_t, a),
 
-the advantage of the action taken over the policy's average at the same
-``h_t`` (``pi``: the policy's probabilities when it acted,
-``Trajectory.probs``). Under the policy ``c_t`` has mean 0 at every step
-(:func:`policy_mean`), so it is no living reward and no constant offset for a
-step penalty to imitate; where the action changes nothing, ``Q(h, .)`` is flat
-and the credit is 0 whatever the return's noise; where it decides the outcome,
-the credit is the outcome's difference. This is the "Q-function baseline" arm
-of counterfactual credit assignment (Mesnard et al. 2021, "Counterfactual
-Credit Assignment in Model-Free Reinforcement Learning", the action-value
-baseline their hindsight method improves on), with ``h_t`` the policy's
-features (``RewardNetStatic.reward_input = "features"``, the seeds' "hidden
-state") or the observation (``"obs"``). A feed-forward policy's ``h_t`` holds
-only the current observation: the return model sees no history until the
-policy has memory.
+the advantage of the action taken over the policy's average at the same ``h_t`` (``pi``: the policy's
+probabilities when it acted, ``Trajectory.probs``); its mean under the policy is 0 at every step
+(:func:`policy_mean`). This is the action-value baseline arm of counterfactual credit assignment
+(Mesnard et al. 2021, "Counterfactual Credit Assignment in Model-Free Reinforcement Learning"), with
+``h_t`` the policy's features (``RewardNetStatic.reward_input = "features"``, the seeds' "hidden
+state") or the observation (``"obs"``).
 
-**Rewards**: one episodic stream ``beta_ext * r_ext + beta_int * c_t`` (raw:
-``Q`` is in the return's units). **Refit** every ``K`` iterations,
-``static.signal.reward_steps`` full-batch Adam steps (times ``K`` under
-``static.signal.refit_steps_per_k``) of the masked mean squared error of ``Q(h_t,
-a_t)`` against the discounted return-to-go within the stored steps (``gamma =
-hp.ppo.gamma``), at ``hp.signal.reward_lr_ratio`` times the policy's lr of the
-iteration (with ``fit_batch_episodes = B > 0`` each step on the steps of ``B`` episodes drawn from
-the replay); gated like R_phi's (``min_refit_episodes``). The replay is R_phi's
-(:mod:`coevo_jax.episodes`, ``static.signal.buffer_episodes``, ``max_episode_len``).
+**Rewards**: one episodic stream ``beta_ext * r_ext + beta_int * c_t`` (raw: ``Q`` is in the return's
+units). **Refit** every ``K`` iterations, ``static.signal.reward_steps`` full-batch Adam steps (times
+``K`` under ``static.signal.refit_steps_per_k``) of the masked mean squared error of ``Q(h_t, a_t)``
+against the discounted return-to-go within the stored steps (``gamma = hp.ppo.gamma``), at
+``hp.signal.reward_lr_ratio`` times the policy's lr of the iteration (with ``fit_batch_episodes = B > 0``
+each step on the steps of ``B`` episodes drawn from the replay); gated like R_phi's
+(``min_refit_episodes``). The replay is R_phi's (:mod:`coevo_jax.episodes`,
+``static.signal.buffer_episodes``, ``max_episode_len``).
 """
 from __future__ import annotations
 

@@ -1,44 +1,27 @@
-"""Randomized Return Decomposition (RRD; Ren, Guo, Zhou and Peng 2022,
-"Learning Long-Term Reward Redistribution via Randomized Return Decomposition"),
-method ``rrd``.
+"""Randomized Return Decomposition (RRD; Ren, Guo, Zhou and Peng 2022, "Learning Long-Term Reward
+Redistribution via Randomized Return Decomposition"), method ``rrd``.
 
-**The proxy reward.** A per-step reward ``r_hat(s, a)`` is learned so that an
-episode's return is recovered from a random subset of its steps, scaled up to
-the episode's length:
+A per-step proxy reward ``r_hat(s, a)`` is learned so that an episode's return is recovered from a
+random subset of its steps, scaled up to the episode's length (the paper's loss, :func:`rrd_loss`):
 
     L(theta) = E_tau E_I [ (R(tau) - n_tau / |I| * sum_{t in I} r_hat(s_t, a_t))^2 ],
 
-``I`` a uniformly random subset of ``|I| = min(rrd_subset, n_tau)`` distinct steps
-of episode ``tau`` (``n_tau`` steps, undiscounted external return ``R(tau)``):
-the paper's randomized return decomposition loss, a Monte-Carlo surrogate of
-return decomposition (``sum_t r_hat = R``) whose cost does not grow with the
-episode and which, by the paper's analysis, upper-bounds it plus a variance
-term that asks the rewards inside an episode to be alike (interpolating
-between return decomposition, ``|I| = n``, and uniform redistribution ``R /
-n``, ``|I| = 1``). Every refit step draws a fresh subset for every episode of
-the buffer.
+``I`` a uniformly random subset of ``|I| = min(rrd_subset, n_tau)`` distinct steps of episode ``tau``
+(``n_tau`` steps, undiscounted external return ``R(tau)``), drawn afresh for every episode at every
+refit step. **Rewards**: as in the paper ``r_hat`` replaces the environment's reward: the episodic
+stream ``beta_ext * r_ext + beta_int * r_hat`` with defaults ``beta_ext = 0``, ``beta_int = 1``;
+``r_hat`` is the network's linear output, raw unless ``normalize_int`` (a running RMS, never a shift).
+``off`` (``beta_ext = 1``, ``beta_int = 0``) is sparse PPO exactly.
 
-**Rewards.** As in the paper the agent learns from ``r_hat`` in place of the
-environment's reward: the episodic stream ``beta_ext * r_ext + beta_int *
-r_hat`` with defaults ``beta_ext = 0``, ``beta_int = 1`` (``beta_ext = 1`` adds it
-instead); ``r_hat`` is the network's linear output (unbounded, as the paper's),
-raw unless ``normalize_int`` (a running RMS, never a shift). ``off``
-(``beta_ext = 1``, ``beta_int = 0``) is sparse PPO exactly.
-
-**Deviations.** The paper pairs RRD with off-policy learners (SAC, TD3) that
-replay the reward model on stored transitions; PPO reads it on each rollout,
-as for IRCR (:mod:`coevo_jax.signals.ircr`). The network, its input
-(``RewardNetStatic.reward_input``: the observation, or the policy's features, a
-recurrent policy's hidden state included) and the episode replay (the most
-recent ``buffer_episodes`` complete episodes, refit every ``k`` iterations with
-``reward_steps`` full-batch Adam steps at ``rrd_lr_ratio`` times the policy's
-lr) are this library's, shared with R_phi and IRCR; the paper samples
-minibatches of episodes, as ``fit_batch_episodes = B > 0`` does (each step on ``B``
-episodes drawn from the buffer, then each one's subset). The loss is the paper's equation; the authors' code
-regresses the subset's mean reward onto ``R / n`` instead (the same minimiser
-at a fixed length, each episode weighted by ``1 / n^2``). Their bias-corrected
-variant (``rrd_bias_correction``: the subset mean's variance subtracted, an
-unbiased estimate of the return-decomposition loss) is not implemented.
+**Deviations.** The paper pairs RRD with off-policy learners (SAC, TD3); PPO reads the reward model on
+each rollout, as for IRCR (:mod:`coevo_jax.signals.ircr`). The network, its input
+(``RewardNetStatic.reward_input``) and the episode replay (the most recent ``buffer_episodes`` complete
+episodes, refit every ``k`` iterations with ``reward_steps`` full-batch Adam steps at ``rrd_lr_ratio``
+times the policy's lr) are this library's, shared with R_phi and IRCR; the paper samples minibatches
+of episodes, as ``fit_batch_episodes = B > 0`` does (each step on ``B`` episodes drawn from the buffer,
+then each one's subset). The loss is the paper's equation, not the authors' code's regression of the
+subset's mean reward onto ``R / n``; their bias-corrected variant is not implemented. Rationale: ``docs/design.md``,
+``coevo_jax.signals.rrd``.
 """
 from __future__ import annotations
 

@@ -342,7 +342,8 @@ def profile(cfg):
     """Milliseconds per training iteration of each phase of ``cfg["method"]`` on an admitted task's
     settings (``cfg["task"]``, its DelayedChain at ``cfg["length"]`` steps per episode; ``cfg["static"]``:
     more flat StaticConfig fields, each method taking its own), ``cfg["seeds"]`` runs vmapped. The state
-    is that after ``warm`` iterations of training (by default enough to fill the replay once); each phase
+    is that after ``warm`` iterations of training with one-step refits (by default enough to fill the training
+    replay); each phase
     is its own compiled program on the outputs of the phases before it, compile apart, the median of
     ``cfg["reps"]`` timed runs after one untimed; ``iteration``: one whole iteration of the training
     loop (``run_chunk``) compiled as in training."""
@@ -365,12 +366,21 @@ def profile(cfg):
     sig = static.signal
     kept = replay_episodes(getattr(sig, "buffer_episodes", None), static.num_envs, static.rollout_len, env, params)
     kept = getattr(sig, "potential_buffer_episodes", kept)
-    warm = cfg.get("warm") or math.ceil(kept * length / static.steps_per_iteration) + 1
+    # enough rollouts to fill the training replay once, a quarter of the episodes going to validation
+    warm = cfg.get("warm") or math.ceil(4 / 3 * kept * length / static.steps_per_iteration) + 1
+    # the warm-up fills the replay with one-step refits (the state's shapes do not depend on their steps)
+    cheap = {k: 1 for k in ("reward_steps", "potential_steps", "fit_batch_episodes") if hasattr(sig, k)}
+    warm_trainer = cj.Trainer(static.replace(**cheap), env, params) if cheap else trainer
     t0 = time.perf_counter()
     state = jax.jit(jax.vmap(trainer.init))(jax.random.split(jax.random.PRNGKey(cfg.get("seed", 0)), runs), hp)
-    chunk = jax.jit(jax.vmap(trainer.run_chunk, (0, 0, None)), static_argnums=2).lower(state, hp, 1).compile()
+
+    def run_one(tr):  # one iteration of the training loop, compiled as in training
+        return jax.jit(jax.vmap(tr.run_chunk, (0, 0, None)), static_argnums=2).lower(state, hp, 1).compile()
+
+    warm_chunk = run_one(warm_trainer)
     for _ in range(warm):
-        state = chunk(state, hp)[0]
+        state = warm_chunk(state, hp)[0]
+    chunk = run_one(trainer) if cheap else warm_chunk
     jax.block_until_ready(state)
     compile_s, ms, outs = time.perf_counter() - t0, {}, {}
 
