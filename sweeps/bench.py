@@ -221,7 +221,15 @@ def section_profile(args):
         cfgs = [{"kind": "profile", "method": m, "length": n, "seeds": seeds, "reps": args.reps,
                  "task": args.profile_task, "admitted": os.path.join(HERE, "admitted_tasks.json"),
                  "static": shared} for n in lengths for m in args.profile_methods if m not in same]
-        rows, notes = launch.measure_each(cfgs, args.timeout, args.budget, log)
+        rows, notes = [], []
+        for cfg in cfgs:  # one at a time, each row logged as it comes
+            got, failed = launch.measure_each([cfg], args.timeout, args.budget, log)
+            rows, notes = rows + got, notes + failed
+            for c, r in got:
+                log(f"{c['method']} at {c['length']} steps ({shared or 'defaults'}): "
+                    + ", ".join(f"{k} {v:.1f} ms" for k, v in r["ms"].items()))
+            if failed and args.budget.spent():
+                break
         notes += bool(same) * [f"{', '.join(same)}: no field {', '.join(shared)}; as in the first table."]
         ppo = {c["length"]: r["ms"]["iteration"] for c, r in rows if c["method"] == "ppo"}
         ratio = {(c["method"], c["length"]): r["ms"]["iteration"] / ppo[c["length"]] for c, r in rows
