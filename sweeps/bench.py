@@ -26,7 +26,8 @@ Sections (--sections; the measurements are in sweeps/_study/bench, each in fresh
            update and rewards), each its own compiled program on a state with a full replay, for ppo and the
            learned rewards at an admitted task's settings (--profile-task) on DelayedChain at
            --profile-lengths steps per episode; --profile-static adds StaticConfig fields (e.g.
-           "fit_batch_episodes=0;fit_batch_episodes=16": a table each). Published to DIR/profile.md.
+           "fit_batch_episodes=0;fit_batch_episodes=16": a table each); --profile-cache FILE keeps the rows
+           so a stopped run resumes. Published to DIR/profile.md.
 
 Device script (--device-script, the plan for one accelerator): ppo at 1/256/4096 seeds x
 65,536 env steps, 1 repetition, one process; sweep at 1/512/4096 runs x 4,096 steps; a 450 s
@@ -204,6 +205,19 @@ PHASES = (("rollout", "rollout"), ("ppo", "PPO update"), ("observe", "observe (r
           ("update", "update (refit)"), ("rewards", "rewards (credit)"))
 
 
+def _profile_key(cfg: dict) -> str:
+    """A profile measurement's settings as text (where the admitted tasks' file is left out)."""
+    return json.dumps({k: v for k, v in cfg.items() if k != "admitted"}, sort_keys=True)
+
+
+def _profile_cache(path: str | None) -> dict:
+    """``{settings: result}`` of the rows in ``path`` (JSON lines); empty without one."""
+    if not path or not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return {row["key"]: row["result"] for row in map(json.loads, filter(str.strip, f))}
+
+
 def section_profile(args):
     lengths, seeds = args.profile_lengths, args.profile_seeds
     print(f"\n### Where a training iteration's time goes ({args.profile_task}'s settings and static_overrides on"
@@ -221,15 +235,24 @@ def section_profile(args):
         cfgs = [{"kind": "profile", "method": m, "length": n, "seeds": seeds, "reps": args.reps,
                  "task": args.profile_task, "admitted": os.path.join(HERE, "admitted_tasks.json"),
                  "static": shared} for n in lengths for m in args.profile_methods if m not in same]
-        rows, notes = [], []
-        for cfg in cfgs:  # one at a time, each row logged as it comes
-            got, failed = launch.measure_each([cfg], args.timeout, args.budget, log)
+        rows, notes, cache, reused = [], [], _profile_cache(args.profile_cache), 0
+        for cfg in cfgs:  # one at a time, each row logged (and cached) as it comes
+            key = _profile_key(cfg)
+            if key in cache:
+                got, failed, reused = [(cfg, cache[key])], [], reused + 1
+            else:
+                got, failed = launch.measure_each([cfg], args.timeout, args.budget, log)
+                if args.profile_cache and got:
+                    with open(args.profile_cache, "a") as f:
+                        f.write(json.dumps({"key": key, "result": got[0][1]}) + "\n")
             rows, notes = rows + got, notes + failed
             for c, r in got:
                 log(f"{c['method']} at {c['length']} steps ({shared or 'defaults'}): "
                     + ", ".join(f"{k} {v:.1f} ms" for k, v in r["ms"].items()))
             if failed and args.budget.spent():
                 break
+        notes += bool(reused) * [f"{reused} row(s) read from {args.profile_cache} (measured earlier at the same"
+                                 " settings)."]
         notes += bool(same) * [f"{', '.join(same)}: no field {', '.join(shared)}; as in the first table."]
         ppo = {c["length"]: r["ms"]["iteration"] for c, r in rows if c["method"] == "ppo"}
         ratio = {(c["method"], c["length"]): r["ms"]["iteration"] / ppo[c["length"]] for c, r in rows
@@ -287,6 +310,8 @@ def build_parser():
     add("--profile-static", default="", metavar="FIELD=VALUE,...[;...]", help="more StaticConfig fields for the"
         " profile section, each method taking those it has (e.g. fit_batch_episodes=16); settings separated by ;"
         " are measured one after the other, one table each (default: none)")
+    add("--profile-cache", metavar="FILE", help="the profile section appends each measured row to FILE (JSON"
+        " lines) and reuses the rows in it measured at the same settings, so a run that stopped resumes")
     add("--publish", metavar="DIR", help="also write the tables to DIR/benchmarks.md (the profile section's to"
         " DIR/profile.md) with the command, commit and machine (e.g. docs; default: print only)")
     return ap

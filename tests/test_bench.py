@@ -2,6 +2,7 @@
 code in this repository), the option presets and the scale section's budget (nothing here runs JAX,
 but for one tiny measurement in a worker process: the launcher finds its workers beside the studies)."""
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -127,4 +128,16 @@ def test_profile_options():
     a = b.parse_args(["--smoke"])
     assert a.profile_static == [{}] and a.profile_seeds == 2 and a.profile_lengths == [8]
     assert b.OWN_REPORT["profile"][0] == "profile"  # published to DIR/profile.md, apart from benchmarks.md
+
+
+def test_profile_cache_reuses_rows_of_the_same_settings(tmp_path):
+    b = _bench()
+    cfg = {"kind": "profile", "method": "rrd", "length": 30, "static": {"fit_batch_episodes": 16},
+           "admitted": "/somewhere/admitted_tasks.json"}
+    path = tmp_path / "cache.jsonl"
+    assert b._profile_cache(str(path)) == {} and b._profile_cache(None) == {}
+    path.write_text(json.dumps({"key": b._profile_key(cfg), "result": {"ms": {"update": 1.0}}}) + "\n\n")
+    moved = {**cfg, "admitted": "/elsewhere/admitted_tasks.json"}  # the same settings
+    assert b._profile_cache(str(path)) == {b._profile_key(moved): {"ms": {"update": 1.0}}}
+    assert b._profile_key({**cfg, "static": {"fit_batch_episodes": 8}}) not in b._profile_cache(str(path))
 
