@@ -23,19 +23,20 @@ import numpy as np
 from coevo_jax import params
 from coevo_jax.params import ConfigError, declarations
 from coevo_jax.ppo import PPOParams
-from coevo_jax.registry import StaticOptions, method_spec, registered_methods
+from coevo_jax.registry import CoreStatic, StaticOptions, core_static_fields, method_spec, registered_methods
 
 if TYPE_CHECKING:
     from coevo_jax.signals.base import SignalParams
 
 
 @dataclasses.dataclass(frozen=True)
-class StaticConfig:
+class StaticConfig(CoreStatic):
     """Shapes, loop lengths and method choice (hashable; not traced).
 
     One iteration collects ``num_envs * rollout_len`` env steps, then runs
-    ``update_epochs`` x ``num_minibatches`` PPO steps. The fields here are the
-    ones every method uses; ``signal`` holds the method's own static options
+    ``update_epochs`` x ``num_minibatches`` PPO steps. The fields every method
+    uses are declared in :class:`~coevo_jax.registry.CoreStatic` (this class's
+    base; :func:`core_static_fields`); ``signal`` holds the method's own static options
     (its ``MethodSpec.static`` class, e.g.
     :class:`~coevo_jax.reward_net.RewardNetStatic`: code reads
     ``static.signal.reward_steps``). Users, JSON and the CLI name every field
@@ -43,31 +44,6 @@ class StaticConfig:
     :func:`static_config` and :meth:`replace` route them, :meth:`as_dict` lists them.
     """
 
-    method: str = "ppo"
-    num_envs: int = 16
-    rollout_len: int = 128
-    total_steps: int = 262_144
-    num_minibatches: int = 4
-    update_epochs: int = 4
-    hidden_sizes: tuple = (64, 64)
-    activation: str = "tanh"
-    anneal_lr: bool = True
-    normalize_advantages: bool = True
-    # "mlp", "transformer", "bag" (bag-of-exchanges MLP over token buffers, networks.BagActorCritic),
-    # "gru" (recurrent: recurrent.GRUActorCritic), or "auto" (transformer for int token observations, else mlp)
-    network: str = "auto"
-    gru_size: int = 128  # hidden units of network "gru" (its features' width)
-    # "dense": one logit per action; "utterance": an utterance's logit adds its tokens' scores
-    # (network "bag" on the turn-level text envs, see networks.BagActorCritic)
-    action_head: str = "dense"
-    # transformer policy (text environments); d_model is also the bag network's embedding width
-    d_model: int = 64
-    num_layers: int = 2
-    num_heads: int = 4
-    kv_cache: bool = True  # transformer rollouts decode incrementally with a key-value cache
-    # transformer PPO update: score each env's rollout window in one causal pass
-    # (minibatches are then whole envs: num_envs must be divisible by num_minibatches)
-    packed_update: bool = True
     # the method's static options: an instance of its spec's class (MethodSpec.static, declared beside the code
     # that reads it, e.g. reward_net.RewardNetStatic); None: that class's defaults (None for a method without one)
     signal: StaticOptions | None = None
@@ -120,11 +96,6 @@ def static_config(method: str = "ppo", **fields) -> StaticConfig:
     A name of another method's static options is a :class:`ConfigError` naming it, the
     method and the method's fields; a name no method has lists the method's fields."""
     return StaticConfig(method=method).replace(**fields)
-
-
-def core_static_fields() -> tuple[str, ...]:
-    """The fields every method has: ``StaticConfig``'s own, without ``signal``."""
-    return tuple(f.name for f in dataclasses.fields(StaticConfig) if f.name != "signal")
 
 
 def _static_class(method: str) -> type | None:

@@ -28,9 +28,10 @@ order within a rollout); the ``i``-th episode that goes to a buffer lands in
 slot ``i % E``. When more episodes end in one rollout than a buffer holds, only
 the most recent ones are written (the others would be overwritten anyway).
 
-**Minibatches** (:func:`episode_minibatches`, ``RewardNetStatic.fit_batch_episodes``):
-a fit step may read a few complete episodes drawn uniformly without replacement
-from the training buffer instead of all of it, so its cost does not grow with the buffer.
+**Minibatches** (:func:`episode_minibatches`, ``RewardNetStatic.fit_batch_episodes`` or
+``fit_batch_steps``, :func:`replay_layout`): a fit step may read a few complete episodes drawn
+uniformly without replacement from the training buffer instead of all of it, so its cost does not
+grow with the buffer (nor, counted in steps, with the episode length).
 
 **Validation split** (optional, ``val_every = k > 0``): every ``k``-th
 committed episode (number ``c`` with ``c % k == k - 1``, counted over the run
@@ -39,7 +40,7 @@ of the training buffer.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -176,16 +177,49 @@ def replay_episodes(given: int | None, num_envs: int, rollout_len: int, env, env
     return max(MIN_REPLAY_EPISODES, 2 * num_envs * per_env)
 
 
-def check_fit_batch(num, kept: int | None) -> int:
-    """``num`` (``RewardNetStatic.fit_batch_episodes``: episodes per refit step, 0 for the whole
-    replay), checked to be an integer in ``[0, kept]``, ``kept`` the training replay's episodes
-    (:func:`replay_episodes`; ``None``: not known yet, ``[0, 65536]``); :class:`ConfigError` naming it."""
+def check_fit_batch(num, kept: int | None, name: str = "fit_batch_episodes") -> int:
+    """``num`` (``RewardNetStatic.<name>``: episodes per refit step, 0 for the whole replay), checked to
+    be an integer in ``[0, kept]``, ``kept`` the training replay's episodes (:func:`replay_episodes`;
+    ``None``: not known yet, ``[0, 65536]``); :class:`ConfigError` naming it."""
     hi = 1 << 16 if kept is None else int(kept)
     if isinstance(num, bool) or not isinstance(num, (int, np.integer)) or not 0 <= num <= hi:
         size = "" if kept is None else f", at most buffer_episodes={kept} (the training replay's episodes)"
-        raise ConfigError(f"StaticConfig.fit_batch_episodes={num!r} must be an integer in [0, {hi}]{size}; 0: every"
+        raise ConfigError(f"StaticConfig.{name}={num!r} must be an integer in [0, {hi}]{size}; 0: every"
                           " refit step reads the whole replay")
     return int(num)
+
+
+def check_fit_steps(episodes, steps) -> None:
+    """``RewardNetStatic.fit_batch_steps = steps`` an integer in ``[0, 2**24]``, and at most one of it and
+    ``fit_batch_episodes = episodes`` nonzero; :class:`ConfigError` naming them."""
+    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or not 0 <= steps <= 1 << 24:
+        raise ConfigError(f"StaticConfig.fit_batch_steps={steps!r} must be an integer in [0, {1 << 24}]; 0: off")
+    if steps and episodes:
+        raise ConfigError(f"StaticConfig.fit_batch_steps={steps} and fit_batch_episodes={episodes}: set at most one"
+                          " (the episodes a refit step reads)")
+
+
+class ReplayLayout(NamedTuple):
+    """A learned reward's replay: ``window`` (``L``, the steps a row keeps), ``kept`` (``E``, the training
+    replay's episodes) and ``fit_batch`` (the episodes a refit step reads; 0: all ``E``)."""
+
+    window: int
+    kept: int
+    fit_batch: int
+
+
+def replay_layout(signal, num_envs: int, rollout_len: int, env, env_params) -> ReplayLayout:
+    """The replay of a :class:`~coevo_jax.reward_net.RewardNetStatic` ``signal`` on ``env``:
+    :func:`episode_window`, :func:`replay_episodes` and the refit's minibatch, ``fit_batch_episodes``
+    episodes or, with ``fit_batch_steps = S > 0``, ``min(E, max(1, S // L))`` episodes, so a refit
+    step's cost (``~ S`` padded steps) grows neither with the buffer nor with the episode length."""
+    window = episode_window("max_episode_len", signal.max_episode_len, env, env_params)
+    kept = replay_episodes(signal.buffer_episodes, num_envs, rollout_len, env, env_params)
+    steps = signal.fit_batch_steps
+    check_fit_steps(signal.fit_batch_episodes, steps)
+    if steps:
+        return ReplayLayout(window, kept, min(kept, max(1, steps // window)))
+    return ReplayLayout(window, kept, check_fit_batch(signal.fit_batch_episodes, kept))
 
 
 def complete_episodes(buf: "EpisodeBuffer") -> jax.Array:

@@ -319,6 +319,15 @@ def features_dim(network: nn.Module, params, example_obs: jax.Array) -> int:
 
 
 # ----------------------------------------------------------------------------- recurrent (coevo_jax.recurrent)
+def reset_gru_step(size: int, carry: jax.Array, x: jax.Array, reset: jax.Array):
+    """One GRU step (the calling compact module's ``cell``) on ``x [B, D]`` from ``carry [B, H]`` zeroed
+    where ``reset [B]``: ``(the zeroed carry, the new carry)``, both ``[B, H]``."""
+    start = jnp.where(reset[:, None], jnp.zeros_like(carry), carry)
+    # orthogonal(): the QR-free initialiser (see coevo_jax.runtime)
+    new, _ = nn.GRUCell(size, recurrent_kernel_init=orthogonal(), name="cell")(start, x)
+    return start, new
+
+
 class _ResetGRU(nn.Module):
     """One GRU step that zeroes the carry where an episode starts:
     ``(carry [B, H], (x [B, D], first [B])) -> (carry, h)``."""
@@ -328,10 +337,8 @@ class _ResetGRU(nn.Module):
     @nn.compact
     def __call__(self, carry, inputs):
         x, first = inputs
-        carry = jnp.where(first[:, None], jnp.zeros_like(carry), carry)
-        # orthogonal(): the QR-free initialiser (see coevo_jax.runtime)
-        carry, h = nn.GRUCell(self.size, recurrent_kernel_init=orthogonal(), name="cell")(carry, x)
-        return carry, h
+        _, carry = reset_gru_step(self.size, carry, x, first)
+        return carry, carry  # a GRU's output is its new state
 
 
 class GRUActorCritic(nn.Module):

@@ -3,7 +3,8 @@ static options, streams, required env outputs and ``off`` overrides), registered
 implements it. ``default_hparams``, ``validate_static``, ``StaticConfig.value_heads`` and
 ``make_signal`` read the spec of the method they are given. The built-in methods register when
 :mod:`coevo_jax.signals` is imported (``import coevo_jax`` does); a method from anywhere else registers
-with :func:`register_method`.
+with :func:`register_method`. :class:`CoreStatic` declares the static fields every method has
+(``StaticConfig``'s base). :mod:`coevo_jax.config` imports this module, never the reverse.
 """
 from __future__ import annotations
 
@@ -39,6 +40,45 @@ class StaticOptions:
 
     def check(self) -> None:
         """Raise :class:`ConfigError` for a bad value that ``checks`` does not cover (here: none)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CoreStatic:
+    """The static fields every method has: the base of :class:`~coevo_jax.config.StaticConfig`,
+    which adds ``signal`` (the method's :class:`StaticOptions`). Declared here so that a spec's
+    static options class can be checked against these names (:func:`core_static_fields`)
+    without this module importing :mod:`coevo_jax.config`, which imports it."""
+
+    method: str = "ppo"
+    num_envs: int = 16
+    rollout_len: int = 128
+    total_steps: int = 262_144
+    num_minibatches: int = 4
+    update_epochs: int = 4
+    hidden_sizes: tuple = (64, 64)
+    activation: str = "tanh"
+    anneal_lr: bool = True
+    normalize_advantages: bool = True
+    # "mlp", "transformer", "bag" (bag-of-exchanges MLP over token buffers, networks.BagActorCritic),
+    # "gru" (recurrent: recurrent.GRUActorCritic), or "auto" (transformer for int token observations, else mlp)
+    network: str = "auto"
+    gru_size: int = 128  # hidden units of network "gru" (its features' width)
+    # "dense": one logit per action; "utterance": an utterance's logit adds its tokens' scores
+    # (network "bag" on the turn-level text envs, see networks.BagActorCritic)
+    action_head: str = "dense"
+    # transformer policy (text environments); d_model is also the bag network's embedding width
+    d_model: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    kv_cache: bool = True  # transformer rollouts decode incrementally with a key-value cache
+    # transformer PPO update: score each env's rollout window in one causal pass
+    # (minibatches are then whole envs: num_envs must be divisible by num_minibatches)
+    packed_update: bool = True
+
+
+def core_static_fields() -> tuple[str, ...]:
+    """The fields every method has: ``StaticConfig``'s own, without ``signal`` (:class:`CoreStatic`'s)."""
+    return tuple(f.name for f in dataclasses.fields(CoreStatic))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -95,7 +135,8 @@ _METHODS: dict[str, MethodSpec] = {}
 
 
 def _signal_params() -> type:
-    """:class:`~coevo_jax.signals.base.SignalParams` (imported on use: ``coevo_jax.signals`` imports this module)."""
+    """:class:`~coevo_jax.signals.base.SignalParams`, imported on use: importing ``coevo_jax.signals.base`` runs
+    ``coevo_jax.signals``, which imports this module (a top-level import needs the class below the package)."""
     from coevo_jax.signals.base import SignalParams
 
     return SignalParams
@@ -125,8 +166,6 @@ def _check_spec(spec: MethodSpec) -> None:
 def _check_static_class(cls, owner: str) -> None:
     """``MethodSpec.static``: a frozen :class:`StaticOptions` dataclass whose fields all have defaults,
     none named like a core ``StaticConfig`` field, and whose ``checks`` name its fields with ``lo <= hi``."""
-    from coevo_jax.config import core_static_fields  # (coevo_jax.config imports this module)
-
     if not (isinstance(cls, type) and issubclass(cls, StaticOptions) and "__dataclass_params__" in vars(cls)):
         raise ConfigError(f"method {owner!r}: static={cls!r} must be a subclass of StaticOptions declared with"
                           " @dataclasses.dataclass(frozen=True)")
@@ -186,5 +225,5 @@ def registered_methods() -> tuple[str, ...]:
     return tuple(_METHODS)
 
 
-__all__ = ["INF", "ConfigError", "MethodSpec", "Param", "StaticOptions", "method_spec", "register_method",
-           "registered_methods", "unregister_method"]
+__all__ = ["INF", "ConfigError", "CoreStatic", "MethodSpec", "Param", "StaticOptions", "core_static_fields",
+           "method_spec", "register_method", "registered_methods", "unregister_method"]

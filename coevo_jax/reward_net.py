@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from coevo_jax.config import check_choice, check_int, check_sizes
 from coevo_jax.encoding import encode_obs, obs_vocab
-from coevo_jax.episodes import MAX_WINDOW, check_fit_batch
+from coevo_jax.episodes import MAX_WINDOW, check_fit_batch, check_fit_steps
 from coevo_jax.networks import orthogonal
 from coevo_jax.registry import StaticOptions
 from coevo_jax.signals.base import flat_obs
@@ -29,6 +29,14 @@ from coevo_jax.signals.base import flat_obs
 REWARD_INPUTS = ("features", "obs")
 BUFFER_EPISODES = (2, 1 << 16)  # the range of RewardNetStatic.buffer_episodes (when given)
 HEAD_GAIN = 1e-3
+
+
+def relu_layers(h: jax.Array, hidden: tuple) -> jax.Array:
+    """Dense+ReLU per width of ``hidden`` (layers ``dense_{i}`` of the calling compact module):
+    ``[..., D] -> [..., hidden[-1]]`` (``h`` itself for no layer)."""
+    for i, width in enumerate(hidden):
+        h = nn.relu(nn.Dense(width, name=f"dense_{i}")(h))
+    return h
 
 
 class RewardNet(nn.Module):
@@ -50,9 +58,7 @@ class RewardNet(nn.Module):
         one_hot = jax.nn.one_hot(action, self.num_actions, dtype=jnp.float32)
         emb = nn.Dense(self.action_embed_dim, use_bias=False, kernel_init=nn.initializers.normal(1.0),
                        name="action_embed")(one_hot)
-        h = jnp.concatenate([encode_obs(x, 1, self.vocab), emb], axis=-1)
-        for i, width in enumerate(self.hidden):
-            h = nn.relu(nn.Dense(width, name=f"dense_{i}")(h))
+        h = relu_layers(jnp.concatenate([encode_obs(x, 1, self.vocab), emb], axis=-1), self.hidden)
         pre = nn.Dense(1, kernel_init=orthogonal(HEAD_GAIN), name="head")(h)[..., 0]
         return jnp.tanh(pre), pre
 
@@ -67,10 +73,7 @@ class RNDNet(nn.Module):
 
     @nn.compact
     def __call__(self, x):
-        h = encode_obs(x, 1, self.vocab)
-        for i, width in enumerate(self.hidden):
-            h = nn.relu(nn.Dense(width, name=f"dense_{i}")(h))
-        return nn.Dense(self.out, name="out")(h)
+        return nn.Dense(self.out, name="out")(relu_layers(encode_obs(x, 1, self.vocab), self.hidden))
 
 
 def rnd_error(pred: jax.Array, target: jax.Array) -> jax.Array:
@@ -94,19 +97,24 @@ def apply_reward(net: RewardNet, params, traj):
     return net.apply(params, reward_inputs(traj, net.reward_input, net.obs_ndim), traj.action)
 
 
+def input_vocab(static, env, env_params) -> int:
+    """The token classes of what the reward models read (``static.signal.reward_input``): the env's
+    :func:`~coevo_jax.encoding.obs_vocab` for ``"obs"``, 0 for the policy's float ``"features"``."""
+    return obs_vocab(env, env_params) if static.signal.reward_input == "obs" else 0
+
+
 def make_reward_net(static, env, env_params) -> RewardNet:
     """R_phi for ``static`` (``signal.reward_hidden``, ``action_embed_dim``, ``reward_input``) and ``env``."""
     space = env.observation_space(env_params)
     opts = static.signal
-    vocab = obs_vocab(env, env_params) if opts.reward_input == "obs" else 0
     return RewardNet(int(env.action_space(env_params).n), tuple(opts.reward_hidden), opts.action_embed_dim,
-                     opts.reward_input, len(space.shape), vocab)
+                     opts.reward_input, len(space.shape), input_vocab(static, env, env_params))
 
 
 def make_rnd_net(static, env, env_params) -> RNDNet:
     """The RND target / predictor on the same input as :func:`make_reward_net`'s."""
-    vocab = obs_vocab(env, env_params) if static.signal.reward_input == "obs" else 0
-    return RNDNet(tuple(static.signal.reward_hidden), int(static.signal.reward_hidden[-1]), vocab)
+    return RNDNet(tuple(static.signal.reward_hidden), int(static.signal.reward_hidden[-1]),
+                  input_vocab(static, env, env_params))
 
 
 # ----------------------------------------------------------------------------- static options
@@ -135,6 +143,10 @@ class RewardNetStatic(StaticOptions):
     # complete episodes each refit step reads, drawn uniformly without replacement from the training replay
     # (episodes.episode_minibatches); 0 = every step reads the whole replay. At most the replay's size
     fit_batch_episodes: int = 0
+    # stored steps each refit step reads, as whole episodes: max(1, fit_batch_steps // L) of the replay's L-step
+    # rows (episodes.replay_layout), so a step's cost grows neither with the buffer nor with the episode length;
+    # 0 = off. At most one of fit_batch_episodes and fit_batch_steps is set
+    fit_batch_steps: int = 0
 
     checks = {"action_embed_dim": (1, 4096), "reward_steps": (1, 10_000)}
 
@@ -142,7 +154,7 @@ class RewardNetStatic(StaticOptions):
         """``reward_hidden`` (layer widths), ``reward_input``, ``max_episode_len`` (``None`` or an integer
         in ``[1, MAX_WINDOW]``), ``buffer_episodes`` (``None`` or an integer in ``[2, 65536]``) and
         ``fit_batch_episodes`` (an integer in ``[0, buffer_episodes]``; a derived replay size is checked
-        when the signal is built, :func:`~coevo_jax.episodes.check_fit_batch`)."""
+        when the signal is built, :func:`~coevo_jax.episodes.replay_layout`) and ``fit_batch_steps``."""
         check_sizes(self, "reward_hidden")
         check_choice(self, "reward_input", REWARD_INPUTS)
         if self.max_episode_len is not None:
@@ -150,3 +162,4 @@ class RewardNetStatic(StaticOptions):
         if self.buffer_episodes is not None:
             check_int(self, "buffer_episodes", *BUFFER_EPISODES)
         check_fit_batch(self.fit_batch_episodes, self.buffer_episodes)
+        check_fit_steps(self.fit_batch_episodes, self.fit_batch_steps)

@@ -150,6 +150,7 @@ def from_gymnax(env: Any, params: Any = None) -> GymnaxAdapter:
 
 def _gymnax_factory(name: str):
     def factory(**kwargs):
+        # lazy: gymnax's import is slow and starts JAX's backend (see envs_jax.core's spaces)
         import gymnax
 
         env, params = gymnax.make(name, **kwargs)
@@ -163,6 +164,7 @@ def _bsuite_factory(name: str, params_fields: tuple):
     arguments named in ``params_fields`` set the env's parameters (e.g. ``chain_length``), the others go
     to its constructor (e.g. ``n_distractor``)."""
     def factory(**kwargs):
+        # lazy: gymnax's import is slow and starts JAX's backend (see envs_jax.core's spaces)
         import gymnax
 
         env, params = gymnax.make(name, **{k: v for k, v in kwargs.items() if k not in params_fields})

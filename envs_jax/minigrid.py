@@ -98,6 +98,7 @@ MINIGRID_GOALS = {
 
 def minigrid_goal_class(env: Any):
     """The xminigrid goal class of a MiniGrid port listed in :data:`MINIGRID_GOALS`, else ``None``."""
+    # lazy: xminigrid's import is slow and starts JAX's backend
     from xminigrid.core import goals
 
     cls = type(env)
@@ -110,6 +111,7 @@ def minigrid_step(goal_cls: Any, inner: Any, action: Array, xparams: Any):
     """``(view uint8 (V, V, 2), inner, reward float32 (), terminated bool ())``: xminigrid's generic
     ``Environment.step`` for an environment without rules whose goal is always ``goal_cls``, running
     that one goal check (``tests/test_minigrid.py`` checks the transitions are the same)."""
+    # lazy: xminigrid's import is slow and starts JAX's backend
     from xminigrid.core.actions import take_action
     from xminigrid.core.observation import transparent_field_of_view
 
@@ -141,6 +143,7 @@ class MiniGridAdapter(Environment):
     optional_outputs = ("success",)
 
     def __init__(self, env: Any, params: Any = None, name: str | None = None, lean: bool = True):
+        # lazy: xminigrid's import is slow and starts JAX's backend
         from xminigrid.environment import Environment as XEnvironment
         from xminigrid.types import StepType, TimeStep
 
@@ -252,6 +255,7 @@ class MiniGridDoorKey(MiniGridAdapter):
 def from_xminigrid(env: Any, params: Any = None, name: str | None = None, lean: bool = True) -> MiniGridAdapter:
     """Wrap an xminigrid environment: :class:`MiniGridDoorKey` for DoorKey, else
     :class:`MiniGridAdapter` (``params``, ``lean``: see there)."""
+    # lazy: xminigrid's import is slow and starts JAX's backend
     from xminigrid.envs.minigrid.doorkey import DoorKey
 
     cls = MiniGridDoorKey if isinstance(env, DoorKey) else MiniGridAdapter
@@ -260,6 +264,7 @@ def from_xminigrid(env: Any, params: Any = None, name: str | None = None, lean: 
 
 def _factory(name: str):
     def factory(**kwargs):
+        # lazy: xminigrid's import is slow and starts JAX's backend
         import xminigrid
 
         env, params = xminigrid.make(name, **kwargs)

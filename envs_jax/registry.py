@@ -3,6 +3,7 @@
 arguments: time limit, fixed horizon, give-up action, delayed reward)."""
 from __future__ import annotations
 
+import importlib
 from typing import Any, Callable
 
 from envs_jax.core import DelayedReward, Environment
@@ -80,7 +81,5 @@ def _load_builtin() -> None:
     if _LOADED:
         return
     _LOADED = True
-    import importlib
-
     for mod in ("envs_jax.grid", "envs_jax.chain", "envs_jax.text", "envs_jax.adapters", "envs_jax.minigrid"):
         importlib.import_module(mod)

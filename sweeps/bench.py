@@ -44,8 +44,11 @@ import time
 
 from coevo_jax.config import static_fields
 
+from _study import publish
+from _study.admitted import load_admitted
 from _study.bench import launch
 from _study.bench.workers import PPO_HPARAMS, PPO_STATIC, scale_steps
+from k_sensitivity import DEFAULT_TASK, static_for  # (sweeps/k_sensitivity.py) the main job's task and shape
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROFILE_METHODS = ("ppo", "rrd", "ircr", "q-advantage", "coevo-regression", "hca", "cca", "siop", "icm")
@@ -168,10 +171,6 @@ def scale_configs(args) -> tuple[list, int]:
     """The scale section's measurements: PPO on CartPole-v1 (PureJaxRL's settings) and on
     KeyDoor-5x5 at the main job's shape (its default admitted task's sizes, at most its
     budget), at each of ``args.scale_runs``; and that budget."""
-    from k_sensitivity import DEFAULT_TASK, static_for
-
-    from _study.admitted import load_admitted
-
     task = load_admitted(os.path.join(HERE, "admitted_tasks.json"))[DEFAULT_TASK]
     keydoor = static_for("ppo", task, task.total_steps, False).as_dict()
     tasks = {"CartPole-v1": (PPO_STATIC, PPO_HPARAMS, args.total_steps),
@@ -381,8 +380,6 @@ def main(argv=None):
     args = parse_args(argv)
     printed = run_sections(args)
     if args.publish:
-        from _study import publish
-
         title, _ = printed.pop("")
         reports = {}  # (file name, title) -> [(text, wall s)]: OWN_REPORT sections apart, the rest together
         for s, text in printed.items():

@@ -32,9 +32,12 @@ import sys
 
 from coevo_jax.config import ConfigError, StaticConfig
 from coevo_jax.experiment import Arm, Study
+from coevo_jax.files import atomic_write_text
 
 from _study import cli, options
-from _study.admitted import POI_LOW_MIN, PPO_MAX, RANDOM_MAX, admit, method_static
+from _study.admitted import POI_LOW_MIN, PPO_MAX, RANDOM_MAX, admit, method_static, record_tuned
+from _study.analysis.tables import ci, format_table
+from _study.random_policy import random_row
 from _study.tuning import TUNE_SEED_OFFSET
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -164,8 +167,6 @@ def eval_studies(args, earlier) -> list:
 
 def verdict(result) -> dict:
     """:func:`admit` on an evaluated task (its random row measured like every arm)."""
-    from _study.random_policy import random_row
-
     return admit(random_row(result.study)["final_success_iqm"], *(result.scores(m)["final_success"] for m in METHODS))
 
 
@@ -177,10 +178,6 @@ def write_admitted(path: str, admitted: list, evaluated: list, num_seeds: int, r
     static_overrides, recorded tuned values, history, tuning records and withdrawal; this run's ppo / dense values join
     them by :func:`~_study.admitted.record_tuned` (different values:
     :class:`ConfigError` unless ``replace_tuned``; nothing is written then)."""
-    from coevo_jax.files import atomic_write_text
-
-    from _study.admitted import record_tuned
-
     kept, old = [], {}
     if os.path.exists(path):
         with open(path) as f:
@@ -203,10 +200,6 @@ def write_admitted(path: str, admitted: list, evaluated: list, num_seeds: int, r
 
 
 def report(args, stages) -> str:
-    from coevo_jax.files import atomic_write_text
-
-    from _study.analysis.tables import ci, format_table
-
     rows, admitted = [], []
     for res in stages[1]:
         v = verdict(res)

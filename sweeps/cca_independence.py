@@ -25,6 +25,7 @@ import time
 import jax
 import numpy as np
 
+from _study import publish
 from _study.analysis.luck_bandit import STEPS, fit_cca, fit_q_advantage, luck_episodes, true_credit
 
 COEFS = (0.0, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0)  # the tuning range is [0.1, 1000]
@@ -48,7 +49,7 @@ def rows(outcome_last: bool, seeds: int, episodes: int, coefs,
 
 def table(rows_) -> str:
     """The Markdown table of :func:`rows` (module docstring's columns)."""
-    from coevo_jax.analysis.stats import iqm, iqm_text
+    from coevo_jax.analysis.stats import iqm, iqm_text  # report extra (rliable, scipy): imported on use
 
     lines = ["| arm | credit of right choices IQM [95% CI] (truth 0.75) | credit of wrong choices IQM [95% CI]"
              " (truth -0.25) | RMS error to the truth, IQM | recovered |", "|---|---|---|---|---|"]
@@ -85,8 +86,6 @@ def main(argv=None) -> int:
         parts += ["", f"**{title}**", "", table(rows(outcome_last, args.seeds, args.episodes, COEFS, args.luck_std))]
         print("\n".join(parts[-4:]), flush=True)
     if args.publish:
-        from _study import publish
-
         path = publish.write_report(args.publish, "cca_independence", __doc__.splitlines()[0],
                                     publish.command_line("sweeps/cca_independence.py", sys.argv[1:] if argv is None
                                                          else argv), "\n".join(parts), wall_s=time.time() - t0)

@@ -57,14 +57,24 @@ import dataclasses
 import os
 import sys
 
+import jax
 import numpy as np
 
+from coevo_jax.analysis.tables import rows_to_csv
 from coevo_jax.config import ConfigError
 from coevo_jax.experiment import Study
+from coevo_jax.experiment.spec import chunk_length
+from coevo_jax.files import atomic_write_text
+from coevo_jax.registry import registered_methods
 from coevo_jax.reward_net import BUFFER_EPISODES
 
 from _study import cli, options
 from _study.admitted import add_admitted_option, chosen_task
+from _study.analysis.chain_credit import choice_rewards, choice_scores, wrong_choice_share
+from _study.analysis.final_policies import trainer_for
+from _study.analysis.key_credit import key_pairs, key_rewards, key_scores, key_truth
+from _study.analysis.tables import arm_finals, ci, definitions, write_table
+from _study.random_policy import random_row
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_TASK = "chain-l16-n05"
@@ -128,8 +138,6 @@ def build_parser():
 
 
 def studies(args) -> list:
-    from coevo_jax.registry import registered_methods
-
     task, admitted = chosen_task(args)
     if task.env not in DECISIONS:
         raise ConfigError(f"--task {task.task} runs on {task.env}: the ground truth of the decision is known on"
@@ -168,9 +176,6 @@ def studies(args) -> list:
 def decision_scores(trainer, states) -> dict:
     """``{score: [R]}`` of stacked states' learned reward at the task's decision (``spearman``, ``top1``,
     ``gap``) and ``gap, <control>`` at the same pairs where the action has no effect (:data:`DECISIONS`)."""
-    from _study.analysis.chain_credit import choice_rewards, choice_scores, wrong_choice_share
-    from _study.analysis.key_credit import key_pairs, key_rewards, key_scores, key_truth
-
     env, params = trainer.env.unwrapped, trainer.env_params
     control = f"gap, {DECISIONS[trainer.env.name][1]}"
     if trainer.env.name == "DelayedChain":
@@ -187,12 +192,6 @@ def decision_scores(trainer, states) -> dict:
 def credit_curves(result) -> dict:
     """``{arm: (env steps [S], {score: [R, S]})}`` of the arms with a learned reward of (state, action) (a
     signal with a ``credit`` function)."""
-    import jax
-
-    from coevo_jax.experiment.spec import chunk_length
-
-    from _study.analysis.final_policies import trainer_for
-
     study, out = result.study, {}
     for arm in study.arms:
         trainer = trainer_for(result, arm.name)
@@ -213,12 +212,7 @@ def beats_ppo(poi: dict) -> bool:
 
 
 def report(args, results) -> str:
-    from coevo_jax.analysis import plots, stats
-    from coevo_jax.analysis.tables import rows_to_csv
-    from coevo_jax.files import atomic_write_text
-
-    from _study.analysis.tables import arm_finals, ci, definitions, write_table
-    from _study.random_policy import random_row
+    from coevo_jax.analysis import plots, stats  # report extra (matplotlib, rliable): imported on use
 
     result = results[0]
     study = result.study
@@ -298,7 +292,7 @@ def decision_credit(at_choice: np.ndarray, at_last: np.ndarray, decision: str = 
     """Part 2 of the verdict rule on per-seed gaps ``[S]`` at the decision and where the action has no
     effect (the chain's last step; paired): the mean difference with its 95% bootstrap CI, and whether its
     lower end is above 0. ``decision``, ``control``: the two columns' names."""
-    from coevo_jax.analysis import stats
+    from coevo_jax.analysis import stats  # report extra (rliable, scipy): imported on use
 
     d = np.asarray(at_choice, np.float64) - np.asarray(at_last, np.float64)
     low, high = stats.bootstrap_ci(d)

@@ -26,9 +26,12 @@ import numpy as np
 
 from coevo_jax.config import ConfigError, default_hparams
 from coevo_jax.experiment import Arm, Study
+from coevo_jax.registry import registered_methods
 
 from _study import cli, options
 from _study.admitted import method_static
+from _study.analysis.diagnostics import collusion_flag, plot_coevo_diagnostics
+from _study.analysis.tables import study_report
 
 SETTINGS = {  # name -> env, env_kwargs, threshold metric, threshold (fixed in advance)
     "keydoor": ("KeyDoor-5x5", {}, "success_rate", 0.9),
@@ -41,8 +44,6 @@ WINDOW = 20  # iterations of the collusion flag's trailing window
 
 
 def build_parser():
-    from coevo_jax.registry import registered_methods
-
     p = cli.study_parser("coevo_learning.py", __doc__.split("\n\n")[0], os.path.join("results", "coevo_learning"))
     p.add_argument("--envs", default=",".join(SETTINGS), help=f"comma list of {', '.join(SETTINGS)} (default: all)")
     p.add_argument("--methods", default="ppo,coevo-regression",
@@ -90,17 +91,12 @@ def studies(args) -> list:
 
 def collusion(res, idx) -> np.ndarray:
     """Per run of ``idx``: iterations on which the collusion flag is raised."""
-    from _study.analysis.diagnostics import collusion_flag
-
     n = int(np.isfinite(res.curves["env_steps"][idx[0]]).sum())
     ret, pred = res.curves["episode_return"][idx, :n], res.curves["signal/val_pred_return"][idx, :n]
     return np.array([collusion_flag(r, p, WINDOW).sum() for r, p in zip(ret, pred)])
 
 
 def report(args, results) -> str:
-    from _study.analysis.diagnostics import plot_coevo_diagnostics
-    from _study.analysis.tables import study_report
-
     texts = []
     for res in results:
         pred = res.curves.get("signal/val_pred_return")

@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 
-from _study.publish import git_commit
+from _study.publish import command_line, git_commit, write_report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET_S = 300.0
@@ -102,8 +102,6 @@ def main(argv=None) -> int:
     text = "\n".join(lines)
     print(text)
     if args.publish:
-        from _study.publish import command_line, write_report
-
         path = write_report(args.publish, "cold_start", "Cold start: the README's two commands on a fresh machine",
                             command_line("sweeps/cold_start.py", sys.argv[1:] if argv is None else argv), text,
                             wall_s=time.time() - t_start, repo=ROOT)

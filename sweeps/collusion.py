@@ -47,6 +47,7 @@ from coevo_jax.files import atomic_write_text
 from _study import cli, options
 from _study.admitted import add_admitted_option, chosen_task
 from _study.analysis.tables import format_table
+from _study.random_policy import random_row
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_TASK = "doorkey5-t60"
@@ -95,9 +96,7 @@ def tail_means(result, label: str) -> dict:
 
 
 def report(args, results) -> str:
-    from coevo_jax.analysis import plots, stats
-
-    from _study.random_policy import random_row
+    from coevo_jax.analysis import plots, stats  # report extra (matplotlib, rliable): imported on use
 
     result = results[0]
     finals = {a.name: result.scores(a.name) for a in result.study.arms}

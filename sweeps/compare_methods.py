@@ -58,14 +58,21 @@ from __future__ import annotations
 import os
 import sys
 
-from coevo_jax.config import ConfigError
+import numpy as np
+
+from coevo_jax.config import ConfigError, default_hparams
 from coevo_jax.experiment import Study
 from coevo_jax.analysis.tables import rows_to_csv
 from coevo_jax.files import atomic_write_text
+from coevo_jax.registry import registered_methods
 
 from _study import cli, options
 from _study.admitted import add_admitted_option, comparable, load_admitted
+from _study.analysis.tables import arm_finals, ci, format_table, write_table
 from _study.controls import CONTROLS as TUNED_CONTROLS, controls_for
+from _study.random_policy import random_row
+from _study.tuning import R_PHI_METRICS
+from _study.verdict import RULE, verdict_rows
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_TASKS = ("doorkey8-t100", "keytodoor-a1")
@@ -99,8 +106,6 @@ def build_parser():
 
 
 def studies(args) -> list:
-    from coevo_jax.registry import registered_methods
-
     admitted = load_admitted(args.admitted)
     tasks = comparable(admitted, args.tasks)
     methods = options.names(args.methods, "--methods", registered_methods())
@@ -140,12 +145,6 @@ def paid_size(result, label: str) -> str:
     """The learned reward's size as paid, ``|beta_int| x`` R_phi's mean absolute value per step, averaged over
     the second half of training and the arm's runs (``"-"`` for an arm without R_phi): whether the frozen
     R_phi control pays a reward of the trained R_phi's size."""
-    import numpy as np
-
-    from coevo_jax.config import default_hparams
-
-    from _study.tuning import R_PHI_METRICS
-
     metric = R_PHI_METRICS["|R_phi| per step"]
     if metric not in result.curves:
         return "-"
@@ -159,11 +158,7 @@ def paid_size(result, label: str) -> str:
 
 
 def report(args, results) -> str:
-    from coevo_jax.analysis import plots, stats
-
-    from _study.analysis.tables import arm_finals, ci, format_table, write_table
-    from _study.random_policy import random_row
-    from _study.verdict import RULE, verdict_rows
+    from coevo_jax.analysis import plots, stats  # report extra (matplotlib, rliable): imported on use
 
     admitted = load_admitted(args.admitted)
     rows, finals, notes, verdicts = [], {}, [], []

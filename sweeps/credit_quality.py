@@ -37,15 +37,19 @@ from __future__ import annotations
 import os
 import sys
 
+import jax
 import numpy as np
 
 from coevo_jax.config import ConfigError
 from coevo_jax.experiment import Study
 from coevo_jax.analysis.tables import rows_to_csv
+from coevo_jax.experiment.spec import chunk_length
 from coevo_jax.files import atomic_savez, atomic_write_text
 
 from _study import cli, options
 from _study.admitted import add_admitted_option, chosen_task
+from _study.analysis.credit_quality import keydoor_models, score_states
+from _study.analysis.final_policies import trainer_for
 from _study.analysis.tables import format_table
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -80,13 +84,6 @@ def studies(args) -> list:
 
 def spearman_curves(result) -> dict:
     """``{"arm: signal": (env steps [S], Spearman [R, S])}`` over the study's snapshots."""
-    import jax
-
-    from coevo_jax.experiment.spec import chunk_length
-
-    from _study.analysis.credit_quality import keydoor_models, score_states
-    from _study.analysis.final_policies import trainer_for
-
     study = result.study
     curves = {}
     models = None
@@ -107,7 +104,7 @@ def spearman_curves(result) -> dict:
 
 
 def report(args, results) -> str:
-    from coevo_jax.analysis import plots, stats
+    from coevo_jax.analysis import plots, stats  # report extra (matplotlib, rliable): imported on use
 
     result = results[0]
     curves = spearman_curves(result)

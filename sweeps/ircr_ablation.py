@@ -49,11 +49,16 @@ from __future__ import annotations
 import os
 import sys
 
-from coevo_jax.config import ConfigError
+from coevo_jax.analysis.tables import rows_to_csv
+from coevo_jax.config import ConfigError, default_hparams
 from coevo_jax.experiment import Study
+from coevo_jax.files import atomic_write_text
 
 from _study import cli, options
 from _study.admitted import add_admitted_option, load_admitted
+from _study.analysis.tables import arm_finals, ci, definitions, write_table
+from _study.random_policy import random_row
+from chain_credit import credit_curves  # (sweeps/chain_credit.py) the learned rewards' credit at the choice
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_TASKS = ("chain-l16-n05", "memchain-l16-n05")
@@ -88,8 +93,6 @@ def build_parser():
 def ircr_values(task) -> dict:
     """IRCR's tuned values on ``task`` as coevo-regression's fields: the policy's, its lr ratio, and
     IRCR's ``beta_int`` and ``normalize_int`` (its class defaults where not tuned)."""
-    from coevo_jax.config import default_hparams
-
     ircr = {**default_hparams("ircr").as_dict(), **task.hparams("ircr")}
     return {**{f: ircr[f] for f in ("lr", "ent_coef", "gae_lambda", "beta_int", "normalize_int")},
             "reward_lr_ratio": ircr["ircr_lr_ratio"]}
@@ -112,14 +115,7 @@ def studies(args) -> list:
 
 
 def report(args, results) -> str:
-    from chain_credit import credit_curves  # the learned rewards' credit at the choice, per snapshot
-
-    from coevo_jax.analysis import stats
-    from coevo_jax.analysis.tables import rows_to_csv
-    from coevo_jax.files import atomic_write_text
-
-    from _study.analysis.tables import arm_finals, ci, definitions, write_table
-    from _study.random_policy import random_row
+    from coevo_jax.analysis import stats  # report extra (rliable, scipy): imported on use
 
     admitted = load_admitted(args.admitted)
     rows, helps, withdrawn = [], [], []

@@ -41,11 +41,15 @@ import sys
 
 import numpy as np
 
+from coevo_jax.analysis.tables import rows_to_csv
 from coevo_jax.config import ConfigError
 from coevo_jax.experiment import Study
+from coevo_jax.files import atomic_write_text
 
 from _study import cli, options
 from _study.admitted import add_admitted_option, chosen_task
+from _study.analysis.tables import arm_finals, ci, definitions, write_table
+from _study.random_policy import random_curves, random_row, random_scores
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_TASK = "keytodoor-a1"
@@ -99,12 +103,7 @@ def final_means(curves: dict, runs: np.ndarray, num_iterations: int) -> dict:
 
 
 def report(args, results) -> str:
-    from coevo_jax.analysis import stats
-    from coevo_jax.analysis.tables import rows_to_csv
-    from coevo_jax.files import atomic_write_text
-
-    from _study.analysis.tables import arm_finals, ci, definitions, write_table
-    from _study.random_policy import random_curves, random_row, random_scores
+    from coevo_jax.analysis import stats  # report extra (rliable, scipy): imported on use
 
     task, _ = chosen_task(args)
     door = float(task.env_kwargs.get("door_reward", 1.0))

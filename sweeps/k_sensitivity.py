@@ -49,6 +49,7 @@ smallest, middle and largest K), ``learning_curves.png``, ``curves.npz``,
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -56,11 +57,13 @@ import sys
 import numpy as np
 
 from coevo_jax.analysis import metrics
-from coevo_jax.config import ConfigError, StaticConfig
+from coevo_jax.config import ConfigError, StaticConfig, default_hparams
 from coevo_jax.experiment import Arm, Study
 
 from _study import cli, options
-from _study.admitted import add_admitted_option, chosen_task
+from _study.admitted import add_admitted_option, chosen_task, load_admitted
+from _study.analysis.tables import write_table
+from _study.random_policy import random_row, random_scores
 
 SWEPT_METHODS = ("coevo-regression", "coevo-ranking", "siop")
 REFERENCE_METHODS = ("ppo", "dense", "siop-critic")  # not swept (siop-critic has no refit: its potential is the critic)
@@ -142,8 +145,6 @@ def static_for(method: str, task, total_steps: int, matched: bool) -> StaticConf
     k_ref`` gradient steps (``steps``: the task's ``reward_steps`` / ``potential_steps``), so the row at
     K = ``k_ref`` runs exactly the tuning's settings (a method without ``refit_steps_per_k`` has no refit to
     match). :class:`ConfigError` when ``k_ref`` does not divide them."""
-    from coevo_jax.config import default_hparams
-
     static = task.static(method, total_steps=total_steps)
     fields = static.as_dict()
     if not matched or "refit_steps_per_k" not in fields:
@@ -157,8 +158,6 @@ def static_for(method: str, task, total_steps: int, matched: bool) -> StaticConf
 
 
 def studies(args) -> list:
-    import dataclasses
-
     ks = parse_ks(args.k)
     methods = options.names(args.methods, "--methods")
     task, _ = chosen_task(args)
@@ -192,7 +191,7 @@ def _signal_metric(names, *needles):
 def k_plots(result, ks, random_final) -> None:
     """``k_sensitivity.png`` and ``k_diagnostics.png`` in the results folder (``random_final``:
     the uniform-random policy's per-seed final success, a reference line)."""
-    from coevo_jax.analysis import plots
+    from coevo_jax.analysis import plots  # report extra (matplotlib): imported on use
 
     runs, curves, out = result.runs, result.curves, result.out
     labels = [a.name for a in result.study.arms]
@@ -223,10 +222,7 @@ def k_plots(result, ks, random_final) -> None:
 
 
 def report(args, results) -> str:
-    from coevo_jax.analysis import stats
-
-    from _study.analysis.tables import write_table
-    from _study.random_policy import random_row, random_scores
+    from coevo_jax.analysis import stats  # report extra (rliable, scipy): imported on use
 
     result = results[0]
     ppo_final = result.scores("ppo")["final_success"] if any(a.name == "ppo" for a in result.study.arms) else None
@@ -266,8 +262,6 @@ def report(args, results) -> str:
 def withdrawn_note(args, task: str) -> str:
     """A line saying the table cannot rank methods when ``task`` fails the admission rule at its tuned
     values (``withdrawn`` in ``--admitted``); ``""`` otherwise (or for ``--env``)."""
-    from _study.admitted import load_admitted
-
     admitted = load_admitted(args.admitted)
     why = admitted[task].withdrawn if task in admitted and args.env is None else ""
     return (f"\n\n**{task} is withdrawn** ({why}): at the tuned values it fails the admission rule of"

@@ -52,6 +52,7 @@ from coevo_jax.experiment import Arm, Study
 
 from _study import cli, options
 from _study.admitted import method_static
+from _study.analysis.tables import study_report
 
 SETTINGS = {  # arm label -> (method, HParams overrides)
     "ppo": ("ppo", {}),
@@ -122,9 +123,7 @@ def studies(args) -> list:
 
 
 def report(args, results) -> str:
-    from coevo_jax.analysis import plots
-
-    from _study.analysis.tables import study_report
+    from coevo_jax.analysis import plots  # report extra (matplotlib): imported on use
 
     panels = plots.arm_panels(results, panel=lambda r: f"{r.study.env}, reward every"
                                                        f" {r.study.env_kwargs['reward_freq']} steps")

@@ -27,6 +27,7 @@ from coevo_jax.config import ConfigError, StaticConfig
 from coevo_jax.experiment import Arm, Study
 
 from _study import cli, options
+from _study.analysis.tables import study_report
 
 TASKS = {  # task -> env, the metric and fixed threshold of the criterion, static config, HParams
     "cartpole": dict(env="CartPole-v1", metric="episode_return", threshold=475.0, need=0.9,
@@ -64,8 +65,6 @@ def studies(args) -> list:
 
 
 def report(args, results) -> str:
-    from _study.analysis.tables import study_report
-
     texts = []
     for res in results:
         spec = next(s for s in TASKS.values() if s["env"] == res.study.env)

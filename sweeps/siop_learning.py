@@ -28,6 +28,8 @@ from coevo_jax.experiment import Arm, Study
 
 from _study import cli, options
 from _study.admitted import method_static
+from _study.analysis.credit_report import median_iqr, siop_credit_report
+from _study.analysis.tables import study_report
 
 #: Per-method HParams on top of ``default_hparams(method)`` and BASE_HP. siop: raw credit
 #: (``normalize_int=0``: dividing a near-constant early credit by its return's RMS would blow its
@@ -74,9 +76,6 @@ def studies(args) -> list:
 
 
 def report(args, results) -> str:
-    from _study.analysis.credit_report import median_iqr, siop_credit_report
-    from _study.analysis.tables import study_report
-
     texts = []
     for res in results:
         extra, notes = None, ""

@@ -61,6 +61,8 @@ from coevo_jax.experiment import Arm, Study
 
 from _study import cli, options
 from _study.admitted import add_admitted_option, load_admitted
+from _study.analysis.tables import arm_finals, ci, definitions, study_rows, write_table
+from _study.random_policy import random_row
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 #: setting -> (HParams overrides, StaticConfig overrides, whether it changes PPO's critic)
@@ -148,9 +150,7 @@ def _mean_late(curves: np.ndarray) -> float:
 
 def regime_rows(res) -> tuple[list, str]:
     """``(rows, verdict)`` of a regime study (module docstring's rule)."""
-    from coevo_jax.analysis import stats
-
-    from _study.analysis.tables import arm_finals, ci
+    from coevo_jax.analysis import stats  # report extra (rliable, scipy): imported on use
 
     finals = arm_finals(res)
     summary = {r["arm"]: r for r in res.summary}
@@ -192,7 +192,7 @@ def verdict(lag_p: dict) -> str:
 
 def outcome_verdict(finals: dict) -> str:
     """The outcome study's verdict line (module docstring's rule) from ``{arm: final success [R]}``."""
-    from coevo_jax.analysis import stats
+    from coevo_jax.analysis import stats  # report extra (rliable, scipy): imported on use
 
     if "siop" not in finals or "siop-outcome" not in finals:
         return "**verdict: not measured** (the study lacks siop or siop-outcome)"
@@ -204,7 +204,7 @@ def outcome_verdict(finals: dict) -> str:
 
 def diagnostics_figure(res, out: str) -> str:
     """``out/diagnostics_<study>.png``: rows = method, columns = success and the diagnostics, lines = settings."""
-    from coevo_jax.analysis.plots import plot_diagnostics
+    from coevo_jax.analysis.plots import plot_diagnostics  # report extra (matplotlib): imported on use
 
     rows = {}
     for m in ("ppo", "siop", "siop-critic"):
@@ -221,10 +221,7 @@ def diagnostics_figure(res, out: str) -> str:
 
 
 def report(args, results) -> str:
-    from coevo_jax.analysis import stats
-
-    from _study.analysis.tables import arm_finals, definitions, study_rows, write_table
-    from _study.random_policy import random_row
+    from coevo_jax.analysis import stats  # report extra (rliable, scipy): imported on use
 
     texts = []
     for res in results:

@@ -17,8 +17,8 @@ positive controls. Each arm (a registered method or a control of :mod:`_study.co
    written to ``--out/plan.json`` and printed; the report carries its hash and checks the runs against
    it. A dirty tree is refused unless ``--allow-dirty`` (the published header then names the files).
 
-The report: per task the normalised IQM of each arm with its CI and the admission rule (tuned PPO above
-random and below the optimum by a margin); over the admitted tasks rliable's IQM, mean and optimality
+The report: per task the normalised IQM of each arm with its CI and the admission rule
+(:data:`_study.suite.ADMISSION`: tuned PPO above the random row and below the optimum by a margin); over the admitted tasks rliable's IQM, mean and optimality
 gap with stratified-bootstrap CIs, P(> tuned ppo) and the verdict rule (:data:`_study.suite.RULE`), a
 performance profile and a task x arm heat map (``suite.png``). Per-seed scores go to ``scores.csv``;
 ``--stored`` reuses a published one for the arms not in ``--methods`` (refused when its settings or
@@ -42,13 +42,18 @@ import sys
 
 import numpy as np
 
+from coevo_jax.analysis import plots
 from coevo_jax.analysis.metrics import final_score
+from coevo_jax.analysis.stats import iqm
 from coevo_jax.config import ConfigError
 from coevo_jax.experiment import Study
 from coevo_jax.files import atomic_write_text
+from coevo_jax.registry import registered_methods
 
 from _study import cli, options, suite, tuning
+from _study.analysis.tables import format_table
 from _study.controls import CONTROLS
+from _study.figures import small_png
 from _study.publish import git_commit
 from _study.random_policy import random_curves
 
@@ -94,8 +99,6 @@ def build_parser():
 def setup(args) -> dict:
     """Everything the stages share, validated before any compile: tasks, arms to run, stored arms,
     stage seeds, the settings and code digests."""
-    from coevo_jax.registry import registered_methods
-
     for module in filter(None, (m.strip() for m in args.imports.split(","))):
         sys.path.insert(0, os.getcwd())
         try:
@@ -214,7 +217,7 @@ def plan_of(args, s: dict, chosen: dict) -> dict:
     return {"suite": {t: task.to_json() for t, task in s["tasks"].items()}, "settings": s["settings"],
             "arms": {a: chosen[a]["config"] for a in s["run"]}, "stored_arms": s["kept"],
             "seeds": {"base": args.seed, "count": args.num_seeds}, "rule": suite.RULE,
-            "admission": f"best tuned ppo normalised IQM in [{suite.ADMIT_LOW}, {suite.ADMIT_HIGH}]",
+            "admission": suite.ADMISSION,
             "code": s["code"], "commit": git_commit(ROOT)}
 
 
@@ -288,8 +291,6 @@ def write_scores(path: str, s: dict, scores: dict, args) -> None:
 
 
 def report(args, stages) -> str:
-    from _study.analysis.tables import format_table
-
     s = setup(args)
     tasks, ran = s["tasks"], stages[2]
     chosen = picks(args, stages[0], stages[1])
@@ -301,7 +302,7 @@ def report(args, stages) -> str:
     rows, admit = [], {}
     for j, (t, task) in enumerate(tasks.items()):
         iqm = {a: suite.aggregate({a: scores[a][:, [j]]}, n_boot=500)[a]["IQM"] for a in arms}
-        ok, why = suite.admitted({a: iqm[a][0] for a in ppo_arms}) if ppo_arms else (False, "no ppo arm")
+        ok, why = suite.admitted({a: iqm[a][0] for a in ppo_arms}, iqm["random"][0]) if ppo_arms else (False, "no ppo arm")
         admit[t] = ok
         rows.append({"task": t, "source": task.source, "axis": task.why,
                      **{a: f"{v[0]:.2f} [{v[1]:.2f}, {v[2]:.2f}]" for a, v in iqm.items()},
@@ -348,32 +349,39 @@ def report(args, stages) -> str:
 
 
 def plot(scores: dict, agg: dict, tasks: list, path: str) -> None:
-    """The aggregate intervals (IQM, mean, optimality gap) and a task x arm heat map of normalised IQMs."""
-    from coevo_jax.analysis import plots
-    from coevo_jax.analysis.stats import iqm
-
+    """The aggregate intervals (IQM, mean, optimality gap), the performance profile (rliable: the fraction of
+    runs whose normalised score exceeds tau, with its CI band) and a task x arm heat map of normalised IQMs."""
     arms = list(scores)
-    fig, axes = plots.subplots(1, 4, figsize=(15, 0.35 * len(arms) + 1.6),
-                               gridspec_kw={"width_ratios": [1, 1, 1, 1.6]})
+    fig, axes = plots.subplots(1, 5, figsize=(18, 0.35 * len(arms) + 1.8),
+                               gridspec_kw={"width_ratios": [1, 1, 1, 1.4, 1.6]})
     for ax, name in zip(axes[:3], ("IQM", "mean", "optimality gap")):
         for i, a in enumerate(arms):
             p, lo, hi = agg[a][name]
-            ax.plot([lo, hi], [i, i], lw=5, alpha=0.6)
+            ax.plot([lo, hi], [i, i], lw=5, alpha=0.6, color=f"C{i % 10}")
             ax.plot([p], [i], "k|", ms=10)
         ax.set_yticks(range(len(arms)), arms if name == "IQM" else [""] * len(arms))
         ax.set_ylim(len(arms) - 0.5, -0.5)  # the first arm on top, as in the heat map
         ax.set_title(name, fontsize=9)
         ax.grid(axis="x", alpha=0.3)
+    taus = np.linspace(-0.25, 1.25, 61)
+    for i, (a, (frac, lo, hi)) in enumerate(suite.profile(scores, taus, n_boot=500).items()):
+        axes[3].plot(taus, frac, color=f"C{i % 10}", lw=1.2, label=a)
+        axes[3].fill_between(taus, lo, hi, color=f"C{i % 10}", alpha=0.15)
+    axes[3].set_xlabel("normalised score tau", fontsize=8)
+    axes[3].set_ylabel("fraction of runs > tau", fontsize=8)
+    axes[3].set_title("performance profile", fontsize=9)
+    axes[3].legend(fontsize=6)
+    axes[3].grid(alpha=0.3)
     heat = np.array([[iqm(scores[a][:, j]) for j in range(len(tasks))] for a in arms])
-    im = axes[3].imshow(heat, cmap="viridis", vmin=min(0.0, np.nanmin(heat)), vmax=1.0, aspect="auto")
-    axes[3].set_xticks(range(len(tasks)), tasks, rotation=40, ha="right", fontsize=7)
-    axes[3].set_yticks(range(len(arms)), arms, fontsize=7)
+    im = axes[4].imshow(heat, cmap="viridis", vmin=min(0.0, np.nanmin(heat)), vmax=1.0, aspect="auto")
+    axes[4].set_xticks(range(len(tasks)), tasks, rotation=40, ha="right", fontsize=7)
+    axes[4].set_yticks(range(len(arms)), arms, fontsize=7)
     for i in range(len(arms)):
         for j in range(len(tasks)):
-            axes[3].text(j, i, f"{heat[i, j]:.2f}", ha="center", va="center", fontsize=6, color="w")
-    axes[3].set_title("normalised IQM per task", fontsize=9)
-    fig.colorbar(im, ax=axes[3], fraction=0.04)
-    plots.save_figure(fig, path, dpi=80)
+            axes[4].text(j, i, f"{heat[i, j]:.2f}", ha="center", va="center", fontsize=6, color="w")
+    axes[4].set_title("normalised IQM per task", fontsize=9)
+    fig.colorbar(im, ax=axes[4], fraction=0.04)
+    small_png(plots.save_figure(fig, path, dpi=80))
 
 
 STAGES = [("tune", tune_studies), ("finalists", finalist_studies), ("eval", eval_studies)]

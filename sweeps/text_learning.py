@@ -24,13 +24,17 @@ IQM of every method against agent tokens.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
 from coevo_jax.config import ConfigError, StaticConfig
 from coevo_jax.experiment import Arm, Study
+from coevo_jax.files import atomic_write_text
 
 from _study import cli, options
+from _study.analysis.tables import arm_finals, study_report
+from _study.analysis.text_report import best_dialogue, expert_row
 
 TEXT_ENVS = ("Booking", "TwentyQuestions", "TextMaze", "TextMaze-PO")
 STATIC = dict(num_envs=16, rollout_len=32, num_minibatches=4, update_epochs=4, d_model=64, num_layers=1, num_heads=4)
@@ -40,8 +44,6 @@ STEPS_PER_ITER = STATIC["num_envs"] * STATIC["rollout_len"]
 
 
 def build_parser():
-    import argparse
-
     p = cli.study_parser("text_learning.py", __doc__.split("\n\n")[0], os.path.join("results", "text_learning"))
     p.add_argument("--envs", default="Booking,TwentyQuestions",
                    help=f"comma list of {', '.join(TEXT_ENVS)} (default: Booking,TwentyQuestions)")
@@ -68,11 +70,7 @@ def studies(args) -> list:
 
 
 def report(args, results) -> str:
-    from coevo_jax.analysis import plots
-    from coevo_jax.files import atomic_write_text
-
-    from _study.analysis.tables import arm_finals, study_report
-    from _study.analysis.text_report import best_dialogue, expert_row
+    from coevo_jax.analysis import plots  # report extra (matplotlib): imported on use
 
     texts = []
     for res in results:

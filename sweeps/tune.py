@@ -55,12 +55,17 @@ import time
 
 import numpy as np
 
+from coevo_jax.analysis.tables import rows_to_csv
 from coevo_jax.config import ConfigError
 from coevo_jax.experiment import Study
+from coevo_jax.files import atomic_write_text
+from coevo_jax.registry import registered_methods
 
 from _study import cli, options, tuning
-from _study.admitted import add_admitted_option, chosen_task
+from _study.admitted import add_admitted_option, admit, chosen_task, write_tuned
+from _study.analysis.tables import arm_finals, ci, format_table, write_table
 from _study.controls import CONTROLS, controls_for
+from _study.random_policy import random_row
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_TASK = "doorkey5-t60-16k"  # the main job's task (sweeps/k_sensitivity.py)
@@ -104,8 +109,6 @@ def build_parser():
 
 def _setup(args):
     """``(task, methods, total_steps, (stage-1, stage-2, evaluation) base seeds)``, validated."""
-    from coevo_jax.registry import registered_methods
-
     task, _ = chosen_task(args)
     methods = options.names(args.methods, "--methods", registered_methods() + tuple(controls_for(task.env, task.env_kwargs)))
     for name, value, low in (("--num-configs", args.num_configs, tuning.MIN_CONFIGS),
@@ -199,7 +202,7 @@ def _verdict_text(pick: dict, space: dict) -> str:
 
 def tuning_record(args, stages, method: str, steps: int, pick: dict) -> dict:
     """How ``method``'s values were chosen, for the admitted-task file and ``tuning.json``."""
-    from coevo_jax.analysis.stats import iqm
+    from coevo_jax.analysis.stats import iqm  # report extra (rliable, scipy): imported on use
 
     s1, s2, ev = (stage[0] for stage in stages)
     row = next(r for r in ev.summary if r["arm"] == method)
@@ -223,13 +226,7 @@ def tuning_record(args, stages, method: str, steps: int, pick: dict) -> dict:
 
 
 def report(args, stages) -> str:
-    from coevo_jax.analysis import stats
-    from coevo_jax.analysis.tables import rows_to_csv
-    from coevo_jax.files import atomic_write_text
-
-    from _study.admitted import admit, write_tuned
-    from _study.analysis.tables import arm_finals, ci, format_table, write_table
-    from _study.random_policy import random_row
+    from coevo_jax.analysis import stats  # report extra (rliable, scipy): imported on use
 
     task, methods, steps, bases = _setup(args)
     s1, s2, ev = (stage[0] for stage in stages)
@@ -316,8 +313,6 @@ def report(args, stages) -> str:
 def reproduction_section(args, records: dict, picks: dict) -> str:
     """Markdown: per method, this run's pick and evaluation against ``--reproduces``'s (its ``tuning.json``),
     and whether the evaluations' 95% CIs of final success overlap."""
-    from _study.analysis.tables import format_table
-
     path = os.path.join(args.reproduces, "tuning.json")
     if not os.path.exists(path):
         raise ConfigError(f"--reproduces={args.reproduces} holds no finished tuning (no tuning.json)")
@@ -348,11 +343,6 @@ def reproduction_section(args, records: dict, picks: dict) -> str:
 def learned_reward_section(out: str, tuned, methods) -> str:
     """Per R_phi method of the tuning study: what R_phi learned at each configuration
     (:func:`_study.tuning.learned_reward_rows`), as markdown (also ``learned_reward.csv``)."""
-    from coevo_jax.analysis.tables import rows_to_csv
-    from coevo_jax.files import atomic_write_text
-
-    from _study.analysis.tables import format_table
-
     parts, every = [], []
     for m in methods:
         rows, rho = tuning.learned_reward_rows(tuned, m)

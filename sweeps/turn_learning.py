@@ -38,16 +38,23 @@ the Spearman correlation of SIOP's credit with the exact optimal advantage.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
 import numpy as np
 
+from coevo_jax.analysis.metrics import final_score
 from coevo_jax.config import ConfigError, StaticConfig
 from coevo_jax.experiment import Arm, Study
+from coevo_jax.registry import registered_methods
 
 from _study import cli, options
 from _study.admitted import add_admitted_option, load_admitted
+from _study.analysis.credit_report import median_iqr
+from _study.analysis.tables import arm_finals, study_report
+from _study.analysis.text_report import expert_row
+from _study.analysis.turn_credit import maze_credit_spearman, turn_credit_report
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -62,8 +69,6 @@ THRESHOLD = 0.8  # success rate that steps-to-threshold waits for, fixed in adva
 
 
 def build_parser():
-    import argparse
-
     p = cli.study_parser("turn_learning.py", __doc__.split("\n\n")[0], os.path.join("results", "turn_learning"))
     p.add_argument("--envs", default="Booking-Turns,TwentyQuestions-Turns",
                    help=f"comma list of {', '.join(ENVS)} (default: Booking-Turns,TwentyQuestions-Turns)")
@@ -81,8 +86,6 @@ def build_parser():
 
 
 def studies(args) -> list:
-    from coevo_jax.registry import registered_methods
-
     envs = options.names(args.envs, "--envs", list(ENVS))
     methods = options.names(args.methods, "--methods", registered_methods())
     steps = options.per_key_ints(args.total_steps, envs, "--total-steps")
@@ -127,20 +130,13 @@ def dialogues_to_threshold(res, label: str) -> np.ndarray:
 def dialogue_turns(res, label: str) -> float:
     """Arm ``label``'s turns per finished dialogue over the last 10% of its turns
     (:func:`~coevo_jax.analysis.metrics.final_score`), mean over its seeds."""
-    from coevo_jax.analysis.metrics import final_score
-
     idx = res.select(label)
     return float(np.nanmean(final_score(res.curves["episode_length"][idx], res.curves["episodes"][idx],
                                         res.curves["env_steps"][idx[0]])))
 
 
 def report(args, results) -> str:
-    from coevo_jax.analysis import plots, stats
-
-    from _study.analysis.credit_report import median_iqr
-    from _study.analysis.tables import arm_finals, study_report
-    from _study.analysis.text_report import expert_row
-    from _study.analysis.turn_credit import maze_credit_spearman, turn_credit_report
+    from coevo_jax.analysis import plots, stats  # report extra (matplotlib, rliable): imported on use
 
     texts = []
     for res in results:

@@ -6,6 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import coevo_jax as cj
+import envs_jax
 from coevo_jax import episodes as ep
 
 
@@ -191,3 +193,23 @@ def test_fit_batch_is_checked_against_the_replay():
                                                  r" \[0, 256\], at most buffer_episodes=256 \(the training replay's"
                                                  r" episodes\); 0: every refit step reads the whole replay$"):
             ep.check_fit_batch(bad, 256)
+
+
+def test_fit_batch_steps_reads_as_many_padded_steps_whatever_the_episode_length():
+    """``fit_batch_steps = S``: ``S // L`` whole episodes of the ``L``-step rows (at least 1, at most the
+    replay), so a refit step's cost stays put when the episodes double; at most one of the two options."""
+    layout = {}
+    for length in (30, 60, 300):
+        env, params = envs_jax.make("DelayedChain", length=length, noise_std=0.5)
+        static = cj.static_config("rrd", total_steps=4096, buffer_episodes=64, fit_batch_steps=128)
+        layout[length] = ep.replay_layout(static.signal, 16, 64, env, params)
+    assert [(v.window, v.fit_batch) for v in layout.values()] == [(30, 4), (60, 2), (300, 1)]
+    env, params = envs_jax.make("DelayedChain", length=30, noise_std=0.5)
+    whole = cj.static_config("rrd", total_steps=4096, buffer_episodes=64, fit_batch_steps=1 << 20)
+    assert ep.replay_layout(whole.signal, 16, 64, env, params).fit_batch == 64  # capped at the replay
+    both = cj.static_config("rrd", total_steps=4096, fit_batch_steps=128, fit_batch_episodes=4)
+    with pytest.raises(ep.ConfigError, match=r"^StaticConfig.fit_batch_steps=128 and fit_batch_episodes=4: set at"
+                                             r" most one"):
+        ep.replay_layout(both.signal, 16, 64, env, params)
+    with pytest.raises(ep.ConfigError, match=r"^StaticConfig.fit_batch_steps=-1 must be an integer in \[0, 16777216\]"):
+        cj.validate_static(cj.static_config("rrd", total_steps=4096, fit_batch_steps=-1))

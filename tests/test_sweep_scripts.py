@@ -370,6 +370,25 @@ def test_siop_vs_critic_arms_and_verdict_rule():
     assert "no difference" in mod.outcome_verdict({"siop": np.arange(20.0), "siop-outcome": np.arange(20.0)})
 
 
+def test_small_png_writes_a_palette_png_at_most_the_limit(tmp_path):
+    """A figure over the limit becomes a palette PNG under it (fewer colours, then fewer pixels); not a PNG: untouched."""
+    from PIL import Image
+
+    from coevo_jax.analysis.plots import save_figure, subplots
+    from _study.figures import small_png
+
+    fig, ax = subplots(figsize=(8, 6))
+    ax.imshow(np.random.default_rng(0).random((120, 160)), cmap="viridis")  # noise: a heavy PNG
+    path = save_figure(fig, str(tmp_path / "noise.png"), dpi=110)
+    before = os.path.getsize(path)
+    assert before > 60_000 and small_png(path, max_bytes=60_000) == path
+    with Image.open(path) as im:
+        assert im.mode == "P" and os.path.getsize(path) <= 60_000
+    other = tmp_path / "curve.png"
+    other.write_bytes(b"not a png")
+    assert small_png(str(other)) == str(other) and other.read_bytes() == b"not a png"
+
+
 def test_republishing_a_committed_report_is_not_flagged_as_uncommitted(tmp_path):
     import subprocess
 

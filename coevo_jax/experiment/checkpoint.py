@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
+import sys
 
+import jax
 import numpy as np
 
 from coevo_jax.experiment.spec import StudyError
@@ -25,11 +28,18 @@ class BatchRecord:
                 "chunk_len": chunk_len}
 
 
+def _orbax():
+    """``orbax.checkpoint``, imported on first use (kept lazy: importing it configures the root logger,
+    absl calling ``logging.basicConfig()``, which importing :mod:`coevo_jax.experiment` must not do)."""
+    import orbax.checkpoint as ocp
+
+    return ocp
+
+
 def _open(path: str, **options):
     """An orbax ``CheckpointManager`` of ``path`` (absolute; synchronous saves; every host writes its
     devices' part)."""
-    import orbax.checkpoint as ocp
-
+    ocp = _orbax()
     return ocp.CheckpointManager(os.path.abspath(path), options=ocp.CheckpointManagerOptions(enable_async_checkpointing=False,
                                                                             **options))
 
@@ -53,9 +63,7 @@ def check_record(meta: dict, record: BatchRecord, where: str) -> None:
 def restore(mngr, record: BatchRecord, state_abstract, curves_sharding):
     """``(state, curves [M, B, I_done], names, chunks_done)`` from the latest complete checkpoint, or
     ``None``; an unreadable step (a save cut short) is deleted with a warning and the one before tried."""
-    import jax
-    import orbax.checkpoint as ocp
-
+    ocp = _orbax()
     for step in sorted(mngr.all_steps(), reverse=True):
         try:
             meta = mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
@@ -75,9 +83,6 @@ def restore(mngr, record: BatchRecord, state_abstract, curves_sharding):
 
 def _discard(mngr, step: int, error: Exception) -> None:
     """Delete the unreadable ``step`` of ``mngr`` (warning on stderr) so its batch reruns from the step before."""
-    import shutil
-    import sys
-
     path = os.path.join(str(mngr.directory), str(step))
     print(f"warning: checkpoint {path} is incomplete ({type(error).__name__}: {str(error).splitlines()[0][:200]});"
           " deleting it and resuming from the step before (or from the start)", file=sys.stderr)
@@ -87,8 +92,7 @@ def _discard(mngr, step: int, error: Exception) -> None:
 
 def save(mngr, chunks_done: int, state, curves, meta: dict) -> None:
     """Checkpoint the batch after ``chunks_done`` chunks (synchronously; ``state=None``: curves only)."""
-    import orbax.checkpoint as ocp
-
+    ocp = _orbax()
     items = {"curves": ocp.args.StandardSave({"curves": curves}), "meta": ocp.args.JsonSave(meta)}
     mngr.save(chunks_done, args=ocp.args.Composite(
         **items, **({} if state is None else {"state": ocp.args.StandardSave(state)})))
@@ -103,9 +107,7 @@ def finished(path: str, num_chunks: int) -> bool:
 def read(path: str, step: int | None = None, state_shape=None) -> dict:
     """Step ``step`` (default the last) of the batch folder ``path`` as NumPy: ``{"meta", "curves" [M, B,
     I], "state"}`` (``state`` only given ``state_shape``, one run's abstract state)."""
-    import jax
-    import orbax.checkpoint as ocp
-
+    ocp = _orbax()
     with _open(path, read_only=True) as mngr:
         step = mngr.latest_step() if step is None else step
         if step not in mngr.all_steps():
@@ -127,8 +129,6 @@ def read(path: str, step: int | None = None, state_shape=None) -> dict:
 def read_arm(folders, num_runs: int, step: int | None = None, state_shape=None):
     """``(names, curves [M, R, I], state leaves [R, ...] or None)`` of one arm's batches at ``step``,
     placed by run index; :class:`StudyError` unless they hold every run once."""
-    import jax
-
     names, curves, leaves, seen = None, None, None, np.zeros(num_runs, int)
     for path in folders:
         got = read(path, step, state_shape)

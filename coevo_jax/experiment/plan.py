@@ -7,10 +7,12 @@ import dataclasses
 import math
 from typing import Any
 
+import jax
 import numpy as np
 
 from coevo_jax.config import ConfigError, default_hparams, hparam_fields, validate_hparams, validate_static
 from coevo_jax.experiment.spec import Arm, Study, chunk_length
+from coevo_jax.train import Trainer
 
 
 @dataclasses.dataclass
@@ -74,8 +76,6 @@ def build_plan(study: Study, check_trainers: bool = True) -> list[ArmPlan]:
         static = validate_static(arm.static)
         hp = arm_hparams(arm)
         if check_trainers:
-            from coevo_jax.train import Trainer
-
             try:  # builds network and signal (no compiling): method/env mismatches surface here
                 Trainer(static, env, env_params)
             except ConfigError as e:
@@ -88,8 +88,6 @@ def build_plan(study: Study, check_trainers: bool = True) -> list[ArmPlan]:
 
 def run_keys(base_seed: int, seed_index: np.ndarray):
     """``fold_in(PRNGKey(base_seed), seed_index)`` for each entry: uint32 ``[B, 2]``."""
-    import jax
-
     base = jax.random.PRNGKey(base_seed)
     return jax.vmap(lambda i: jax.random.fold_in(base, i))(np.asarray(seed_index, np.uint32))
 

@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import os
 import time
 
+import jax
 import numpy as np
 
 from coevo_jax.experiment import checkpoint
@@ -15,6 +17,7 @@ from coevo_jax.experiment.folder import FINISHED_MARK, read_json
 from coevo_jax.experiment.plan import ArmPlan, arm_hparams
 from coevo_jax.experiment.spec import Study, StudyError
 from coevo_jax.files import atomic_savez, atomic_write_text
+from coevo_jax.train import Trainer
 
 
 @dataclasses.dataclass
@@ -43,8 +46,6 @@ class StudyResult:
 
     def hparams(self, label: str):
         """Arm ``label``'s HParams as its runs used them: leaves ``[runs]`` (each run's grid point)."""
-        import jax
-
         _, arm = self.arm(label)
         setting = np.arange(len(arm.settings()) * self.study.num_seeds) // self.study.num_seeds
         return jax.tree.map(lambda x: np.asarray(x)[setting], arm_hparams(arm))
@@ -57,8 +58,6 @@ class StudyResult:
     def chunk_states(self, label: str, chunk: int | None):
         """Stacked :class:`~coevo_jax.train.TrainState` of arm ``label``'s runs after ``chunk`` chunks
         (``1 .. num_chunks``, ``None``: the last; needs ``save_chunks``)."""
-        import jax
-
         ai, arm = self.arm(label)
         num_runs = len(arm.settings()) * self.study.num_seeds
         shape = state_shape(self.study, arm)
@@ -68,17 +67,11 @@ class StudyResult:
 
 def state_shape(study: Study, arm):
     """The abstract :class:`~coevo_jax.train.TrainState` of one run of ``arm``."""
-    import jax
-
-    from coevo_jax.train import Trainer
-
     return jax.eval_shape(Trainer(arm.static, *study.make_env()).init, jax.random.PRNGKey(0), arm_hparams(arm))
 
 
 def batch_folders(out: str, arm_index: int) -> list[str]:
     """The checkpoint folders of arm ``arm_index``'s batches."""
-    import glob
-
     return sorted(glob.glob(os.path.join(out, "checkpoints", f"a{arm_index}_b*")))
 
 

@@ -8,7 +8,9 @@ import os
 import time
 from typing import Mapping
 
+import jax
 import numpy as np
+from jax._src import distributed as jax_distributed  # barrier(): the public API has none without a computation
 
 from coevo_jax.config import ConfigError
 from coevo_jax.experiment.folder import check_out, prepare_out, read_json, wait_prepared
@@ -28,8 +30,6 @@ def start_devices(devices: int | None = None, distributed: Mapping | None = None
     """Join ``jax.distributed`` (``distributed``: ``coordinator_address``, ``num_processes``,
     ``process_id``) and return this process's first ``devices`` local devices (default all; on CPU that
     many host devices are made). Call before the first JAX computation."""
-    import jax
-
     _positive("devices", devices)
     if distributed and not jax.distributed.is_initialized():
         try:
@@ -50,13 +50,9 @@ def start_devices(devices: int | None = None, distributed: Mapping | None = None
 
 def barrier(name: str, timeout_s: int = 24 * 3600) -> None:
     """Wait for every ``jax.distributed`` process (no-op without it)."""
-    import jax
-
     if jax.process_count() <= 1:
         return
-    from jax._src import distributed  # the public API has no barrier without a device computation
-
-    distributed.global_state.client.wait_at_barrier(name, timeout_s * 1000)
+    jax_distributed.global_state.client.wait_at_barrier(name, timeout_s * 1000)
 
 
 def run_study(study: Study, out: str, *, overwrite: bool = False, devices: int | None = None,
@@ -70,8 +66,6 @@ def run_study(study: Study, out: str, *, overwrite: bool = False, devices: int |
     on this host; ``stop_after_chunks``: stop after that many chunks; ``compile_cache``: JAX's persistent
     compilation cache folder (``True`` default folder, ``False`` off); ``distributed``: see
     :func:`start_devices` (the hosts share ``out``)."""
-    import jax
-
     t_start = time.time()
     _positive("max_parallel", max_parallel)
     if stop_after_chunks is not None and stop_after_chunks < 0:

@@ -10,6 +10,7 @@ import json
 import math
 from typing import Any, Mapping, Sequence
 
+import envs_jax
 import numpy as np
 
 from coevo_jax.config import ConfigError, StaticConfig, core_static_fields, static_config, static_fields
@@ -96,8 +97,6 @@ class Study:
 
     def make_env(self):
         """``(env, env_params)`` of the study; :class:`ConfigError` for an unknown name or bad kwargs."""
-        import envs_jax
-
         names = envs_jax.registered()
         if self.env not in names:
             raise ConfigError(f"env: unknown environment {self.env!r}; registered: {', '.join(names)}")

@@ -6,16 +6,20 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import resource
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental.compilation_cache import compilation_cache as cc
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from coevo_jax.experiment import checkpoint
 from coevo_jax.experiment.plan import arm_batches, run_keys
 from coevo_jax.files import atomic_write_text
 from coevo_jax.registry import method_spec
+from coevo_jax.train import Trainer
 
 BATCH_AXIS = "runs"  # the vmapped run axis; K-gated refits branch on it (Trainer.batch_axis)
 DEVICE_AXIS = "devices"  # the mesh axis the batch is split over
@@ -41,8 +45,6 @@ class Program:
 
 def compile_program(trainer, hp, b: int, chunk_len: int, devices) -> Program:
     """Compile ``init`` and one ``chunk_len``-iteration chunk for ``b`` runs, ``b / len(devices)`` per device."""
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
-
     mesh = Mesh(np.asarray(devices), (DEVICE_AXIS,))
     split = PartitionSpec(DEVICE_AXIS)
     sharding = NamedSharding(mesh, split)
@@ -85,8 +87,6 @@ def default_compile_cache() -> str:
 
 def set_compile_cache(path: str | None) -> str | None:
     """Point JAX's persistent compilation cache at ``path``; returns the previous folder."""
-    from jax.experimental.compilation_cache import compilation_cache as cc
-
     prev = jax.config.jax_compilation_cache_dir
     if path:
         os.makedirs(path, exist_ok=True)
@@ -113,8 +113,6 @@ class Reporter:
             self.callback(dict(self.data))
 
     def write(self, status: str):
-        import resource
-
         self.data.update(status=status, peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0)
         atomic_write_text(self.path, json.dumps(self.data))
 
@@ -130,8 +128,6 @@ def run_arms(out: str, study, plans, digest: str, devices, max_parallel: int | N
     """Run (or resume) every arm of the study in ``out`` on ``devices`` (under ``jax.distributed`` every
     host's). Writes ``out/checkpoints/a{arm}_b{batch}`` per batch and this host's
     ``out/checkpoints/host{i}.json``; returns ``"done"`` or ``"stopped"`` (``stop_after_chunks``)."""
-    from coevo_jax.train import Trainer
-
     env, env_params = study.make_env()
     rep = Reporter(os.path.join(out, "checkpoints", f"host{jax.process_index()}.json"), callback)
     rep.update(devices=len(devices))
@@ -170,8 +166,6 @@ def run_batch(study, plan, program: Program, runs: np.ndarray, b: int, cdir: str
               rep: Reporter, chunks_run: int, stop_after: int | None, label: str) -> int:
     """Run one batch to the end from its checkpoint or from scratch; returns the chunk count.
     :class:`Stopped` after ``stop_after`` chunks."""
-    from jax.sharding import NamedSharding, PartitionSpec
-
     real = len(runs)
     padded = np.concatenate([runs, np.repeat(runs[-1:], b - real)])  # copies of a real run, dropped at the end
     setting, seed = padded // study.num_seeds, padded % study.num_seeds

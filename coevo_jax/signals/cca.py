@@ -28,8 +28,8 @@ the later steps' inputs and rewards, not their actions; the three models share o
 (``"obs"``). **Rewards**: one episodic stream ``beta_ext * r_ext + beta_int * c_t``. **Refit** every
 ``K`` iterations, ``static.signal.reward_steps`` full-batch Adam steps (times ``K`` under
 ``refit_steps_per_k``) at ``hp.signal.reward_lr_ratio`` times the policy's lr of the iteration (with
-``fit_batch_episodes = B > 0`` each step on ``B`` episodes drawn from the replay); gated like R_phi's
-(``min_refit_episodes``). The replay is R_phi's (:mod:`coevo_jax.episodes`).
+``B > 0`` (:func:`~coevo_jax.episodes.replay_layout`) each step on ``B`` episodes drawn from the replay); gated
+like R_phi's (``min_refit_episodes``). The replay is R_phi's (:mod:`coevo_jax.episodes`).
 """
 from __future__ import annotations
 
@@ -37,18 +37,20 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from coevo_jax.encoding import encode_obs, obs_vocab
-from coevo_jax.episodes import buffer_mask, discounted_to_go, draw_episodes, to_time_order
+from coevo_jax.encoding import encode_obs
+from coevo_jax.episodes import draw_episodes, to_time_order
 from coevo_jax.fit import fit, init_optimizer
-from coevo_jax.networks import orthogonal
+from coevo_jax.networks import orthogonal, reset_gru_step
 from coevo_jax.params import default_of, hyperparams, weight
 from coevo_jax.registry import MethodSpec, register_method
-from coevo_jax.reward_net import HEAD_GAIN, RewardNetStatic
-from coevo_jax.signals.base import RewardStreams, Signal, SignalParams, float_metrics
+from coevo_jax.reward_net import HEAD_GAIN, RewardNetStatic, input_vocab, relu_layers
+from coevo_jax.signals.base import Signal, SignalParams
 from coevo_jax.signals.hca import bayes_logits, hindsight_loss
 from coevo_jax.signals.learned import RewardNetParams
 from coevo_jax.signals.q_advantage import action_credit, each_action_credit, q_loss
-from coevo_jax.signals.replay_model import ReplayModelState, refit_replay_model, replay_model
+from coevo_jax.signals.replay_model import (
+    ReplayModelState, credit_rewards, refit_replay_model, replay_model, replay_returns,
+)
 
 CUT_SHARE = 0.5  # the share of replayed episodes whose future is cut for a fitting step
 
@@ -63,9 +65,7 @@ class _BackwardStep(nn.Module):
     @nn.compact
     def __call__(self, carry, inputs):
         e, end = inputs
-        after = jnp.where(end[:, None], jnp.zeros_like(carry), carry)
-        # orthogonal(): the QR-free initialiser (see coevo_jax.runtime)
-        carry, _ = nn.GRUCell(self.size, recurrent_kernel_init=orthogonal(), name="cell")(after, e)
+        after, carry = reset_gru_step(self.size, carry, e, end)
         return carry, after
 
 
@@ -87,10 +87,7 @@ class HindsightStat(nn.Module):
         e = nn.relu(nn.Dense(self.hidden[0], name="embed")(jnp.concatenate([xe, r[..., None]], -1)))
         scan = nn.scan(_BackwardStep, variable_broadcast="params", split_rngs={"params": False}, reverse=True)
         _, after = scan(self.hidden[-1], name="backward")(jnp.zeros(e.shape[1:2] + (self.hidden[-1],)), (e, end))
-        h = jnp.concatenate([after, xe, cut[..., None].astype(jnp.float32)], -1)
-        for i, width in enumerate(self.hidden):
-            h = nn.relu(nn.Dense(width, name=f"dense_{i}")(h))
-        return h
+        return relu_layers(jnp.concatenate([after, xe, cut[..., None].astype(jnp.float32)], -1), self.hidden)
 
 
 class ConditionalHead(nn.Module):
@@ -104,9 +101,7 @@ class ConditionalHead(nn.Module):
 
     @nn.compact
     def __call__(self, x, phi):
-        h = jnp.concatenate([encode_obs(x, 1, self.vocab), phi], -1)
-        for i, width in enumerate(self.hidden):
-            h = nn.relu(nn.Dense(width, name=f"dense_{i}")(h))
+        h = relu_layers(jnp.concatenate([encode_obs(x, 1, self.vocab), phi], -1), self.hidden)
         return nn.Dense(self.num_actions, kernel_init=orthogonal(self.gain), name="head")(h)
 
 
@@ -146,7 +141,7 @@ def cut_episodes(key: jax.Array, kept: jax.Array, max_len: int):
 def make_cca_nets(static, env, env_params):
     """``(Phi, Q, h)`` for ``static`` (``reward_hidden``, ``reward_input``) and ``env``:
     :class:`HindsightStat` and two :class:`ConditionalHead` (``h``'s at gain 0.01: it starts at ``pi``)."""
-    vocab = obs_vocab(env, env_params) if static.signal.reward_input == "obs" else 0
+    vocab = input_vocab(static, env, env_params)
     hidden, num_actions = tuple(static.signal.reward_hidden), int(env.action_space(env_params).n)
     return (HindsightStat(hidden, vocab), ConditionalHead(num_actions, hidden, vocab),
             ConditionalHead(num_actions, hidden, vocab, gain=0.01))
@@ -173,8 +168,7 @@ def make_cca(static, network, env, env_params) -> Signal:
     def fit_data(buf, gamma):
         """``(batch, kept [E])``: the buffer in time-major time order, ``batch = (x [L, E, D], r, action,
         return-to-go, mask [L, E], acting probs [L, E, A])`` (:func:`cca_losses`'s data)."""
-        mask = buffer_mask(buf)
-        ret = discounted_to_go(buf.steps["reward"] * mask, buf.length, gamma)
+        mask, ret = replay_returns(buf, gamma)
         order = lambda v: jnp.swapaxes(to_time_order(v, buf.length), 0, 1)  # noqa: E731
         batch = tuple(order(v) for v in (buf.steps["x"], buf.steps["reward"], buf.steps["action"], ret, mask,
                                          buf.steps["probs"]))
@@ -223,17 +217,11 @@ def make_cca(static, network, env, env_params) -> Signal:
         val, v_kept = fit_data(state.replay.val, hp.ppo.gamma)
         v_end = episode_ends(v_kept, val[0].shape[0])
         v_q, v_h, v_i = cca_losses(nets, state.params, *val, v_end, jnp.zeros_like(v_end))
-        metrics = {
-            "r_int_mean": credit.mean(),  # mean 0 in expectation under the policy
-            "r_int_var": credit.var(),
-            "credit_abs_mean": jnp.abs(credit).mean(),
+        return credit_rewards(state, traj, hp, credit, {
             "q_spread": (q.max(-1) - q.min(-1)).mean(),
             "future_cut": cut.mean(),  # the share of steps whose future the rollout cuts
             "val_q_loss": v_q, "val_h_loss": v_h, "val_indep_kl": v_i,
-            "episodes_committed": state.replay.committed.astype(jnp.float32),
-        }
-        episodic = hp.signal.beta_ext * traj.reward + hp.signal.beta_int * credit
-        return state, RewardStreams(episodic, None), float_metrics(metrics)
+        })
 
     def credit(state: ReplayModelState, traj, hp, probs):
         """``Q(x, Phi, a) - sum_b pi(b | x) Q(x, Phi, b)`` of every action ``a``: ``[T, N, A]``, ``Phi`` read

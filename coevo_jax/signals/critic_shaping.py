@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax.numpy as jnp
-
 from coevo_jax.registry import MethodSpec, StaticOptions, register_method
-from coevo_jax.signals.base import RewardStreams, Signal, float_metrics, no_observe, no_update
-from coevo_jax.signals.potential import ShapingParams, clip_credit, episodic_values, trajectory_shaping
+from coevo_jax.signals.base import Signal, float_metrics, no_observe, no_update
+from coevo_jax.signals.potential import ShapingParams, episodic_values, shaping_streams, trajectory_shaping
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,14 +41,7 @@ def make_critic_shaping(static, network=None, env=None, env_params=None) -> Sign
 
     def rewards(state, traj, hp):
         phi, phi_next = episodic_values(traj)
-        raw = trajectory_shaping(phi, phi_next, traj, hp, nstep)
-        credit = clip_credit(raw, hp.signal.credit_clip)
-        streams = RewardStreams(hp.signal.beta_ext * traj.reward + hp.signal.beta_int * credit)
-        metrics = {
-            "potential_mean": phi.mean(), "potential_min": phi.min(), "potential_max": phi.max(),
-            "credit_mean": credit.mean(), "credit_var": credit.var(),
-            "credit_clip_frac": (jnp.abs(raw) > hp.signal.credit_clip).mean(),
-        }
+        streams, metrics = shaping_streams(trajectory_shaping(phi, phi_next, traj, hp, nstep), phi, traj, hp)
         return state, streams, float_metrics(metrics)
 
     return Signal(init, no_observe, no_update, rewards)

@@ -30,8 +30,8 @@ Deviations (why: ``docs/design.md``, ``coevo_jax.signals.hca``):
 units). **Refit** every ``K`` iterations, ``static.signal.reward_steps`` full-batch Adam steps (times
 ``K`` under ``static.signal.refit_steps_per_k``) of the masked mean cross-entropy of
 ``h(a_t | x_t, Z_t)``, at ``hp.signal.reward_lr_ratio`` times the policy's lr of the iteration (with
-``fit_batch_episodes = B > 0`` each step on the steps of ``B`` episodes drawn from the replay); gated
-like R_phi's (``min_refit_episodes``). The replay is R_phi's (:mod:`coevo_jax.episodes`,
+``B > 0`` (:func:`~coevo_jax.episodes.replay_layout`) each step on the steps of ``B`` episodes drawn from the
+replay); gated like R_phi's (``min_refit_episodes``). The replay is R_phi's (:mod:`coevo_jax.episodes`,
 ``static.signal.buffer_episodes``, ``max_episode_len``).
 """
 from __future__ import annotations
@@ -40,18 +40,20 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from coevo_jax.encoding import encode_obs, obs_vocab
-from coevo_jax.episodes import buffer_mask, discounted_to_go, episode_minibatches
+from coevo_jax.encoding import encode_obs
+from coevo_jax.episodes import episode_minibatches
 from coevo_jax.fit import fit, init_optimizer
 from coevo_jax.networks import orthogonal
 from coevo_jax.params import default_of, hyperparams, param, weight
 from coevo_jax.ppo import gae
 from coevo_jax.registry import MethodSpec, register_method
-from coevo_jax.reward_net import RewardNetStatic
-from coevo_jax.signals.base import RewardStreams, Signal, SignalParams, float_metrics
+from coevo_jax.reward_net import RewardNetStatic, input_vocab, relu_layers
+from coevo_jax.signals.base import Signal, SignalParams
 from coevo_jax.signals.learned import RewardNetParams
 from coevo_jax.signals.q_advantage import taken
-from coevo_jax.signals.replay_model import ReplayModelState, refit_replay_model, replay_model
+from coevo_jax.signals.replay_model import (
+    ReplayModelState, credit_rewards, refit_replay_model, replay_model, replay_returns,
+)
 
 
 class HindsightNet(nn.Module):
@@ -68,8 +70,7 @@ class HindsightNet(nn.Module):
     @nn.compact
     def __call__(self, x, z):
         h = jnp.concatenate([encode_obs(x, 1, self.vocab), z[..., None].astype(jnp.float32)], axis=-1)
-        for i, width in enumerate(self.hidden):
-            h = nn.relu(nn.Dense(width, name=f"dense_{i}")(h))
+        h = relu_layers(h, self.hidden)
         return nn.Dense(self.num_actions, kernel_init=orthogonal(0.01), name="head")(h)
 
 
@@ -127,8 +128,8 @@ def episode_returns(reward: jax.Array, done: jax.Array) -> jax.Array:
 
 def make_hindsight_net(static, env, env_params) -> HindsightNet:
     """The hindsight model for ``static`` (``reward_hidden``, ``reward_input``) and ``env``."""
-    vocab = obs_vocab(env, env_params) if static.signal.reward_input == "obs" else 0
-    return HindsightNet(int(env.action_space(env_params).n), tuple(static.signal.reward_hidden), vocab)
+    return HindsightNet(int(env.action_space(env_params).n), tuple(static.signal.reward_hidden),
+                        input_vocab(static, env, env_params))
 
 
 def make_hca(static, network, env, env_params) -> Signal:
@@ -139,8 +140,7 @@ def make_hca(static, network, env, env_params) -> Signal:
 
     def fit_data(buf, gamma):
         """``(x [E, L, D], action [E, L], return-to-go [E, L], acting probs [E, L, A], mask [E, L])``."""
-        mask = buffer_mask(buf)
-        z = discounted_to_go(buf.steps["reward"] * mask, buf.length, gamma)
+        mask, z = replay_returns(buf, gamma)
         return buf.steps["x"], buf.steps["action"], z, buf.steps["probs"], mask
 
     def init(key, traj, hp):
@@ -174,17 +174,11 @@ def make_hca(static, network, env, env_params) -> Signal:
         credit = hca_credit(pi_taken, h_taken, z, hp.signal.ratio_clip)
         val = state.replay.val
         v_x, v_actions, v_z, v_probs, v_mask = fit_data(val, hp.ppo.gamma)
-        metrics = {
-            "r_int_mean": credit.mean(),  # mean 0 in expectation under the policy
-            "r_int_var": credit.var(),
-            "credit_abs_mean": jnp.abs(credit).mean(),
+        return credit_rewards(state, traj, hp, credit, {
             "ratio_clipped": (pi_taken >= hp.signal.ratio_clip * h_taken).mean(),
             "h_minus_pi_abs_mean": jnp.abs(h_taken - pi_taken).mean(),  # 0: the model sees no action matter
             "val_h_loss": hindsight_loss(bayes_logits(v_probs, net.apply(state.params, v_x, v_z)), v_actions, v_mask),
-            "episodes_committed": state.replay.committed.astype(jnp.float32),
-        }
-        episodic = hp.signal.beta_ext * traj.reward + hp.signal.beta_int * credit
-        return state, RewardStreams(episodic, None), float_metrics(metrics)
+        })
 
     def credit(state: ReplayModelState, traj, hp, probs):
         """``(1 - pi(a | x) / h(a | x, Z)) Z`` of every action ``a``: ``[T, N, A]``, with ``Z`` the return of

@@ -20,8 +20,8 @@ full-batch Adam steps, or ``reward_steps x k`` under ``static.signal.refit_steps
 
     mean over the stored steps of valid episodes of (r_g(x_t, a_t) - n(R_e))^2
 
-(with ``fit_batch_episodes = B > 0`` each Adam step on the stored steps of ``B`` episodes drawn from
-the buffer, where the paper draws transitions; the normalisation stays the buffer's) on a ring buffer
+(with ``B > 0`` (:func:`~coevo_jax.episodes.replay_layout`) each Adam step on the stored steps of ``B`` episodes
+drawn from the buffer, where the paper draws transitions; the normalisation stays the buffer's) on a ring buffer
 of the ``static.signal.buffer_episodes`` most recent complete episodes (:mod:`coevo_jax.episodes`; a
 row holds ``static.signal.max_episode_len`` steps, by default the env's time limit). The Adam step is
 ``hp.signal.ircr_lr_ratio`` times the policy's current learning rate, clipped at
@@ -35,7 +35,7 @@ is sparse PPO exactly. Rationale: ``docs/design.md``, ``coevo_jax.signals.ircr``
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -82,33 +82,61 @@ class IRCRState:
     replay: ep.EpisodeReplay
 
 
-def make_ircr(static, network, env, env_params) -> Signal:
-    """The IRCR guidance reward (method ``ircr``; see the module docstring)."""
+class StepRewardReplay(NamedTuple):
+    """R_phi's linear (pre-tanh) output as a step reward on R_phi's episode replay, shared by IRCR and RRD:
+    ``head(params, x [..., D], action [...]) -> [...]``, ``inputs(traj) -> x [T, N, D]``, ``init(key, traj, hp)
+    -> IRCRState``, ``observe`` (the rollout's complete episodes join the replay), ``credit`` (the head of every
+    action, ``[T, N, A]``) and ``fit_batch`` (:func:`~coevo_jax.episodes.replay_layout`)."""
+
+    head: Callable
+    inputs: Callable
+    init: Callable
+    observe: Callable
+    credit: Callable
+    fit_batch: int
+
+
+def step_reward_replay(static, env, env_params, with_reward: bool) -> StepRewardReplay:
+    """The :class:`StepRewardReplay` of ``static``; the replay keeps each step's ``x`` and ``action`` (and its
+    external ``reward`` when ``with_reward``), each episode's ``full_return``."""
     net = make_reward_net(static, env, env_params)
-    window = ep.episode_window("max_episode_len", static.signal.max_episode_len, env, env_params)
-    kept = ep.replay_episodes(static.signal.buffer_episodes, static.num_envs, static.rollout_len, env, env_params)
-    fit_batch = ep.check_fit_batch(static.signal.fit_batch_episodes, kept)
+    window, kept, fit_batch = ep.replay_layout(static.signal, static.num_envs, static.rollout_len, env, env_params)
 
     def inputs(traj):
         return reward_inputs(traj, net.reward_input, net.obs_ndim)
 
-    def guidance(params, x, action):
-        """``r_g``: the network's linear (pre-tanh) output."""
+    def head(params, x, action):
         return net.apply(params, x, action)[1]
+
+    def steps(traj):
+        out = {"x": inputs(traj), "action": traj.action.astype(jnp.int32)}
+        return {**out, "reward": traj.reward.astype(jnp.float32)} if with_reward else out
 
     def init(key, traj, hp):
         x = inputs(traj)
         num_envs = traj.action.shape[1]
         params = net.init(key, x[0], traj.action[0])
-        replay = ep.init_replay(kept, window, num_envs,
-                                {"x": x[0, 0], "action": jnp.int32(0)}, {"full_return": jnp.float32(0.0)})
+        example = {"x": x[0, 0], "action": jnp.int32(0), **({"reward": jnp.float32(0.0)} if with_reward else {})}
+        replay = ep.init_replay(kept, window, num_envs, example, {"full_return": jnp.float32(0.0)})
         return IRCRState(params, init_optimizer(params), init_return_scale(num_envs), replay)
 
     def observe(state: IRCRState, traj, hp, key):
-        steps = {"x": inputs(traj), "action": traj.action.astype(jnp.int32)}
-        replay = ep.add_rollout(state.replay, steps, {"full_return": traj.episode_return.astype(jnp.float32)},
+        replay = ep.add_rollout(state.replay, steps(traj), {"full_return": traj.episode_return.astype(jnp.float32)},
                                 traj.episode_done)
         return state.replace(replay=replay), {"episodes_committed": replay.committed.astype(jnp.float32)}
+
+    def credit(state: IRCRState, traj, hp, probs):
+        x = inputs(traj)
+        return each_action(lambda a: head(state.params, x, a), x.shape[:2], probs.shape[-1])
+
+    return StepRewardReplay(head, inputs, init, observe, credit, fit_batch)
+
+
+def make_ircr(static, network, env, env_params) -> Signal:
+    """The IRCR guidance reward (method ``ircr``; see the module docstring): ``r_g``, the network's linear
+    (pre-tanh) output."""
+    model = step_reward_replay(static, env, env_params, with_reward=False)
+    guidance, inputs, fit_batch = model.head, model.inputs, model.fit_batch
 
     def update(state: IRCRState, traj, policy, hp, key):
         buf = state.replay.train
@@ -154,12 +182,7 @@ def make_ircr(static, network, env, env_params) -> Signal:
                    "guidance_max": r_g.max(), "int_return_rms": return_rms(scale)}
         return state.replace(scale=scale), streams, float_metrics(metrics)
 
-    def credit(state: IRCRState, traj, hp, probs):
-        """``r_g`` (the linear output it pays) of every action: ``[T, N, A]``."""
-        x = inputs(traj)
-        return each_action(lambda a: guidance(state.params, x, a), x.shape[:2], probs.shape[-1])
-
-    return Signal(init, observe, update, rewards, credit)
+    return Signal(model.init, model.observe, update, rewards, model.credit)
 
 
 # ----------------------------------------------------------------------------- registration

@@ -23,8 +23,8 @@ R_phi's drift from an anchor whose parameters are an EMA over refits (``drift_em
 in the fit's units), ``extreme_weight`` the outputs' saturation. The Adam step is
 ``hp.signal.reward_lr_ratio`` times the policy's learning rate of the iteration (annealed with it). A
 refit (``static.signal.reward_steps`` full-batch steps, times ``hp.signal.k`` under
-``static.signal.refit_steps_per_k``; with ``fit_batch_episodes = B > 0`` each step on ``B`` episodes
-drawn from the buffer, the ranking loss over their pairs) runs only when the training buffer holds at
+``static.signal.refit_steps_per_k``; with ``B > 0`` (:func:`~coevo_jax.episodes.replay_layout`) each step on ``B``
+episodes drawn from the buffer, the ranking loss over their pairs) runs only when the training buffer holds at
 least ``hp.signal.min_refit_episodes`` complete episodes; before that R_phi, its anchor and its Adam
 state stay as they are. ``signal/refit_steps`` is the steps a refit took (0 when skipped); the loop
 sums it into the run's ``refit_steps``.
@@ -47,12 +47,12 @@ import jax.numpy as jnp
 from flax import struct
 
 from coevo_jax.episodes import (
-    VAL_EVERY, EpisodeReplay, add_rollout, buffer_mask, check_fit_batch, episode_minibatches, episode_sum,
-    episode_window, init_replay, refit_ready, replay_episodes,
+    VAL_EVERY, EpisodeReplay, add_rollout, buffer_mask, episode_minibatches, episode_sum, init_replay, refit_ready,
+    replay_layout,
 )
 from coevo_jax.fit import fit, init_optimizer, make_optimizer, refit_steps, refit_when
 from coevo_jax.params import default_of, grad_clip, hyperparams, param, unit, weight
-from coevo_jax.registry import MethodSpec, register_method
+from coevo_jax.registry import MethodSpec, method_spec, register_method
 from coevo_jax.reward_net import (
     RewardNetStatic, make_reward_net, make_rnd_net, reward_inputs, rnd_error,
 )
@@ -237,10 +237,8 @@ def make_learned(static, network, env, env_params) -> Signal:
     ``coevo-regression | coevo-ranking | coevo-novelty`` (see the module docstring)."""
     if static.method not in METHODS:
         raise ValueError(f"make_learned: method must be one of {', '.join(METHODS)}, got {static.method!r}")
-    novelty = static.method == "coevo-novelty"
-    window = episode_window("max_episode_len", static.signal.max_episode_len, env, env_params)
-    kept = replay_episodes(static.signal.buffer_episodes, static.num_envs, static.rollout_len, env, env_params)
-    fit_batch = check_fit_batch(static.signal.fit_batch_episodes, kept)
+    novelty = method_spec(static.method).intrinsic_stream  # the RND bonus: its spec pays a bonus stream
+    window, kept, fit_batch = replay_layout(static.signal, static.num_envs, static.rollout_len, env, env_params)
     net = make_reward_net(static, env, env_params)
     rnd = make_rnd_net(static, env, env_params)
 

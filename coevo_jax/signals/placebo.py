@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from envs_jax.chain import DelayedChain, cue_matches
 
 from coevo_jax.params import INF, ConfigError, default_of, hyperparams, param, unit
 from coevo_jax.registry import MethodSpec, method_spec, register_method
@@ -61,8 +62,6 @@ def make_cue_bonus(static, network, env, env_params) -> Signal:
     """``episodic = beta_ext * r_ext + beta_int * [action = cue]`` on every step, or with
     ``cue_after_choice = 1`` only on the steps after the choice (method ``cue-bonus``; DelayedChain only:
     :func:`envs_jax.chain.cue_matches`)."""
-    from envs_jax.chain import DelayedChain, cue_matches
-
     if env is not None and not isinstance(env.unwrapped, DelayedChain):
         raise ConfigError(f"method 'cue-bonus' pays for the action that equals DelayedChain's cue; environment"
                           f" {env.unwrapped.name!r} shows no cue")

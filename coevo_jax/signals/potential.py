@@ -167,6 +167,19 @@ def trajectory_shaping(phi, phi_next, traj, hp, nstep: int):
     return nstep_spread(shaping_credit(phi, phi_next, traj.terminated, hp.ppo.gamma), done, hp.ppo.gamma, nstep)
 
 
+def shaping_streams(unclipped, phi, traj, hp):
+    """``(RewardStreams, metrics)`` of a shaping credit ``unclipped [T, N]`` from the potential ``phi [T, N]``:
+    episodic ``beta_ext * r_ext + beta_int * credit``, the credit clipped at ``hp.signal.credit_clip``."""
+    credit = clip_credit(unclipped, hp.signal.credit_clip)
+    streams = RewardStreams(hp.signal.beta_ext * traj.reward + hp.signal.beta_int * credit)
+    metrics = {
+        "potential_mean": phi.mean(), "potential_min": phi.min(), "potential_max": phi.max(),
+        "credit_mean": credit.mean(), "credit_var": credit.var(),
+        "credit_clip_frac": (jnp.abs(unclipped) > hp.signal.credit_clip).mean(),
+    }
+    return streams, metrics
+
+
 # ----------------------------------------------------------------------------- targets and losses
 def fit_rewards(buf: ep.EpisodeBuffer, outcome):
     """The per-step reward ``[E, L]`` the potential is the value of:
@@ -381,12 +394,9 @@ def make_potential(static, network=None, env=None, env_params=None) -> Signal:
         raw = trajectory_shaping(phi, phi_next, traj, hp, nstep)
         done = jnp.logical_or(traj.terminated, traj.truncated)
         scale, scaled = scale_normalise(state.scale, raw, hp.ppo.gamma, hp.signal.normalize_int, done)
-        credit = clip_credit(scaled, hp.signal.credit_clip)
-        streams = RewardStreams(hp.signal.beta_ext * traj.reward + hp.signal.beta_int * credit)
+        streams, metrics = shaping_streams(scaled, phi, traj, hp)
         metrics = {
-            "potential_mean": phi.mean(), "potential_min": phi.min(), "potential_max": phi.max(),
-            "credit_mean": credit.mean(), "credit_var": credit.var(),
-            "credit_clip_frac": (jnp.abs(scaled) > hp.signal.credit_clip).mean(),
+            **metrics,
             "credit_return_rms": return_rms(scale),
             "potential_diverged": potential_diverged(phi, state.max_abs_return),
             **critic_agreement(phi, traj),

@@ -16,9 +16,9 @@ state") or the observation (``"obs"``).
 units). **Refit** every ``K`` iterations, ``static.signal.reward_steps`` full-batch Adam steps (times
 ``K`` under ``static.signal.refit_steps_per_k``) of the masked mean squared error of ``Q(h_t, a_t)``
 against the discounted return-to-go within the stored steps (``gamma = hp.ppo.gamma``), at
-``hp.signal.reward_lr_ratio`` times the policy's lr of the iteration (with ``fit_batch_episodes = B > 0``
-each step on the steps of ``B`` episodes drawn from the replay); gated like R_phi's
-(``min_refit_episodes``). The replay is R_phi's (:mod:`coevo_jax.episodes`,
+``hp.signal.reward_lr_ratio`` times the policy's lr of the iteration (with ``B > 0``
+(:func:`~coevo_jax.episodes.replay_layout`) each step on the steps of ``B`` episodes drawn from the replay);
+gated like R_phi's (``min_refit_episodes``). The replay is R_phi's (:mod:`coevo_jax.episodes`,
 ``static.signal.buffer_episodes``, ``max_episode_len``).
 """
 from __future__ import annotations
@@ -27,16 +27,18 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from coevo_jax.encoding import encode_obs, obs_vocab
-from coevo_jax.episodes import buffer_mask, discounted_to_go, episode_minibatches
+from coevo_jax.encoding import encode_obs
+from coevo_jax.episodes import episode_minibatches
 from coevo_jax.fit import fit, init_optimizer
 from coevo_jax.networks import orthogonal
 from coevo_jax.params import default_of, hyperparams, weight
 from coevo_jax.registry import MethodSpec, register_method
-from coevo_jax.reward_net import HEAD_GAIN, RewardNetStatic
-from coevo_jax.signals.base import RewardStreams, Signal, SignalParams, float_metrics
+from coevo_jax.reward_net import HEAD_GAIN, RewardNetStatic, input_vocab, relu_layers
+from coevo_jax.signals.base import Signal, SignalParams
 from coevo_jax.signals.learned import RewardNetParams
-from coevo_jax.signals.replay_model import ReplayModelState, refit_replay_model, replay_model
+from coevo_jax.signals.replay_model import (
+    ReplayModelState, credit_rewards, refit_replay_model, replay_model, replay_returns,
+)
 
 
 class QNet(nn.Module):
@@ -50,9 +52,7 @@ class QNet(nn.Module):
 
     @nn.compact
     def __call__(self, x):
-        h = encode_obs(x, 1, self.vocab)
-        for i, width in enumerate(self.hidden):
-            h = nn.relu(nn.Dense(width, name=f"dense_{i}")(h))
+        h = relu_layers(encode_obs(x, 1, self.vocab), self.hidden)
         return nn.Dense(self.num_actions, kernel_init=orthogonal(HEAD_GAIN), name="head")(h)
 
 
@@ -86,8 +86,8 @@ def q_loss(q: jax.Array, action: jax.Array, target: jax.Array, mask: jax.Array) 
 
 def make_q_net(static, env, env_params) -> QNet:
     """The return model for ``static`` (``reward_hidden``, ``reward_input``) and ``env``."""
-    vocab = obs_vocab(env, env_params) if static.signal.reward_input == "obs" else 0
-    return QNet(int(env.action_space(env_params).n), tuple(static.signal.reward_hidden), vocab)
+    return QNet(int(env.action_space(env_params).n), tuple(static.signal.reward_hidden),
+                input_vocab(static, env, env_params))
 
 
 def make_q_advantage(static, network, env, env_params) -> Signal:
@@ -98,8 +98,7 @@ def make_q_advantage(static, network, env, env_params) -> Signal:
 
     def fit_data(buf, gamma):
         """``(x [E, L, D], action [E, L], return-to-go [E, L], mask [E, L])`` of a buffer."""
-        mask = buffer_mask(buf)
-        target = discounted_to_go(buf.steps["reward"] * mask, buf.length, gamma)
+        mask, target = replay_returns(buf, gamma)
         return buf.steps["x"], buf.steps["action"], target, mask
 
     def init(key, traj, hp):
@@ -128,16 +127,10 @@ def make_q_advantage(static, network, env, env_params) -> Signal:
         credit = action_credit(q, traj.probs, traj.action)
         val = state.replay.val
         v_x, v_actions, v_target, v_mask = fit_data(val, hp.ppo.gamma)
-        metrics = {
-            "r_int_mean": credit.mean(),  # mean 0 in expectation under the policy
-            "r_int_var": credit.var(),
-            "credit_abs_mean": jnp.abs(credit).mean(),
+        return credit_rewards(state, traj, hp, credit, {
             "q_spread": (q.max(-1) - q.min(-1)).mean(),  # how much the action matters, as the model sees it
             "val_q_loss": q_loss(net.apply(state.params, v_x), v_actions, v_target, v_mask),
-            "episodes_committed": state.replay.committed.astype(jnp.float32),
-        }
-        episodic = hp.signal.beta_ext * traj.reward + hp.signal.beta_int * credit
-        return state, RewardStreams(episodic, None), float_metrics(metrics)
+        })
 
     def credit(state: ReplayModelState, traj, hp, probs):
         """``Q(h, a) - sum_b pi(b | h) Q(h, b)`` of every action ``a``: ``[T, N, A]``."""

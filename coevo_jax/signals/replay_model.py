@@ -16,11 +16,11 @@ import jax.numpy as jnp
 from flax import struct
 
 from coevo_jax.episodes import (
-    VAL_EVERY, EpisodeReplay, add_rollout, check_fit_batch, episode_window, init_replay, refit_ready, replay_episodes,
+    VAL_EVERY, EpisodeReplay, add_rollout, buffer_mask, discounted_to_go, init_replay, refit_ready, replay_layout,
 )
 from coevo_jax.fit import make_optimizer, refit_steps, refit_when
 from coevo_jax.reward_net import reward_inputs
-from coevo_jax.signals.base import REFIT_STEPS, float_metrics
+from coevo_jax.signals.base import REFIT_STEPS, RewardStreams, float_metrics
 
 
 @struct.dataclass
@@ -36,8 +36,7 @@ class ReplayModel(NamedTuple):
     """``inputs(traj) -> x [T, N, D]``; ``init_replay(traj) -> EpisodeReplay`` (empty);
     ``observe(state, traj, hp, key) -> (state, {})`` (the :class:`~coevo_jax.signals.base.Signal`
     hook: the rollout's complete episodes join the replay); ``fit_batch``: the episodes a fit step
-    reads (``static.signal.fit_batch_episodes``, checked against the replay's size; 0: all of them,
-    :func:`~coevo_jax.episodes.episode_minibatches`)."""
+    reads (:func:`~coevo_jax.episodes.replay_layout`; 0: all of them)."""
 
     inputs: Callable
     init_replay: Callable
@@ -49,9 +48,7 @@ def replay_model(static, env, env_params, with_probs: bool, method: str) -> Repl
     """The replay of ``static``'s ``method``, which reads the acting policy's probabilities
     (``Trajectory.probs``: a trajectory without them fails at ``init_replay``, naming ``method``);
     ``with_probs``: store them (``probs [A]`` per step)."""
-    window = episode_window("max_episode_len", static.signal.max_episode_len, env, env_params)
-    kept = replay_episodes(static.signal.buffer_episodes, static.num_envs, static.rollout_len, env, env_params)
-    fit_batch = check_fit_batch(static.signal.fit_batch_episodes, kept)
+    window, kept, fit_batch = replay_layout(static.signal, static.num_envs, static.rollout_len, env, env_params)
     obs_ndim = len(env.observation_space(env_params).shape)
 
     def inputs(traj):
@@ -94,3 +91,24 @@ def refit_replay_model(state: ReplayModelState, policy, hp, static, refit: Calla
     (params, opt_state), metrics = refit_when(refit_ready(buf, hp), run, (state.params, state.opt_state))
     metrics["buffer_size"] = buf.valid.sum().astype(jnp.float32)
     return state.replace(params=params, opt_state=opt_state), metrics
+
+
+def replay_returns(buf, gamma) -> tuple[jax.Array, jax.Array]:
+    """``(mask, G)``, both ``[E, L]``: the buffer's :func:`~coevo_jax.episodes.buffer_mask` and each stored
+    step's discounted return-to-go of the stored ``reward`` within the stored steps."""
+    mask = buffer_mask(buf)
+    return mask, discounted_to_go(buf.steps["reward"] * mask, buf.length, gamma)
+
+
+def credit_rewards(state: ReplayModelState, traj, hp, credit: jax.Array, metrics: dict):
+    """The method's ``rewards`` for a per-step ``credit [T, N]``: ``(state, RewardStreams(beta_ext * r_ext +
+    beta_int * credit), metrics)``, the method's ``metrics`` between the credit's and the replay's."""
+    metrics = {
+        "r_int_mean": credit.mean(),  # mean 0 in expectation under the policy
+        "r_int_var": credit.var(),
+        "credit_abs_mean": jnp.abs(credit).mean(),
+        **metrics,
+        "episodes_committed": state.replay.committed.astype(jnp.float32),
+    }
+    episodic = hp.signal.beta_ext * traj.reward + hp.signal.beta_int * credit
+    return state, RewardStreams(episodic, None), float_metrics(metrics)

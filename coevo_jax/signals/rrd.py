@@ -18,8 +18,8 @@ each rollout, as for IRCR (:mod:`coevo_jax.signals.ircr`). The network, its inpu
 (``RewardNetStatic.reward_input``) and the episode replay (the most recent ``buffer_episodes`` complete
 episodes, refit every ``k`` iterations with ``reward_steps`` full-batch Adam steps at ``rrd_lr_ratio``
 times the policy's lr) are this library's, shared with R_phi and IRCR; the paper samples minibatches
-of episodes, as ``fit_batch_episodes = B > 0`` does (each step on ``B`` episodes drawn from the buffer,
-then each one's subset). The loss is the paper's equation, not the authors' code's regression of the
+of episodes, as ``B > 0`` (:func:`~coevo_jax.episodes.replay_layout`) does (each step on ``B`` episodes drawn from
+the buffer, then each one's subset). The loss is the paper's equation, not the authors' code's regression of the
 subset's mean reward onto ``R / n``; their bias-corrected variant is not implemented. Rationale: ``docs/design.md``,
 ``coevo_jax.signals.rrd``.
 """
@@ -29,14 +29,12 @@ import jax
 import jax.numpy as jnp
 
 from coevo_jax import episodes as ep
-from coevo_jax.fit import fit, init_optimizer, make_optimizer, refit_steps, refit_when
+from coevo_jax.fit import fit, make_optimizer, refit_steps, refit_when
 from coevo_jax.params import default_of, hyperparams, param
 from coevo_jax.registry import MethodSpec, register_method
-from coevo_jax.reward_net import RewardNetStatic, make_reward_net, reward_inputs
-from coevo_jax.signals.base import (
-    REFIT_STEPS, Signal, SignalParams, each_action, float_metrics, init_return_scale, return_rms,
-)
-from coevo_jax.signals.ircr import IRCRState, ircr_streams
+from coevo_jax.reward_net import RewardNetStatic
+from coevo_jax.signals.base import REFIT_STEPS, Signal, SignalParams, float_metrics, return_rms
+from coevo_jax.signals.ircr import IRCRState, ircr_streams, step_reward_replay
 from coevo_jax.signals.learned import RewardNetParams, pearson
 
 
@@ -62,34 +60,11 @@ def rrd_loss(r: jax.Array, mask: jax.Array, subset: jax.Array, ret: jax.Array, v
 
 # ----------------------------------------------------------------------------- the signal
 def make_rrd(static, network, env, env_params) -> Signal:
-    """The RRD proxy reward (method ``rrd``; see the module docstring). Its state is IRCR's
-    (:class:`~coevo_jax.signals.ircr.IRCRState`), the replay also keeping each step's reward."""
-    net = make_reward_net(static, env, env_params)
-    window = ep.episode_window("max_episode_len", static.signal.max_episode_len, env, env_params)
-    kept = ep.replay_episodes(static.signal.buffer_episodes, static.num_envs, static.rollout_len, env, env_params)
-    fit_batch = ep.check_fit_batch(static.signal.fit_batch_episodes, kept)
-
-    def inputs(traj):
-        return reward_inputs(traj, net.reward_input, net.obs_ndim)
-
-    def proxy(params, x, action):
-        """``r_hat``: the network's linear (pre-tanh) output."""
-        return net.apply(params, x, action)[1]
-
-    def init(key, traj, hp):
-        x = inputs(traj)
-        num_envs = traj.action.shape[1]
-        params = net.init(key, x[0], traj.action[0])
-        replay = ep.init_replay(kept, window, num_envs,
-                                {"x": x[0, 0], "action": jnp.int32(0), "reward": jnp.float32(0.0)},
-                                {"full_return": jnp.float32(0.0)})
-        return IRCRState(params, init_optimizer(params), init_return_scale(num_envs), replay)
-
-    def observe(state: IRCRState, traj, hp, key):
-        steps = {"x": inputs(traj), "action": traj.action.astype(jnp.int32), "reward": traj.reward.astype(jnp.float32)}
-        replay = ep.add_rollout(state.replay, steps, {"full_return": traj.episode_return.astype(jnp.float32)},
-                                traj.episode_done)
-        return state.replace(replay=replay), {"episodes_committed": replay.committed.astype(jnp.float32)}
+    """The RRD proxy reward (method ``rrd``; see the module docstring): ``r_hat``, the network's linear
+    (pre-tanh) output. Its state and replay are IRCR's (:func:`~coevo_jax.signals.ircr.step_reward_replay`),
+    the replay also keeping each step's reward."""
+    model = step_reward_replay(static, env, env_params, with_reward=True)
+    proxy, inputs, fit_batch = model.head, model.inputs, model.fit_batch
 
     def update(state: IRCRState, traj, policy, hp, key):
         buf = state.replay.train
@@ -133,12 +108,7 @@ def make_rrd(static, network, env, env_params) -> Signal:
         metrics = {"r_int_mean": r_hat.mean(), "r_int_var": r_hat.var(), "int_return_rms": return_rms(scale)}
         return state.replace(scale=scale), streams, float_metrics(metrics)
 
-    def credit(state: IRCRState, traj, hp, probs):
-        """``r_hat`` (the linear output it pays) of every action: ``[T, N, A]``."""
-        x = inputs(traj)
-        return each_action(lambda a: proxy(state.params, x, a), x.shape[:2], probs.shape[-1])
-
-    return Signal(init, observe, update, rewards, credit)
+    return Signal(model.init, model.observe, update, rewards, model.credit)
 
 
 # ----------------------------------------------------------------------------- registration

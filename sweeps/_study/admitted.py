@@ -23,7 +23,13 @@ from typing import Mapping
 
 import numpy as np
 
-from coevo_jax.config import ConfigError
+from coevo_jax.config import ConfigError, core_static_fields, static_config, static_fields
+from coevo_jax.experiment.spec import Arm
+from coevo_jax.files import atomic_write_text
+from coevo_jax.registry import method_spec
+
+from _study import options
+from _study.tuning import MIN_CONFIGS, MIN_FINALIST_SEEDS, MIN_FINALISTS
 
 RANDOM_MAX, PPO_MAX, POI_LOW_MIN = 0.2, 0.8, 0.6  # the admission rule, fixed in advance
 
@@ -60,11 +66,10 @@ class AdmittedTask:
         """The ``methods`` whose values here did not come from the two-stage protocol of
         :mod:`_study.tuning` (no record, or one of the older single-stage 16 x 3 tunings, or one
         without GAE lambda in its space or held): a verdict against them would rest on a mis-selection."""
-        from _study import tuning
 
         def two_stage(r):
-            return (r.get("num_configs", 0) >= tuning.MIN_CONFIGS and r.get("finalists", 0) >= tuning.MIN_FINALISTS
-                    and r.get("finalist_seeds", 0) >= tuning.MIN_FINALIST_SEEDS and "gae_lambda" in {**r.get("space", {}), **r.get("held", {})})
+            return (r.get("num_configs", 0) >= MIN_CONFIGS and r.get("finalists", 0) >= MIN_FINALISTS
+                    and r.get("finalist_seeds", 0) >= MIN_FINALIST_SEEDS and "gae_lambda" in {**r.get("space", {}), **r.get("held", {})})
 
         return [m for m in methods if not two_stage(self.tuning.get(m, {}))]
 
@@ -85,8 +90,6 @@ class AdmittedTask:
         """An :class:`~coevo_jax.experiment.spec.Arm` of ``method`` at :meth:`static` with its tuned
         values (:meth:`hparams`) and ``overrides`` on top; ``static_overrides`` replace further
         :class:`~coevo_jax.config.StaticConfig` fields."""
-        from coevo_jax.experiment.spec import Arm
-
         fixed = {**self.hparams(method, tuned_as), **(overrides or {})}
         return Arm(self.static(method, **(static_overrides or {})), fixed=fixed, label=label)
 
@@ -117,9 +120,6 @@ def method_static(method: str, shared: Mapping[str, object], **fields):
     fields and those of its own static options, and leaves out the other methods'; JSON lists become
     tuples), then ``fields``. :class:`ConfigError` for an unregistered method, a shared name no
     registered method has, or a name in ``fields`` that ``method`` does not have."""
-    from coevo_jax.config import core_static_fields, static_config, static_fields
-    from coevo_jax.registry import method_spec
-
     method_spec(method)  # (an unknown method: the registry's error, naming the registered ones)
     unknown = [k for k in shared if k not in core_static_fields() and k not in static_fields()]
     if unknown:
@@ -141,8 +141,6 @@ def load_admitted(path: str) -> dict[str, AdmittedTask]:
     tasks = {t["task"]: AdmittedTask(**{k: v for k, v in t.items() if k in fields}) for t in data.get("tasks", [])}
     if not tasks:
         raise ConfigError(f"{path} admits no task: nothing can tell the methods apart at these budgets")
-    from coevo_jax.config import core_static_fields, static_fields
-
     known = set(core_static_fields()) - {"method"} | set(static_fields())
     for t in tasks.values():
         bad = sorted(set(t.static_overrides) - known)
@@ -156,7 +154,7 @@ def admit(random_success: float, ppo: np.ndarray, dense: np.ndarray, n_boot: int
     """The admission rule on one task's numbers: the random policy's final success and the
     per-seed final successes ``[seeds]`` of ppo and dense (paired). Returns the numbers and
     ``admitted`` with ``why_not``."""
-    from coevo_jax.analysis import stats
+    from coevo_jax.analysis import stats  # report extra (rliable, scipy): imported on use
 
     poi = stats.probability_of_improvement(dense, ppo, n_boot=n_boot)
     ppo_iqm, dense_iqm = stats.iqm(ppo), stats.iqm(dense)
@@ -176,8 +174,6 @@ def add_admitted_option(parser, path: str) -> None:
 def chosen_task(args) -> tuple[AdmittedTask, dict[str, AdmittedTask]]:
     """``(the task named by args.task, every admitted task)`` from ``args.admitted``;
     an unknown name is a :class:`ConfigError` listing the admitted ones."""
-    from _study import options
-
     admitted = load_admitted(args.admitted)
     return admitted[options.names(args.task, "--task", list(admitted))[0]], admitted
 
@@ -185,8 +181,6 @@ def chosen_task(args) -> tuple[AdmittedTask, dict[str, AdmittedTask]]:
 def comparable(admitted: Mapping[str, AdmittedTask], names: str, option: str = "--tasks") -> list[str]:
     """The tasks a comparison runs: ``names`` (a comma list, or ``all``: every task not
     withdrawn). Unknown or withdrawn names are a :class:`ConfigError` saying why."""
-    from _study import options
-
     live = [t for t, a in admitted.items() if not a.withdrawn]
     if names == "all":
         return live
@@ -242,8 +236,6 @@ def write_tuned(path: str, task: str, values: Mapping[str, Mapping[str, float]],
     ``tuning[method]``) into task ``task`` of the file at ``path``, all or nothing (a refused
     method writes nothing). ``withdrawn``: why the task fails the admission rule at these
     values (``""``: it passes; ``None``: not judged here). Returns the methods whose values changed."""
-    from coevo_jax.files import atomic_write_text
-
     if not os.path.exists(path):
         raise ConfigError(f"no admitted-task file at {path}: run sweeps/calibrate.py first")
     with open(path) as f:

@@ -16,8 +16,16 @@ import os
 import sys
 import time
 
+import jax
+
 from coevo_jax.config import ConfigError
-from coevo_jax.experiment.spec import StudyError
+from coevo_jax.experiment import runner
+from coevo_jax.experiment.runner import run_study
+from coevo_jax.experiment.spec import StudyError, config_hash, config_text
+from coevo_jax.experiment.worker import default_compile_cache
+from coevo_jax.runtime import use_safe_xla_flags
+
+from _study import publish
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -29,8 +37,6 @@ class OneLineParser(argparse.ArgumentParser):
 
 def study_parser(prog: str, doc: str, default_out: str) -> OneLineParser:
     """A parser with the options every study script shares (add the script's own to it)."""
-    from coevo_jax.experiment.worker import default_compile_cache
-
     p = OneLineParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=default_out, help=f"output folder (default: {default_out})")
     p.add_argument("--overwrite", action="store_true", help="replace a finished or mismatched output folder (default: refuse)")
@@ -79,10 +85,6 @@ def start_devices(args) -> list:
     """This process's devices, made before its first JAX computation: ``--devices``, by default on
     CPU one host device per core (unless ``XLA_FLAGS`` or an earlier computation chose them), each
     running its programs on one thread (``--xla_cpu_multi_thread_eigen=false`` unless set)."""
-    import jax
-
-    from coevo_jax.experiment import runner
-
     kw = execution_kwargs(args)
     flags = os.environ.get("XLA_FLAGS", "")
     if "xla_cpu_multi_thread_eigen" not in flags:  # one thread per CPU device: the devices are the parallelism
@@ -100,9 +102,7 @@ def run_studies(args, studies: list, last: bool = True) -> list | None:
 
     A finished study of the same config is loaded, not rerun, when it is part of an interrupted
     run: one of several studies, or of a stage before the ``last`` (tune, then evaluate)."""
-    from coevo_jax.analysis.report import load_report, rebuild_report, write_report
-    from coevo_jax.experiment.runner import run_study
-
+    from coevo_jax.analysis.report import load_report, rebuild_report, write_report  # report extra: imported on use
     outs = [args.out if len(studies) == 1 else os.path.join(args.out, s.name) for s in studies]
     if args.replot:
         return [rebuild_report(out) for out in outs]
@@ -126,8 +126,6 @@ def run_studies(args, studies: list, last: bool = True) -> list | None:
 
 
 def _same_config(out: str, study) -> bool:
-    from coevo_jax.experiment.spec import config_hash, config_text
-
     return config_hash(open(os.path.join(out, "config.json")).read()) == config_hash(config_text(study))
 
 
@@ -145,8 +143,6 @@ def staged_main(parser: OneLineParser, stages, report, argv=None, figures=None) 
     ``--out/<name>`` (``""``: ``--out`` itself). ``report(args, results_per_stage) -> str``.
     ``figures(args) -> [png]``: what ``--publish`` copies (default: every study folder's figures).
     """
-    from coevo_jax.runtime import use_safe_xla_flags
-
     use_safe_xla_flags()  # this process is an application: the no-hang flag, before its first computation
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
@@ -185,8 +181,6 @@ def staged_main(parser: OneLineParser, stages, report, argv=None, figures=None) 
 
 def _publish(parser, argv, args, text: str, done: list, wall_s, figures=None) -> str:
     """Write the printed report as ``--publish``'s ``<script>.md`` (see :mod:`_study.publish`)."""
-    from _study import publish
-
     name = os.path.splitext(parser.prog)[0]
     title = " ".join((parser.description or name).strip().split("\n\n")[0].split()).rstrip(".")  # first paragraph
     outs = [r.out for stage in done for r in stage]

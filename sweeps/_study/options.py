@@ -6,7 +6,7 @@ stderr and exit status 2.
 """
 from __future__ import annotations
 
-from coevo_jax.config import ConfigError
+from coevo_jax.config import ConfigError, hparam_fields
 
 
 def names(text: str, option: str, choices=None) -> list[str]:
@@ -21,8 +21,6 @@ def names(text: str, option: str, choices=None) -> list[str]:
 
 
 def _number(option: str, field: str, text: str) -> float:
-    from coevo_jax.config import hparam_fields
-
     if field not in hparam_fields():
         raise ConfigError(f"{option}: unknown HParams field {field!r}")
     try:

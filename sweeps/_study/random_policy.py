@@ -13,7 +13,9 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from coevo_jax.analysis import metrics
 from coevo_jax.config import StaticConfig
 from coevo_jax.rollout import current_legal_mask
 from coevo_jax.train import episode_metrics, raw_key
@@ -62,8 +64,6 @@ def random_curves(study, num_seeds: int | None = None) -> dict:
     """:func:`uniform_random_curves` on a :class:`~coevo_jax.experiment.Study`'s first arm's
     rollout shape and budget, one run per seed ``0 .. num_seeds - 1`` (default: the study's)
     folded into its base seed: numpy ``{metric: [seeds, iterations]}``."""
-    import numpy as np
-
     static = study.arms[0].static
     env, params = study.make_env()
     n = num_seeds or study.num_seeds
@@ -76,10 +76,6 @@ def random_scores(study, num_seeds: int | None = None, curves: dict | None = Non
     """Per-seed scores (:func:`coevo_jax.analysis.metrics.run_scores`) of the
     uniform-random policy (:func:`random_curves`, or the given ``curves``), with
     its env steps under ``"env_steps"``."""
-    import numpy as np
-
-    from coevo_jax.analysis import metrics
-
     curves = random_curves(study, num_seeds) if curves is None else curves
     n, static = len(curves["env_steps"]), study.arms[0].static
     scores = metrics.run_scores(curves, np.arange(n), static.num_iterations, study.threshold, study.threshold_metric)
@@ -90,7 +86,7 @@ def random_row(study, num_seeds: int | None = None, scores: dict | None = None) 
     """The uniform-random control of a :class:`~coevo_jax.experiment.Study`, as a
     summary row: :func:`random_scores` (or the given ``scores``), summarised by the
     same statistics as every arm (``num_seeds`` default: the study's)."""
-    from coevo_jax.analysis.stats import score_columns
+    from coevo_jax.analysis.stats import score_columns  # report extra (rliable, scipy): imported on use
 
     scores = scores or random_scores(study, num_seeds)
     n = len(scores["final_success"])

@@ -18,6 +18,7 @@ within tasks: :func:`aggregate`, :func:`improvement`).
 from __future__ import annotations
 
 import ast
+import csv
 import dataclasses
 import hashlib
 import json
@@ -35,7 +36,9 @@ from coevo_jax.config import ConfigError
 from _study.admitted import method_static
 
 METRICS = ("episode_return", "success_rate")
-ADMIT_LOW, ADMIT_HIGH = 0.1, 0.8  # admitted: the best tuned PPO's normalised IQM in [0.1, 0.8], fixed in advance
+ADMIT_LOW, ADMIT_HIGH = 0.1, 0.8  # admitted: the best tuned PPO's normalised IQM >= the random row's + 0.1, <= 0.8
+ADMISSION = (f"the best tuned ppo arm's normalised IQM at least {ADMIT_LOW} above the random row's (the uniform policy"
+             f" measured on the evaluation's seeds) and at most {ADMIT_HIGH}")
 ALPHA = 0.05
 RULE = ("a method wins on the suite only if, over tasks and runs (rliable, stratified bootstrap), P(method > tuned"
         " ppo), P(> tuned ppo-lambda1) and P(> each tuned control of the suite) all have the lower ends of their 95%"
@@ -234,12 +237,12 @@ def verdicts(scores: Mapping[str, np.ndarray], methods: list[str], against: list
              "verdict": "wins" if won[m] else "no"} for m in methods]
 
 
-def admitted(ppo_iqms: Mapping[str, float]) -> tuple[bool, str]:
-    """The suite's admission rule on a task from its tuned PPO arms' normalised IQMs ``{arm: iqm}``: the best
-    in ``[ADMIT_LOW, ADMIT_HIGH]`` (PPO above random by a margin, and room below the optimum)."""
+def admitted(ppo_iqms: Mapping[str, float], random_iqm: float) -> tuple[bool, str]:
+    """The suite's admission rule (:data:`ADMISSION`) on a task from its tuned PPO arms' normalised IQMs
+    ``{arm: iqm}`` and the random row's ``random_iqm``: PPO above random by a margin, and room below the optimum."""
     best = max(ppo_iqms.values())
-    if best < ADMIT_LOW:
-        return False, f"tuned ppo at random ({best:.2f} < {ADMIT_LOW})"
+    if best < random_iqm + ADMIT_LOW:
+        return False, f"tuned ppo near random ({best:.2f} < random {random_iqm:.2f} + {ADMIT_LOW})"
     if best > ADMIT_HIGH:
         return False, f"tuned ppo solves it ({best:.2f} > {ADMIT_HIGH})"
     return True, ""
@@ -248,8 +251,6 @@ def admitted(ppo_iqms: Mapping[str, float]) -> tuple[bool, str]:
 def stored_scores(path: str) -> dict:
     """``{"tasks": {task: {"settings", "code"}}, "scores": {(task, arm): {seed: score}}}`` from a published
     ``scores.csv`` (columns task, arm, seed, score, settings, code)."""
-    import csv
-
     out = {"tasks": {}, "scores": {}}
     with open(path) as f:
         for row in csv.DictReader(f):

@@ -36,7 +36,13 @@ from typing import Mapping
 
 import numpy as np
 
+from coevo_jax.analysis.metrics import auc, final_score
 from coevo_jax.config import ConfigError
+from coevo_jax.experiment.spec import Arm
+from coevo_jax.registry import method_spec
+
+from _study.analysis.credit import spearman
+from _study.controls import CONTROLS
 
 #: searched for every method: the policy's Adam step and entropy bonus (log-uniformly), GAE lambda
 #: (log-uniformly in 1 - lambda)
@@ -72,8 +78,6 @@ def search_space(method: str) -> dict[str, tuple]:
     of :data:`_study.controls.CONTROLS`): :data:`POLICY_SEARCH`, then the method's :data:`METHOD_SEARCH`
     (log-uniform), or the control's ``space`` (after that of the method it is ``like``); checked
     (:func:`check_space`)."""
-    from _study.controls import CONTROLS
-
     held = ()
     if method in CONTROLS:
         c = CONTROLS[method]
@@ -89,8 +93,6 @@ def check_space(method: str, space: Mapping[str, tuple]) -> None:
     ``method`` and is ``(low, high)`` with ``0 < low < high`` (log-uniform), ``(low, high, "linear")``
     with ``low < high`` or ``(low, high, "log1m")`` with ``low < high < 1``, both ends inside the field's
     range."""
-    from coevo_jax.registry import method_spec
-
     decls = method_spec(method).declarations()
     for field, rng in space.items():
         p = decls.get(field)
@@ -110,10 +112,6 @@ def arm_of(label: str, static, configs: list[dict] | None = None, pick: Mapping[
     """The :class:`~coevo_jax.experiment.spec.Arm` of a method or control ``label`` at ``static`` (its method
     set by the caller): the zipped ``configs`` (stages 1-2) or the ``pick`` (evaluation), with a control's
     held values."""
-    from coevo_jax.experiment.spec import Arm
-
-    from _study.controls import CONTROLS
-
     fixed = dict(CONTROLS[label].fixed) if label in CONTROLS else {}
     if configs is not None:
         return tuning_arm(static, configs, fixed, label if label in CONTROLS else "")
@@ -122,8 +120,6 @@ def arm_of(label: str, static, configs: list[dict] | None = None, pick: Mapping[
 
 def method_of(label: str) -> str:
     """The registered method a method or control ``label`` runs."""
-    from _study.controls import CONTROLS
-
     return CONTROLS[label].method if label in CONTROLS else label
 
 
@@ -226,8 +222,6 @@ def stage_bases(seed: int, tune_base: int | None = None) -> tuple[int, int, int]
 
 def tuning_arm(static, configs: list[dict], fixed: Mapping[str, float] | None = None, label: str = ""):
     """One :class:`~coevo_jax.experiment.spec.Arm` running every configuration (a zipped grid: one compile)."""
-    from coevo_jax.experiment.spec import Arm
-
     grid = {f: tuple(c[f] for c in configs) for f in configs[0]}
     return Arm(static, grid, dict(fixed or {}), label, zipped=True)
 
@@ -240,8 +234,6 @@ def config_scores(success: np.ndarray, env_steps: np.ndarray, setting: np.ndarra
     ``seed`` ``[R]``. ``score``: ``"auc"`` (the AUC of success) or ``"final"`` (final success,
     :func:`coevo_jax.analysis.metrics.final_score`, weighted by ``episodes [R, I]``). A missing
     (config, seed) stays NaN."""
-    from coevo_jax.analysis.metrics import auc, final_score
-
     out = np.full((num_configs, num_seeds), np.nan)
     value = auc(success, env_steps) if score == "auc" else final_score(success, episodes, env_steps)
     out[np.asarray(setting, int), np.asarray(seed, int)] = value
@@ -265,7 +257,7 @@ def finalists(scores: np.ndarray, n: int) -> list[int]:
 def select_finalist(scores: np.ndarray) -> int:
     """:data:`FINAL_RULE` on stage 2's ``scores [finalists, seeds]`` (rows in stage-1 rank order): the
     row index of the highest IQM over seeds (a NaN counts 0), the better stage-1 rank on ties."""
-    from coevo_jax.analysis.stats import iqm
+    from coevo_jax.analysis.stats import iqm  # report extra (rliable, scipy): imported on use
 
     return int(np.argmax([iqm(np.where(np.isfinite(row), row, 0.0)) for row in np.asarray(scores, np.float64)]))
 
@@ -275,7 +267,7 @@ def finalist_rows(configs: list[dict], stage1: np.ndarray, stage2: np.ndarray, f
     """Stage 2 as table rows, one per finalist (stage-1 rank order): its values, stage-1 mean AUC,
     stage-2 AUC IQM [95% CI] and final-success IQM [95% CI] (``stage1 [F, S1]``, ``stage2 [F, S2]``
     AUCs, ``final [F, S2]`` final success), and P(pick > it) [95% CI] on the AUC (rliable)."""
-    from coevo_jax.analysis import stats
+    from coevo_jax.analysis import stats  # report extra (rliable, scipy): imported on use
 
     s2 = np.where(np.isfinite(stage2), stage2, 0.0)
     return [{"finalist": i + 1, "pick": "PICK" if i == pick else "",
@@ -292,7 +284,7 @@ def pick_verdict(stage2: np.ndarray, pick: int) -> dict:
     other finalist beats the pick with confidence: ``{"runner_up", "p", "ci_low", "ci_high", "confident",
     "beaten_by"}`` (``confident``: the CI's lower end above 0.5; ``beaten_by``: finalists with P(it > pick)'s
     lower end above 0.5)."""
-    from coevo_jax.analysis import stats
+    from coevo_jax.analysis import stats  # report extra (rliable, scipy): imported on use
 
     s = np.where(np.isfinite(stage2), stage2, 0.0)
     order = np.argsort([-stats.iqm(r) for r in s], kind="stable")
@@ -328,8 +320,6 @@ def learned_reward_rows(result, label: str) -> tuple[list[dict], dict]:
     (mean over seeds), and the mean over seeds of each metric averaged over the second half
     of training. Also ``{"tuning AUC": rho, "held-out corr": rho}``: Spearman's rho of each against
     the ratio, over the configurations. ``([], {})`` when the arm reports no R_phi."""
-    from _study.analysis.credit import spearman
-
     if any(m not in result.curves for m in R_PHI_METRICS.values()):
         return [], {}
     idx = result.select(label)

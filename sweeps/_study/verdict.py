@@ -35,7 +35,7 @@ def verdict_rows(finals: dict, methods: list[str], against: list[str], alpha: fl
     ``against``) with its ``1 - alpha`` CI, the method's p-value, Holm's threshold for it, and ``"wins (1)"``
     when part 1 of the rule holds (``finals`` must hold every label of ``against``); ``"undecidable: ..."``
     for every method when ``undecidable`` (why) is given."""
-    from coevo_jax.analysis import stats
+    from coevo_jax.analysis import stats  # report extra (rliable, scipy): imported on use
 
     pvalues, cells = {}, {}
     for m in methods:

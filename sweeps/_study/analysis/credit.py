@@ -26,6 +26,8 @@ from envs_jax.grid.ground_truth import fourrooms_cell_states, keydoor_optimal_ad
 from envs_jax.grid.keydoor import KeyDoor
 from envs_jax.grid.keydoor import observe as keydoor_observe
 
+from _study.figures import small_png
+
 PHASE_NAMES = ("phase 0: fetch key", "phase 1: key held, door locked", "phase 2: door open")
 
 
@@ -39,7 +41,7 @@ def spearman(x: np.ndarray, y: np.ndarray) -> float:
     x, y = x[ok], y[ok]
     if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
         return float("nan")
-    from scipy.stats import spearmanr
+    from scipy.stats import spearmanr  # report extra (scipy.stats, heavy): imported on use
 
     return float(spearmanr(x, y).statistic)
 
@@ -89,9 +91,9 @@ def potential_grid(value_fn, env, state) -> dict:
 def potential_heatmap(value_fn, env, state, path: str, title: str = "potential V(s)") -> dict:
     """Save :func:`potential_grid` as a row of heat maps (PNG at ``path``) with
     the layout's walls in grey and its objects marked; returns the grids."""
-    import matplotlib
+    import matplotlib  # report extra: imported on use
 
-    from coevo_jax.analysis.plots import subplots
+    from coevo_jax.analysis.plots import subplots  # report extra (matplotlib): imported on use
 
     grids = potential_grid(value_fn, env, state)
     finite = [g[np.isfinite(g)] for g in grids.values() if np.isfinite(g).any()]
@@ -110,7 +112,8 @@ def potential_heatmap(value_fn, env, state, path: str, title: str = "potential V
     fig.colorbar(im, ax=list(axes[0]), shrink=0.8)
     fig.suptitle(title)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=90)
+    small_png(path)
     return grids
 
 
@@ -140,7 +143,7 @@ def plot_episode_credit(credit, path: str, reward=None, optimal_adv=None, title:
     """Bar chart of one episode's credit ``[L]`` (PNG at ``path``), with the external
     reward and the optimal advantage ``[L]`` (scaled to the credit's range) when given."""
 
-    from coevo_jax.analysis.plots import subplots
+    from coevo_jax.analysis.plots import subplots  # report extra (matplotlib): imported on use
 
     credit = np.asarray(credit, np.float64)
     steps = np.arange(len(credit))
@@ -167,4 +170,5 @@ def plot_episode_credit(credit, path: str, reward=None, optimal_adv=None, title:
     ax.legend(handles=h + handles, fontsize=8, loc="best")
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=90)
+    small_png(path)

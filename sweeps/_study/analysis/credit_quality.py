@@ -42,6 +42,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from coevo_jax.ppo import policy_outputs
+from coevo_jax.reward_net import make_reward_net
+from coevo_jax.signals.potential import potential_values
 from envs_jax.grid.keydoor import observe
 from envs_jax.grid.policy_evaluation import NUM_ACTIONS, expected_gae, keydoor_layouts, layout_model, policy_advantages
 
@@ -103,7 +106,6 @@ def null_signal(shape: tuple, seed: int = 0) -> np.ndarray:
 
 def network_outputs(trainer, params, obs: np.ndarray):
     """``(pi [R, C, 6], value [R, C], features [R, C, H])`` of stacked policy params (leaves ``[R, ...]``)."""
-    from coevo_jax.ppo import policy_outputs
 
     def one(p):
         logits, value, features = policy_outputs(trainer.network, p, jnp.asarray(obs))
@@ -114,8 +116,6 @@ def network_outputs(trainer, params, obs: np.ndarray):
 
 def potential_credit(static, signal_state, obs, nxt, goal, gamma: float) -> np.ndarray:
     """SIOP's credit ``[R, C, 6]`` of stacked potentials on every pair (``Phi(goal) = 0``)."""
-    from coevo_jax.signals.potential import potential_values
-
     phi = np.asarray(jax.jit(jax.vmap(lambda s: potential_values(static, s, jnp.asarray(obs))))(signal_state),
                      np.float64)
     return np.where(goal[None], 0.0, gamma * phi[:, nxt]) - phi[:, :, None]
@@ -124,8 +124,6 @@ def potential_credit(static, signal_state, obs, nxt, goal, gamma: float) -> np.n
 def learned_reward(trainer, signal_state, features) -> np.ndarray:
     """``R_phi(s, a)`` ``[R, C, 6]`` of stacked reward nets on features ``[R, C, H]`` (``reward_input="features"``)
     or on the observations the caller passed as ``features``."""
-    from coevo_jax.reward_net import make_reward_net
-
     net = make_reward_net(trainer.static, trainer.env, trainer.env_params)
     actions = jnp.arange(NUM_ACTIONS)
 

@@ -15,15 +15,15 @@ import os
 import jax
 import numpy as np
 
+from coevo_jax.signals.potential import potential_values, trajectory_credit
 from envs_jax.grid.ground_truth import keydoor_optimal_advantages
+from envs_jax.grid.keydoor import KeyDoor
 
 from _study.analysis.credit import complete_episode, credit_correlation, plot_episode_credit, potential_heatmap
 from _study.analysis.final_policies import final_rollouts, run_state, trainer_for
 
 
 def _credit(static, signal_state, traj, hp):
-    from coevo_jax.signals.potential import trajectory_credit
-
     return trajectory_credit(static, signal_state, traj, hp)[0]
 
 
@@ -39,8 +39,6 @@ def siop_credit_report(result, label: str = "siop", key=None, out: str | None = 
     """Credit diagnostics of arm ``label``'s final potentials. Returns ``{"spearman": [R]
     (empty off KeyDoor), "figures": [paths]}``; the figures (``potential_<env>.png``,
     ``credit_<env>.png``, of run ``run``) go to ``out`` (default: the study folder)."""
-    from envs_jax.grid.keydoor import KeyDoor
-
     key = jax.random.PRNGKey(99) if key is None else key
     out, env_name = out or result.out, result.study.env
     trainer = trainer_for(result, label)
@@ -50,8 +48,6 @@ def siop_credit_report(result, label: str = "siop", key=None, out: str | None = 
     traj = final_rollouts(trainer, states, key, static.rollout_len)
     credit = np.asarray(jax.jit(jax.vmap(lambda s, t, h: _credit(static, s, t, h)))(states.signal_state, traj, hp))
     spearman = credit_spearman(trainer, credit, traj) if keydoor else np.zeros(0)
-
-    from coevo_jax.signals.potential import potential_values
 
     sig, hp_r = run_state(states.signal_state, run), run_state(hp, run)
     _, layout = env.reset(jax.random.PRNGKey(123), trainer.env_params)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from _study.figures import small_png
+
 
 def trailing_trend(curve: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
     """Least-squares trend of ``curve [I]`` over each trailing window.
@@ -81,7 +83,7 @@ def plot_coevo_diagnostics(metrics: dict, path: str, window: int = 20, title: st
     ``signal/val_ext_return`` and ``signal/val_corr`` are drawn when present).
     Iterations where :func:`collusion_flag` fires are shaded red. Returns ``path``.
     """
-    from coevo_jax.analysis.plots import subplots
+    from coevo_jax.analysis.plots import subplots  # report extra (matplotlib): imported on use
 
     need = ("episode_return", "signal/val_pred_return", "signal/r_int_var")
     missing = [k for k in need if k not in metrics]
@@ -118,5 +120,5 @@ def plot_coevo_diagnostics(metrics: dict, path: str, window: int = 20, title: st
     axes[1].legend(loc="upper left", fontsize=8)
     fig.suptitle(title or f"co-evolution diagnostics (red: collusion flag, {int(flag.sum())} iterations)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return path
+    fig.savefig(path, dpi=90)
+    return small_png(path)

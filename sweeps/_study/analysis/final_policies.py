@@ -9,11 +9,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from coevo_jax.rollout import rollout
+from coevo_jax.train import Trainer
+
 
 def trainer_for(result, label: str):
     """The :class:`~coevo_jax.train.Trainer` of arm ``label`` (same static config and env as its runs)."""
-    from coevo_jax.train import Trainer
-
     arm = next(a for a in result.study.arms if a.name == label)
     return Trainer(arm.static, *result.study.make_env())
 
@@ -27,7 +28,6 @@ def final_rollouts(trainer, states, key, length: int):
     """One rollout of ``length`` steps of every run's final policy, continuing from
     its last env states: a :class:`~coevo_jax.rollout.Trajectory` with leaves ``[R, T, N, ...]``
     (host NumPy)."""
-    from coevo_jax.rollout import rollout
 
     def one(s, k):
         return rollout(trainer.network, s.params, trainer.env, trainer.env_params, s.rollout, k, length,

@@ -16,13 +16,14 @@ from typing import Sequence
 import numpy as np
 
 from coevo_jax.files import atomic_write_text
+from envs_jax.core import provides
+
+from _study.random_policy import random_row
 
 
 def has_success(study) -> bool:
     """Whether the study's env reports a task success (``info["success"]``); without
     one the success columns are meaningless (every finished episode counts as a success)."""
-    from envs_jax.core import provides
-
     return provides(study.make_env()[0], "success")
 
 
@@ -45,8 +46,6 @@ def study_rows(result, random: bool = True, extra=None, references=()) -> list[d
     (if the env has a success notion) and return as IQM [95% CI], AUC of the
     threshold metric, steps to the study's threshold (median) and the share of
     seeds that reach it. ``extra(summary_row) -> dict`` adds columns."""
-    from _study.random_policy import random_row
-
     study = result.study
     success = has_success(study)
     grids = {a.name: a.grid for a in study.arms}

@@ -10,6 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from coevo_jax.rollout import mask_logits
+
 from _study.analysis.final_policies import run_state, trainer_for
 
 
@@ -48,8 +50,6 @@ def render_episode(trainer, params, key, max_steps: int) -> str:
     """Sample one episode of the policy ``params`` (one env, from a reset, no
     auto-reset; only legal tokens when the env masks them) and return
     ``env.render`` of its last state with the episode's return and length."""
-    from coevo_jax.rollout import mask_logits
-
     env, p, net = trainer.env.unwrapped, trainer.env_params, trainer.network
     k0, key = jax.random.split(key)
     obs, state = env.reset(k0, p)

@@ -28,7 +28,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from coevo_jax.encoding import obs_vocab
+from coevo_jax.files import atomic_write_text
+from coevo_jax.reward_net import make_reward_net
+from coevo_jax.signals.base import flat_obs
+from coevo_jax.signals.potential import potential_values
+from envs_jax.text.booking import SLOT_VALUES
+from envs_jax.text.maze import BLOCKED, CELLS, DIST_TO_GOAL, GOAL_CELL, MAZE_VOCAB, NEXT_CELL
 from envs_jax.text.tokens import AGENT, PAD, USER, decode
+
+from _study.analysis.credit import spearman
+from _study.analysis.credit_report import _credit
+from _study.analysis.final_policies import final_rollouts, run_state, trainer_for
+from _study.figures import small_png
 
 
 # ----------------------------------------------------------------------------- one dialogue
@@ -77,7 +88,6 @@ def expert_chooser(env, params):
 def booking_failure_chooser(env):
     """A failed Booking dialogue: ask the first two slots, then propose them with a wrong
     price and size, then say bye (user: ``no price``, then the episode ends with -1)."""
-    from envs_jax.text.booking import SLOT_VALUES
 
     def choose(state, t):
         goal = np.asarray(state.goal)
@@ -127,8 +137,6 @@ def siop_credit(phi: np.ndarray, gamma: float, terminated: bool) -> np.ndarray:
 
 def potential_of(static, signal_state, obs: np.ndarray, vocab: int) -> np.ndarray:
     """SIOP's trained ``Phi`` over dialogue buffers ``obs [B, L]`` of ``vocab`` token classes: ``[B]``."""
-    from coevo_jax.signals.potential import potential_values
-
     return np.asarray(jax.jit(lambda o: potential_values(static, signal_state, o, 1, vocab))(jnp.asarray(obs)))
 
 
@@ -136,9 +144,6 @@ def rphi_rewards(trainer, policy_params, reward_params, obs: np.ndarray, actions
     """A co-evolved ``R_phi(x_t, a_t)`` ``[n]`` on the turns ``obs [n, L]``, ``actions [n]``
     (``x_t``: the policy's features of ``obs_t``, or the observation, as its
     ``RewardNetStatic.reward_input`` says)."""
-    from coevo_jax.reward_net import make_reward_net
-    from coevo_jax.signals.base import flat_obs
-
     net = make_reward_net(trainer.static, trainer.env, trainer.env_params)
 
     def f(o, a):
@@ -204,7 +209,7 @@ def plot_credit(panels: list, path: str, title: str = "per-turn credit") -> str:
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    return save_figure(fig, path, dpi=90)
+    return small_png(save_figure(fig, path, dpi=90))
 
 
 # ----------------------------------------------------------------------------- a study's final models
@@ -214,10 +219,6 @@ def turn_credit_report(result, run: int = 0, out: str | None = None, seed: int =
     on :func:`example_dialogues` (reset key ``PRNGKey(seed)``). Writes ``turn_credit.png``
     and ``turn_credit.txt`` to ``out`` (default: the study folder); returns the text
     (``""`` when the study has neither arm)."""
-    from coevo_jax.files import atomic_write_text
-
-    from _study.analysis.final_policies import run_state, trainer_for
-
     labels = {a.name for a in result.study.arms}
     if siop not in labels and coevo not in labels:
         return ""
@@ -255,8 +256,6 @@ def maze_optimal_advantage(cell: np.ndarray, action: np.ndarray, gamma: float) -
     (-1 per move, -4 into a wall, 0 on the move that reaches the goal, which ends the
     episode), from the breadth-first-search distances; the time limit is ignored.
     ``cell, action`` int arrays of the same shape (cell: index into ``CELLS``)."""
-    from envs_jax.text.maze import BLOCKED, DIST_TO_GOAL, GOAL_CELL, NEXT_CELL
-
     d = DIST_TO_GOAL.astype(np.float64)
     v = -(1.0 - gamma ** np.maximum(d - 1, 0)) / (1.0 - gamma)  # d - 1 paid moves, then the free one
     v[GOAL_CELL] = 0.0
@@ -269,8 +268,6 @@ def maze_optimal_advantage(cell: np.ndarray, action: np.ndarray, gamma: float) -
 def maze_cells(obs: np.ndarray) -> np.ndarray:
     """The agent's cell (index into ``CELLS``) in each fully observed ``TextMaze`` buffer
     ``obs [..., L]``: the last ``pos <x> <y>`` the user said."""
-    from envs_jax.text.maze import CELLS, MAZE_VOCAB
-
     index = {c: i for i, c in enumerate(CELLS)}
     digit = {MAZE_VOCAB[str(i)]: i for i in range(7)}
     flat = np.asarray(obs).reshape(-1, np.shape(obs)[-1])
@@ -284,13 +281,7 @@ def maze_cells(obs: np.ndarray) -> np.ndarray:
 def maze_credit_spearman(result, label: str = "siop", key=None) -> np.ndarray:
     """Per run of arm ``label`` (SIOP): Spearman correlation of its raw credit with the exact
     optimal advantage over one rollout of its final policy on ``TextMaze-Turns``. ``[R]``."""
-    from _study.analysis.credit import spearman
-    from _study.analysis.credit_report import _credit
-    from _study.analysis.final_policies import final_rollouts
-
     key = jax.random.PRNGKey(99) if key is None else key
-    from _study.analysis.final_policies import trainer_for
-
     trainer = trainer_for(result, label)
     states, hp = result.final_states(label), result.hparams(label)
     traj = final_rollouts(trainer, states, key, trainer.static.rollout_len)

@@ -10,10 +10,27 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import resource
+import statistics
 import sys
 import tempfile
 import time
+
+import jax
+import jax.numpy as jnp
+
+import coevo_jax as cj
+import envs_jax
+from coevo_jax.config import static_config
+from coevo_jax.episodes import replay_episodes
+from coevo_jax.experiment import Arm, Study, run_study
+from coevo_jax.ppo import ppo_update, stream_advantages
+from coevo_jax.rollout import rollout
+from coevo_jax.signals import PolicyView
+from coevo_jax.train import ppo_batch
+
+from _study.admitted import load_admitted, method_static
 
 # PureJaxRL's CartPole config (the __main__ block of its ppo.py), in this library's terms
 PPO_STATIC = dict(method="ppo", num_envs=4, rollout_len=128, update_epochs=4, num_minibatches=4,
@@ -30,17 +47,12 @@ def peak_mb() -> float:
 
 def static_from(d: dict):
     """A :class:`~coevo_jax.config.StaticConfig` from its flat JSON form (``as_dict``; lists back to tuples)."""
-    from coevo_jax.config import static_config
-
     fields = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
     return static_config(fields.pop("method", "ppo"), **fields)
 
 
 def batch_hp(hp, runs: int):
     """``hp`` with every leaf broadcast to ``[runs]``."""
-    import jax
-    import jax.numpy as jnp
-
     return jax.tree.map(lambda x: jnp.broadcast_to(x, (runs,)), hp)
 
 
@@ -55,8 +67,6 @@ def aot(fn, *args):
 
 def execute(compiled, args, times: int):
     """Run ``compiled(*args)`` ``times`` times; ``(last output, [seconds of each run])``."""
-    import jax
-
     out, secs = None, []
     for _ in range(max(1, times)):
         t0 = time.perf_counter()
@@ -85,9 +95,6 @@ def compiled_bytes(compiled) -> float:
 
 def trainer_for(env_name: str, static, hparams: dict | None = None, batch_axis: str | None = None):
     """``(Trainer, HParams)`` of ``static`` (a StaticConfig or its JSON form) on ``env_name``."""
-    import coevo_jax as cj
-    import envs_jax
-
     static = static_from(static) if isinstance(static, dict) else static
     env, p = envs_jax.make(env_name)
     return cj.Trainer(static, env, p, batch_axis=batch_axis), cj.default_hparams(static.method, **(hparams or {}))
@@ -96,8 +103,6 @@ def trainer_for(env_name: str, static, hparams: dict | None = None, batch_axis: 
 def train_program(trainer, hp, runs: int, seed: int, vmap_one: bool = True):
     """``(jit-ed fn, args)``: ``jit(vmap(train))`` over ``split(PRNGKey(seed), runs)``;
     with ``vmap_one=False`` a single run is ``jit(train)`` on ``PRNGKey(seed)``."""
-    import jax
-
     rng = jax.random.PRNGKey(seed)
     if runs == 1 and not vmap_one:
         return jax.jit(trainer.train), (rng, hp)
@@ -108,9 +113,6 @@ def _flops_per_env_step_mlp(net, params, obs_dim, epochs):
     """FLOPs per env step of one PPO run: rollout forward + bootstrap forward +
     ``epochs`` x (forward + backward ~ 3 forwards), from XLA's cost analysis of one
     forward on a loop-free program."""
-    import jax
-    import jax.numpy as jnp
-
     cost = jax.jit(net.apply).lower(params, jnp.zeros((1024, obs_dim))).compile().cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     return float(cost.get("flops", 0.0)) / 1024 * (2 + 3 * epochs)
@@ -123,9 +125,6 @@ def ppo(cfg):
     seed, else ``jit(vmap(train))`` over ``split(PRNGKey(seed), seeds)``; trace+lower
     and XLA compile timed apart; the compiled program run ``runs`` times, the last
     run is the steady one."""
-    import jax
-    import jax.numpy as jnp
-
     seeds = cfg["seeds"]
     trainer, hp = trainer_for("CartPole-v1", {**PPO_STATIC, "total_steps": cfg["total_steps"]}, PPO_HPARAMS)
     static = trainer.static
@@ -165,8 +164,6 @@ def scale(cfg):
 def probe(cfg):
     """The backend and device, and the best of 6 timings (the first warms up) of a
     large f32 matmul (2048 x 2048 on CPU, 8192 x 8192 on accelerators), as the peak FLOP rate."""
-    import jax
-
     backend = jax.default_backend()
     n = cfg.get("n") or (2048 if backend == "cpu" else 8192)
     a = jax.random.normal(jax.random.PRNGKey(0), (n, n))
@@ -180,10 +177,6 @@ def methods(cfg):
     iteration (k = 1) and at the method's default k (amortised over ``iters``, a
     multiple of it; the batch-aware gate skips the refit on the other iterations).
     Methods that cannot run on the env (``ConfigError``) are listed as skipped."""
-    import jax
-
-    import coevo_jax as cj
-
     env_name, runs, iters = cfg["env"], cfg["runs"], cfg["iters"]
     n, T = cfg.get("num_envs", 16), cfg.get("rollout_len", 128)
     static_kw = dict(num_envs=n, rollout_len=T, total_steps=n * T * 100)
@@ -224,11 +217,6 @@ def text(cfg):
     prefill over more steps), and full training iterations with the packed (and, with
     ``cfg["flat"]``, the flat per-step) PPO update; best of ``cfg["rounds"]``
     interleaved rounds."""
-    import jax
-
-    import coevo_jax as cj
-    from coevo_jax.rollout import rollout
-
     n, T = cfg["envs"], cfg["rollout_len"]
     static = cj.StaticConfig(num_envs=n, rollout_len=T, total_steps=n * T * 10, num_minibatches=min(4, n),
                              num_layers=cfg["layers"])
@@ -258,9 +246,6 @@ def text(cfg):
 def sweep(cfg):
     """One :func:`coevo_jax.experiment.run_study` of ``cfg["runs"]`` PPO runs on
     KeyDoor-5x5 (8 envs x 16 steps, 4 checkpointed chunks, no compile cache)."""
-    import coevo_jax as cj
-    from coevo_jax.experiment import Arm, Study, run_study
-
     static = cj.StaticConfig(method="ppo", num_envs=8, rollout_len=16, total_steps=cfg["total_steps"])
     study = Study(env="KeyDoor-5x5", arms=(Arm(static),), num_seeds=cfg["runs"], num_chunks=4, name="bench")
     with tempfile.TemporaryDirectory() as out:
@@ -278,10 +263,6 @@ def profile_static(method: str, task, length: int, total_steps: int, shared: dic
     """``method``'s :class:`~coevo_jax.config.StaticConfig` at an admitted ``task``'s rollout shape, PPO
     passes and ``static_overrides``, then ``shared`` (flat fields; each method takes the ones it has),
     ``total_steps`` env steps per run; and its DelayedChain of ``length`` steps (the task's other env options)."""
-    import envs_jax
-
-    from _study.admitted import method_static
-
     shape = dict(num_envs=task.num_envs, rollout_len=task.rollout_len, num_minibatches=task.num_minibatches,
                  update_epochs=task.update_epochs, total_steps=total_steps)
     static = method_static(method, {**shape, **task.static_overrides, **shared})
@@ -294,13 +275,6 @@ def phase_programs(trainer):
     ``{name: (fn, args_of(state, hp) -> (args, next))}``, run in the loop's order: rollout, the
     signal's observe (replay write), update (the refit, always taken) and rewards, the PPO update.
     Each ``args_of`` reads what the phases before it made (``next``: their outputs)."""
-    import jax
-
-    from coevo_jax.ppo import ppo_update, stream_advantages
-    from coevo_jax.rollout import rollout
-    from coevo_jax.signals import PolicyView
-    from coevo_jax.train import ppo_batch
-
     tr, static, sig = trainer, trainer.static, trainer.signal
 
     def keys(state):
@@ -347,17 +321,6 @@ def profile(cfg):
     is its own compiled program on the outputs of the phases before it, compile apart, the median of
     ``cfg["reps"]`` timed runs after one untimed; ``iteration``: one whole iteration of the training
     loop (``run_chunk``) compiled as in training."""
-    import math
-    import statistics
-
-    import jax
-    import jax.numpy as jnp
-
-    import coevo_jax as cj
-    from coevo_jax.episodes import replay_episodes
-
-    from _study.admitted import load_admitted
-
     task = load_admitted(cfg["admitted"])[cfg["task"]]
     method, length, runs, reps = cfg["method"], cfg["length"], cfg["seeds"], cfg["reps"]
     static, env, params = profile_static(method, task, length, task.total_steps, cfg.get("static", {}))
