@@ -19,7 +19,9 @@ admitted tasks, budgets and tuned values are written to ``--admitted`` (default
 ``sweeps/admitted_tasks.json``), which the other studies read. A task calibrated
 again keeps the other methods' tuned values (``sweeps/tune.py``); ppo's or
 dense's values that differ from those recorded are refused unless
-``--replace-tuned`` (the old move to the task's ``tuned_history``).
+``--replace-tuned`` (the old move to the task's ``tuned_history``). Each task's
+records (``tuning``, ``tuned_history``) are kept in ``tuning_records/<task>.json``
+beside the admitted file.
 
     python sweeps/calibrate.py                                  # every candidate
     python sweeps/calibrate.py --tasks doorkey5-t60,fourrooms-t100 --num-seeds 20
@@ -35,7 +37,8 @@ from coevo_jax.experiment import Arm, Study
 from coevo_jax.files import atomic_write_text
 
 from _study import cli, options
-from _study.admitted import POI_LOW_MIN, PPO_MAX, RANDOM_MAX, admit, method_static, record_tuned
+from _study.admitted import (POI_LOW_MIN, PPO_MAX, RANDOM_MAX, admit, method_static, record_tuned, save_admitted,
+                             with_records)
 from _study.analysis.tables import ci, format_table
 from _study.random_policy import random_row
 from _study.tuning import TUNE_SEED_OFFSET
@@ -177,7 +180,9 @@ def write_admitted(path: str, admitted: list, evaluated: list, num_seeds: int, r
     tasks without one (an existing file's value is kept). A task admitted again keeps its
     static_overrides, recorded tuned values, history, tuning records and withdrawal; this run's ppo / dense values join
     them by :func:`~_study.admitted.record_tuned` (different values:
-    :class:`ConfigError` unless ``replace_tuned``; nothing is written then)."""
+    :class:`ConfigError` unless ``replace_tuned``; nothing is written then). The records of
+    this run's tasks are written to their own files (:func:`~_study.admitted.save_admitted`;
+    an evaluated task not admitted now loses its file with its entry)."""
     kept, old = [], {}
     if os.path.exists(path):
         with open(path) as f:
@@ -187,7 +192,7 @@ def write_admitted(path: str, admitted: list, evaluated: list, num_seeds: int, r
         old = {t["task"]: t for t in tasks}
         num_seeds = data.get("num_seeds", num_seeds)
     for entry in admitted:
-        prior = old.get(entry["task"], {})
+        prior = with_records(path, old[entry["task"]]) if entry["task"] in old else {}
         values = entry.pop("tuned")
         entry.update({k: prior[k] for k in ("tuned", "tuning", "tuned_history", "static_overrides", "withdrawn")
                       if k in prior})
@@ -196,7 +201,9 @@ def write_admitted(path: str, admitted: list, evaluated: list, num_seeds: int, r
     order = {name: i for i, name in enumerate(CANDIDATES)}
     tasks = sorted(kept + admitted, key=lambda t: order.get(t["task"], len(order)))
     rule = {"random_max": RANDOM_MAX, "ppo_max": PPO_MAX, "poi_ci_low_min": POI_LOW_MIN}
-    atomic_write_text(path, json.dumps({"rule": rule, "num_seeds": num_seeds, "tasks": tasks}, indent=1) + "\n")
+    names = {t["task"] for t in admitted}
+    save_admitted(path, {"rule": rule, "num_seeds": num_seeds, "tasks": tasks}, admitted,
+                  dropped=[t for t in evaluated if t in old and t not in names])
 
 
 def report(args, stages) -> str:

@@ -28,10 +28,11 @@ dense; the one not tuned here at its recorded values); a task that fails it now
 comparisons leave it out, and one that passes it again loses the mark.
 
 The picks go into ``--admitted`` (default ``sweeps/admitted_tasks.json``) under
-the task's ``tuned`` (with how they were chosen under ``tuning``), which every study
-on the task reads (compare_methods, k_sensitivity, ...). A method that already has
+the task's ``tuned``, which every study on the task reads (compare_methods,
+k_sensitivity, ...); how they were chosen (``tuning``) goes into the task's own
+records file beside it, ``tuning_records/<task>.json``. A method that already has
 different values there is refused unless ``--replace-tuned`` (the old values then
-move to the task's ``tuned_history``); values are written only for a run at the
+move to the records' ``tuned_history``); values are written only for a run at the
 task's own budget and the default seeds (a reproduction with another
 ``--tune-base`` records nothing). Three stages through the one runner
 (``--out/tune``, ``--out/finalists``, ``--out/eval``; rerunning resumes).

@@ -210,7 +210,7 @@ def test_tuned_values_reach_every_study_and_are_never_replaced_silently(tmp_path
     shutil.copy(ADMITTED, path)
     data = json.load(open(path))  # the task as calibration left it: only ppo and dense have values
     entry = next(t for t in data["tasks"] if t["task"] == TASK)
-    entry.update(tuned={m: entry["tuned"][m] for m in ("ppo", "dense")}, tuning={})
+    entry["tuned"] = {m: entry["tuned"][m] for m in ("ppo", "dense")}  # (no records folder copied: no records)
     entry.pop("withdrawn", None)  # the comparisons run only admitted tasks
     json.dump(data, open(path, "w"))
     # values of the declared fields (whatever their names), as the tuner would pick them
@@ -248,19 +248,54 @@ def test_tuned_values_reach_every_study_and_are_never_replaced_silently(tmp_path
     assert load_admitted(path)[TASK].hparams("siop") == siop  # nothing written
     write_tuned(path, TASK, {"siop": {**siop, "beta_int": 0.5}}, {"siop": record}, replace=True)
     entry = next(t for t in json.load(open(path))["tasks"] if t["task"] == TASK)
-    assert entry["tuned"]["siop"]["beta_int"] == 0.5 and entry["tuned_history"][-1]["tuned"] == siop
+    history = json.load(open(tmp_path / "tuning_records" / f"{TASK}.json"))["tuned_history"]
+    assert entry["tuned"]["siop"]["beta_int"] == 0.5 and history[-1]["tuned"] == siop and "tuning" not in entry
 
     # calibrating the task again keeps the other methods' values and refuses a different ppo
     calibrate = load("calibrate")
     old = dict(entry, tuned={"ppo": entry["tuned"]["ppo"], "dense": entry["tuned"]["dense"]})
-    for k in ("tuning", "tuned_history"):
-        old.pop(k)
     calibrate.write_admitted(path, [json.loads(json.dumps(old))], [TASK], 20)
     again = load_admitted(path)[TASK]
     assert again.tuned["siop"]["beta_int"] == 0.5 and "siop" in again.tuning
     changed = dict(old, tuned={**old["tuned"], "ppo": {"lr": 1e-3, "ent_coef": 0.03}})
     with pytest.raises(ConfigError, match="ppo already has tuned values"):
         calibrate.write_admitted(path, [json.loads(json.dumps(changed))], [TASK], 20)
+
+
+def test_a_tuning_write_changes_only_its_tasks_records_file_and_the_admitted_file(tmp_path):
+    """The picks live in the small admitted-task file, each task's records (``tuning``,
+    ``tuned_history``) in ``tuning_records/<task>.json`` beside it: a write rewrites those two
+    files and leaves every other task's records untouched, byte for byte; a refused one writes nothing."""
+    from _study.admitted import load_admitted, records_path, write_tuned
+
+    path = str(tmp_path / "admitted_tasks.json")
+    shutil.copy(ADMITTED, path)
+    shutil.copytree(os.path.join(ROOT, "sweeps", "tuning_records"), tmp_path / "tuning_records")
+    assert load_admitted(path) == load_admitted(ADMITTED)
+
+    def files():
+        return {str(p.relative_to(tmp_path)): (p.read_bytes(), p.stat().st_mtime_ns)
+                for p in sorted(tmp_path.rglob("*")) if p.is_file()}
+
+    before, mine = files(), os.path.relpath(records_path(path, TASK), tmp_path)
+    assert mine in before and len(before) > 2
+    task = load_admitted(path)[TASK]
+    siop = {**task.tuned["siop"], "beta_int": 0.5}
+    with pytest.raises(ConfigError, match="pass --replace-tuned"):
+        write_tuned(path, TASK, {"siop": siop}, {"siop": {"rule": tuning.RULE}})
+    assert files() == before  # refused: nothing written
+    write_tuned(path, TASK, {"siop": siop}, {"siop": {"rule": tuning.RULE}}, replace=True)
+    after = files()
+    assert sorted(after) == sorted(before)
+    assert {f for f in before if after[f] != before[f]} == {"admitted_tasks.json", mine}
+    data = json.loads(after["admitted_tasks.json"][0])
+    assert not any(k in t for t in data["tasks"] for k in ("tuning", "tuned_history"))
+    records = json.loads(after[mine][0])
+    assert records["tuning"]["siop"] == {"rule": tuning.RULE} and records["tuned_history"][-1]["tuned"] == task.tuned[
+        "siop"]
+    again = load_admitted(path)
+    assert again[TASK].tuned["siop"] == siop and {t: a for t, a in again.items() if t != TASK} == {
+        t: a for t, a in load_admitted(ADMITTED).items() if t != TASK}
 
 
 def test_a_tasks_static_overrides_reach_every_method_that_has_them_and_unknown_fields_are_refused(tmp_path):

@@ -5,8 +5,10 @@ the rollout shape and each method's tuned hyperparameters.
 Per task, ``tuned`` maps a method to the HParams values every study on the
 task runs it with: calibration writes ppo's and dense's (lr, ent_coef from its
 grid), ``sweeps/tune.py`` each method's from the equal-budget search
-(:mod:`_study.tuning`), with how they were chosen under
-``tuning``. A method without values of its own runs at sparse PPO's. A task on
+(:mod:`_study.tuning`). How they were chosen (``tuning``) and the values they
+replaced (``tuned_history``) are the task's records, kept in their own file
+``tuning_records/<task>.json`` beside the admitted-task file (:func:`records_path`;
+none: no records). A method without values of its own runs at sparse PPO's. A task on
 which sparse PPO and the oracle, once tuned by ``sweeps/tune.py``, no longer pass
 the admission rule (:func:`admit`) is kept with its values but marked
 ``withdrawn`` (why), and the comparisons leave it out.
@@ -32,6 +34,7 @@ from _study import options
 from _study.tuning import MIN_CONFIGS, MIN_FINALIST_SEEDS, MIN_FINALISTS
 
 RANDOM_MAX, PPO_MAX, POI_LOW_MIN = 0.2, 0.8, 0.6  # the admission rule, fixed in advance
+RECORDS = ("tuning", "tuned_history")  # a task's parts kept in its own records file
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +51,8 @@ class AdmittedTask:
     dense_success_iqm: float
     num_minibatches: int = 4  # PPO's passes at calibration
     update_epochs: int = 4
-    tuning: Mapping[str, Mapping] = dataclasses.field(default_factory=dict)  # method -> how tune.py chose it
+    # method -> how tune.py chose it (from the task's records file)
+    tuning: Mapping[str, Mapping] = dataclasses.field(default_factory=dict)
     # StaticConfig fields every method runs with on this task (e.g. the learned rewards' replay size)
     static_overrides: Mapping[str, object] = dataclasses.field(default_factory=dict)
     withdrawn: str = ""  # why the task no longer passes the admission rule at tuned values ("": it does)
@@ -130,15 +134,53 @@ def method_static(method: str, shared: Mapping[str, object], **fields):
     return static_config(method, **{**kept, **fields})
 
 
+def records_path(path: str, task: str) -> str:
+    """The file of ``task``'s tuning records (``{"tuning": ..., "tuned_history": ...}``) beside the
+    admitted-task file at ``path``: ``tuning_records/<task>.json``."""
+    return os.path.join(os.path.dirname(os.path.abspath(path)), "tuning_records", f"{task}.json")
+
+
+def with_records(path: str, entry: Mapping) -> dict:
+    """A task ``entry`` of the admitted-task file at ``path`` with its records (those of
+    :func:`records_path`, none when it is missing; a part still held in the entry itself, as
+    files of the older layout do, is taken as it is)."""
+    file = records_path(path, entry["task"])
+    records = {}
+    if os.path.exists(file):
+        with open(file) as f:
+            records = json.load(f)
+    return {**records, **entry}
+
+
+def save_admitted(path: str, data: Mapping, entries=(), dropped=()) -> None:
+    """Write the admitted-task file ``data`` to ``path``. Each task of ``entries`` (task dicts of
+    ``data`` holding their records, which are taken out of them) has its records file written whole
+    (removed when it has none); the records files of the tasks ``dropped`` are removed. Each file is
+    written atomically, the records before the admitted-task file."""
+    for entry in entries:
+        parts = {k: v for k in RECORDS if (v := entry.pop(k, None))}
+        file = records_path(path, entry["task"])
+        if parts:
+            os.makedirs(os.path.dirname(file), exist_ok=True)
+            atomic_write_text(file, json.dumps(parts, indent=1) + "\n")
+        elif os.path.exists(file):
+            os.remove(file)
+    atomic_write_text(path, json.dumps(data, indent=1) + "\n")
+    for task in dropped:
+        if os.path.exists(file := records_path(path, task)):
+            os.remove(file)
+
+
 def load_admitted(path: str) -> dict[str, AdmittedTask]:
-    """``{task name: AdmittedTask}`` from the file, in its order. A missing or
-    empty file is a :class:`ConfigError` that says how to make one."""
+    """``{task name: AdmittedTask}`` from the file, in its order, each with its records
+    (:func:`with_records`). A missing or empty file is a :class:`ConfigError` that says how to make one."""
     if not os.path.exists(path):
         raise ConfigError(f"no admitted-task file at {path}: run sweeps/calibrate.py first")
     with open(path) as f:
         data = json.load(f)
     fields = {f.name for f in dataclasses.fields(AdmittedTask)}
-    tasks = {t["task"]: AdmittedTask(**{k: v for k, v in t.items() if k in fields}) for t in data.get("tasks", [])}
+    tasks = {t["task"]: AdmittedTask(**{k: v for k, v in with_records(path, t).items() if k in fields})
+             for t in data.get("tasks", [])}
     if not tasks:
         raise ConfigError(f"{path} admits no task: nothing can tell the methods apart at these budgets")
     known = set(core_static_fields()) - {"method"} | set(static_fields())
@@ -233,20 +275,23 @@ def record_tuned(entry: dict, method: str, values: Mapping[str, float], tuning: 
 def write_tuned(path: str, task: str, values: Mapping[str, Mapping[str, float]], tuning: Mapping[str, Mapping],
                 replace: bool = False, withdrawn: str | None = None) -> list[str]:
     """:func:`record_tuned` for each method of ``values`` (``{method: {field: value}}``, with
-    ``tuning[method]``) into task ``task`` of the file at ``path``, all or nothing (a refused
-    method writes nothing). ``withdrawn``: why the task fails the admission rule at these
-    values (``""``: it passes; ``None``: not judged here). Returns the methods whose values changed."""
+    ``tuning[method]``) into task ``task`` of the file at ``path`` and its records file
+    (:func:`save_admitted`), all or nothing (a refused method writes nothing). ``withdrawn``: why
+    the task fails the admission rule at these values (``""``: it passes; ``None``: not judged here).
+    Returns the methods whose values changed."""
     if not os.path.exists(path):
         raise ConfigError(f"no admitted-task file at {path}: run sweeps/calibrate.py first")
     with open(path) as f:
         data = json.load(f)
-    entry = next((t for t in data.get("tasks", []) if t["task"] == task), None)
-    if entry is None:
+    tasks = data.get("tasks", [])
+    i = next((i for i, t in enumerate(tasks) if t["task"] == task), None)
+    if i is None:
         raise ConfigError(f"{path} does not admit task {task!r}")
+    tasks[i] = entry = with_records(path, tasks[i])
     changed = [m for m in values if record_tuned(entry, m, values[m], tuning.get(m), replace)]
     if withdrawn:
         entry["withdrawn"] = withdrawn
     elif withdrawn == "":
         entry.pop("withdrawn", None)
-    atomic_write_text(path, json.dumps(data, indent=1) + "\n")
+    save_admitted(path, data, [entry])
     return changed
