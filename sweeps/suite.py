@@ -51,11 +51,13 @@ from coevo_jax.files import atomic_write_text
 from coevo_jax.registry import registered_methods
 
 from _study import cli, options, suite, tuning
+from _study.analysis.final_policies import trainer_for
 from _study.analysis.tables import format_table
 from _study.controls import CONTROLS
 from _study.figures import small_png
 from _study.publish import git_commit
 from _study.random_policy import random_curves
+from chain_credit import DECISIONS, decision_scores  # the ground-truth credit of the tasks that have one
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -137,9 +139,9 @@ def setup(args) -> dict:
             "settings": settings, "code": code}
 
 
-def _study(task: suite.SuiteTask, arms: list, num_seeds: int, base: int, args) -> Study:
+def _study(task: suite.SuiteTask, arms: list, num_seeds: int, base: int, args, save_final: bool = False) -> Study:
     return Study(task.env, tuple(arms), num_seeds, env_kwargs=dict(task.env_kwargs), base_seed=base,
-                 num_chunks=args.num_chunks, name=task.name)
+                 num_chunks=args.num_chunks, name=task.name, save_final=save_final)
 
 
 def _static(task: suite.SuiteTask, label: str):
@@ -209,7 +211,8 @@ def eval_studies(args, earlier) -> list:
     _fix(os.path.join(args.out, "plan.json"), plan_of(args, s, chosen), ("commit",))
     print(plan_text(os.path.join(args.out, "plan.json")), flush=True)
     return [_study(task, [tuning.arm_of(a, _static(task, a), pick=chosen[a]["config"]) for a in s["run"]],
-                   args.num_seeds, s["bases"][2], args) for task in s["tasks"].values()]
+                   args.num_seeds, s["bases"][2], args, save_final=task.env in DECISIONS)
+            for task in s["tasks"].values()]
 
 
 def plan_of(args, s: dict, chosen: dict) -> dict:
@@ -290,6 +293,27 @@ def write_scores(path: str, s: dict, scores: dict, args) -> None:
     atomic_write_text(path, buf.getvalue())
 
 
+def credit_rows(ran: list) -> list[dict]:
+    """Where a task has ground-truth credit (:data:`chain_credit.DECISIONS`: DelayedChain's choice, KeyToDoor's
+    pick-up), one row per evaluated arm whose signal has a ``credit`` function: IQM [95% CI] over its runs of
+    the final learned reward's scores at the decision (:func:`chain_credit.decision_scores`)."""
+    rows = []
+    for result in ran:
+        if result.study.env not in DECISIONS or not result.study.save_final:
+            continue
+        for arm in result.study.arms:
+            trainer = trainer_for(result, arm.name)
+            if trainer.signal.credit is None:
+                continue
+            scores = decision_scores(trainer, result.final_states(arm.name))
+            cells = {}
+            for k, v in scores.items():
+                point, lo, hi = suite.aggregate({"x": np.asarray(v, np.float64)[:, None]}, n_boot=500)["x"]["IQM"]
+                cells[k] = f"{point:.2f} [{lo:.2f}, {hi:.2f}]"
+            rows.append({"task": result.study.name, "arm": arm.name, **cells})
+    return rows
+
+
 def report(args, stages) -> str:
     s = setup(args)
     tasks, ran = s["tasks"], stages[2]
@@ -312,6 +336,16 @@ def report(args, stages) -> str:
             f" scores are normalised final scores, (x - random) / (optimum - random): 0 = the uniform policy, 1 ="
             f" the optimum (the oracle row of every task). Stored arms (not rerun): {', '.join(s['kept']) or 'none'}.",
             "", "## Per task: normalised IQM [95% CI]", "", format_table(rows, markdown=True), ""]
+    credit = credit_rows(ran)
+    if credit:
+        text += ["## Ground-truth credit: where each learned reward pays, at the decision that matters", "",
+                 "Tasks with a known decision (DelayedChain: the choice at time 0; KeyToDoor: the key's pick-up),"
+                 " each evaluated arm whose signal gives its credit (`Signal.credit`), on its runs' final learned"
+                 " reward (sweeps/_study/analysis/chain_credit.py): spearman = rank correlation with the ground-truth"
+                 " credit over every (cue, action) pair, top1 = share of cues whose correct action is paid most (a"
+                 " guess: 1/K), gap = correct less wrong actions' credit; gap at the last step (or with the key taken),"
+                 " where the action has no effect, should be 0. IQM [95% CI] over runs.", "",
+                 format_table(credit, markdown=True), ""]
     text += ["## Tuning: one configuration per arm for the whole suite", "", format_table(
         [{"arm": a, "pick": ", ".join(f"{k}={v:g}" for k, v in c["config"].items()),
           "suite score (stage 2)": f"{c['verdict']['scores'][c['verdict']['index']]:.3f}",

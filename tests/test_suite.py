@@ -22,26 +22,38 @@ TINY = {"env": "DelayedChain", "env_kwargs": {"length": 4, "noise_std": 0.0}, "t
         "num_minibatches": 2, "update_epochs": 1, "static_overrides": {"hidden_sizes": [16]}}
 
 USER_METHOD = '''
-"""A user's method, in a file of its own: PPO plus a constant per step (no library file names it)."""
+"""A user's method, in a file of its own: PPO plus a bonus for the action that equals DelayedChain's cue
+(its first K inputs) wherever the cue is shown; no library file names it."""
 from coevo_jax.params import hyperparams, param
 from coevo_jax.registry import MethodSpec, register_method
 from coevo_jax.signals import RewardStreams, Signal, SignalParams
 from coevo_jax.signals.base import no_observe, no_update
+import jax.numpy as jnp
 
 
 @hyperparams
 class PlusParams(SignalParams):
-    plus: float = param(0.0, -1.0, 1.0, doc="added to every step's reward")
+    plus: float = param(0.5, 0.0, 1.0, doc="paid for the action that equals the cue shown")
+
+
+def cue_bonus(traj, hp, num_actions):
+    return hp.signal.plus * traj.obs[..., :num_actions]  # [T, N, A]
 
 
 def make(static, network, env, env_params):
+    n = env.action_space(env_params).n
+
     def rewards(state, traj, hp):
-        return state, RewardStreams(traj.reward + hp.signal.plus), {}
+        paid = jnp.take_along_axis(cue_bonus(traj, hp, n), traj.action[..., None].astype(jnp.int32), -1)[..., 0]
+        return state, RewardStreams(traj.reward + paid), {}
 
-    return Signal(lambda key, traj, hp: {}, no_observe, no_update, rewards)
+    def credit(state, traj, hp, probs):
+        return cue_bonus(traj, hp, probs.shape[-1])
+
+    return Signal(lambda key, traj, hp: {}, no_observe, no_update, rewards, credit)
 
 
-register_method(MethodSpec("user-plus", make, params=PlusParams, doc="PPO plus a constant"))
+register_method(MethodSpec("user-plus", make, params=PlusParams, doc="PPO plus a cue bonus"))
 '''
 
 
@@ -104,7 +116,7 @@ def test_the_committed_suite_loads_and_every_task_builds():
         Study(t.env, (Arm(t.static("ppo")),), 1, env_kwargs=dict(t.env_kwargs)).make_env()
 
 
-def test_a_user_method_gets_its_row_against_the_stored_arms(tmp_path, monkeypatch):
+def test_a_user_method_gets_its_row_against_the_stored_arms(tmp_path, monkeypatch, capsys):
     mod = load()
     spath = tmp_path / "suite.json"
     spath.write_text(json.dumps({"tasks": [{**TINY, "name": "tiny"}]}))
@@ -124,6 +136,12 @@ def test_a_user_method_gets_its_row_against_the_stored_arms(tmp_path, monkeypatc
         argv = [*small, "--methods", "user-plus", "--import", "user_plus", "--stored",
                 str(first / "scores.csv"), "--out", str(second)]
         assert mod.main(argv) == 0
+        # its ground-truth credit comes through its own credit function: the cue's action paid most, every cue
+        lines = capsys.readouterr().out.splitlines()
+        head = next(i for i, line in enumerate(lines) if line.startswith("| task | arm | spearman"))
+        cells = dict(zip(*[[c.strip() for c in lines[i].split("|")[1:-1]] for i in (head, head + 2)]))
+        assert cells["arm"] == "user-plus" and cells["top1"] == "1.00 [1.00, 1.00]", cells
+        assert cells["gap"].startswith("0.50 ") and lines[head + 3] == ""  # plus = 0.5; one row (ppo has no credit)
         # only the user's arm ran; ppo's scores are the stored ones, on the same seeds
         for stage in ("tune", "finalists", "eval"):
             cfg = json.loads((second / stage / "config.json").read_text())  # one task: the stage folder itself
