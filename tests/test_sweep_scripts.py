@@ -2,6 +2,7 @@
 their default studies, the shared option parsing, and one tiny end-to-end run."""
 import importlib.util
 import os
+import subprocess
 
 import numpy as np
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from coevo_jax.config import ConfigError, default_hparams
 
 from _study import options
+from _study.publish import git_commit
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = ("siop_learning", "coevo_learning", "meta_gradient", "text_learning", "ppo_learning", "calibrate",
@@ -456,3 +458,20 @@ def test_cold_start_children_get_a_fresh_shell_environment(monkeypatch):
     assert env["VIRTUAL_ENV"] == "/fresh/venv" and env["PATH"].startswith("/fresh/venv/bin")
     assert env["COEVO_JAX_COMPILE_CACHE"] == "/fresh/cache"
     assert cold_start.clean_env("/v", "/c", pip_cache=False)["PIP_NO_CACHE_DIR"] == "1"
+
+
+def test_a_header_names_the_commit_and_every_changed_file_whole(tmp_path):
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+
+    git("init", "-q")
+    for name in ("a.py", "sweeps.py"):
+        (tmp_path / name).write_text("x = 1\n")
+    git("add", ".")
+    git("commit", "-qm", "c")
+    clean = git_commit(str(tmp_path))
+    assert len(clean) == 12 and "+" not in clean
+    (tmp_path / "sweeps.py").write_text("x = 2\n")  # the first line of git's list starts with a blank
+    (tmp_path / "a.py").write_text("x = 3\n")
+    assert git_commit(str(tmp_path)) == f"{clean} + uncommitted changes (a.py, sweeps.py)"

@@ -34,12 +34,12 @@ def git_commit(path: str) -> str:
         head = git("rev-parse", "--short=12", "HEAD")
         if head.returncode != 0:
             return "unknown"
-        dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+        dirty = git("status", "--porcelain", "--untracked-files=no").stdout
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-    files = [line[3:] for line in dirty.splitlines()]
+    files = [line[3:] for line in dirty.splitlines() if line.strip()]  # "XY path": the first line keeps its blank
     named = ", ".join(files[:8]) + (f" and {len(files) - 8} more" if len(files) > 8 else "")
-    return head.stdout.strip() + (f" + uncommitted changes ({named})" if dirty else "")
+    return head.stdout.strip() + (f" + uncommitted changes ({named})" if files else "")
 
 
 def machine() -> str:
