@@ -56,9 +56,9 @@ from coevo_jax.files import atomic_write_text
 
 from _study import cli, options
 from _study.admitted import add_admitted_option, load_admitted
+from _study.analysis.decision_credit import credit_curves
 from _study.analysis.tables import arm_finals, ci, definitions, write_table
 from _study.random_policy import random_row
-from chain_credit import credit_curves  # (sweeps/chain_credit.py) the learned rewards' credit at the choice
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_TASKS = ("chain-l16-n05", "memchain-l16-n05")

@@ -18,9 +18,11 @@ positive controls. Each arm (a registered method or a control of :mod:`_study.co
    it. A dirty tree is refused unless ``--allow-dirty`` (the published header then names the files).
 
 The report: per task the normalised IQM of each arm with its CI and the admission rule
-(:data:`_study.suite.ADMISSION`: tuned PPO above the random row and below the optimum by a margin); over the admitted tasks rliable's IQM, mean and optimality
-gap with stratified-bootstrap CIs, P(> tuned ppo) and the verdict rule (:data:`_study.suite.RULE`), a
-performance profile and a task x arm heat map (``suite.png``). Per-seed scores go to ``scores.csv``;
+(:data:`_study.suite.ADMISSION`: tuned PPO above the random row and below the optimum by a margin); the
+ground-truth credit of the arms with a ``credit`` function where a task has one; over the admitted tasks
+rliable's IQM, mean and optimality gap with stratified-bootstrap CIs, P(> tuned ppo) and the verdict rule
+(:data:`_study.suite.RULE`), a performance profile and a task x arm heat map (``suite.png``). Per-seed
+scores go to ``scores.csv``;
 ``--stored`` reuses a published one for the arms not in ``--methods`` (refused when its settings or
 library code differ), so a new method runs only its own runs:
 
@@ -51,13 +53,13 @@ from coevo_jax.files import atomic_write_text
 from coevo_jax.registry import registered_methods
 
 from _study import cli, options, suite, tuning
+from _study.analysis.decision_credit import DECISIONS, decision_scores
 from _study.analysis.final_policies import trainer_for
 from _study.analysis.tables import format_table
 from _study.controls import CONTROLS
 from _study.figures import small_png
 from _study.publish import git_commit
 from _study.random_policy import random_curves
-from chain_credit import DECISIONS, decision_scores  # the ground-truth credit of the tasks that have one
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -68,7 +70,8 @@ MIN_FINALIST_SEEDS = 3  # stage 2: fresh seeds per finalist and task, at least
 
 def build_parser():
     p = cli.study_parser("suite.py", __doc__.split("\n\n")[0], os.path.join("results", "suite"))
-    p.add_argument("--suite", default=os.path.join(HERE, "suite.json"), help="the suite file (default: sweeps/suite.json)")
+    p.add_argument("--suite", default=os.path.join(HERE, "suite.json"),
+                   help="the suite file (default: sweeps/suite.json)")
     p.add_argument("--tasks", default="all", help="comma list of the suite's tasks, or all (default: all)")
     p.add_argument("--methods", default=",".join(METHODS),
                    help=f"comma list of methods and controls to run (default: {','.join(METHODS)})")
@@ -294,9 +297,9 @@ def write_scores(path: str, s: dict, scores: dict, args) -> None:
 
 
 def credit_rows(ran: list) -> list[dict]:
-    """Where a task has ground-truth credit (:data:`chain_credit.DECISIONS`: DelayedChain's choice, KeyToDoor's
-    pick-up), one row per evaluated arm whose signal has a ``credit`` function: IQM [95% CI] over its runs of
-    the final learned reward's scores at the decision (:func:`chain_credit.decision_scores`)."""
+    """Where a task has ground-truth credit (:data:`~_study.analysis.decision_credit.DECISIONS`), one row per
+    evaluated arm whose signal has a ``credit`` function: IQM [95% CI] over its runs of the final learned
+    reward's scores at the decision (:func:`~_study.analysis.decision_credit.decision_scores`)."""
     rows = []
     for result in ran:
         if result.study.env not in DECISIONS or not result.study.save_final:
@@ -326,7 +329,8 @@ def report(args, stages) -> str:
     rows, admit = [], {}
     for j, (t, task) in enumerate(tasks.items()):
         iqm = {a: suite.aggregate({a: scores[a][:, [j]]}, n_boot=500)[a]["IQM"] for a in arms}
-        ok, why = suite.admitted({a: iqm[a][0] for a in ppo_arms}, iqm["random"][0]) if ppo_arms else (False, "no ppo arm")
+        best = {a: iqm[a][0] for a in ppo_arms}
+        ok, why = suite.admitted(best, iqm["random"][0]) if ppo_arms else (False, "no ppo arm")
         admit[t] = ok
         rows.append({"task": t, "source": task.source, "axis": task.why,
                      **{a: f"{v[0]:.2f} [{v[1]:.2f}, {v[2]:.2f}]" for a, v in iqm.items()},
