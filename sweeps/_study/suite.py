@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import csv
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -126,8 +127,16 @@ def code_digest(root: str) -> str:
             for name in sorted(f for f in files if f.endswith(".py")):
                 path = os.path.join(folder, name)
                 h.update(os.path.relpath(path, root).encode())
-                h.update(ast.dump(_without_docstrings(ast.parse(open(path).read()))).encode())
+                stat = os.stat(path)
+                h.update(_code_of(path, stat.st_mtime_ns, stat.st_size))
     return h.hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=None)
+def _code_of(path: str, mtime_ns: int, size: int) -> bytes:
+    """The syntax tree of the file at ``path`` without docstrings, as text (parsed once per version)."""
+    with open(path) as f:
+        return ast.dump(_without_docstrings(ast.parse(f.read()))).encode()
 
 
 def _without_docstrings(tree: ast.AST) -> ast.AST:
@@ -179,7 +188,8 @@ def pick(per_task: Mapping[str, np.ndarray]) -> dict:
     s = suite_score(per_task)
     order = np.argsort(-s, kind="stable")
     best, runner = int(order[0]), int(order[1]) if len(order) > 1 else int(order[0])
-    poi = improvement(matrix(per_task, best), matrix(per_task, runner))
+    x, y = matrix(per_task, best), matrix(per_task, runner)
+    poi = dict(_improvement_of(x.tobytes(), y.tobytes(), x.shape, y.shape))
     return {"index": best, "runner_up": runner, "scores": [float(v) for v in s], **poi,
             "confident": poi["ci_low"] > 0.5}
 
@@ -200,6 +210,13 @@ def improvement(x: np.ndarray, y: np.ndarray, n_boot: int = 2000, seed: int = 0)
     low, high = np.ravel(ci["xy"])
     return {"p": float(np.ravel(point["xy"])[0]), "ci_low": float(low), "ci_high": float(high),
             "pvalue": float(np.mean(boots <= 0.5))}
+
+
+@functools.lru_cache(maxsize=None)
+def _improvement_of(x: bytes, y: bytes, x_shape: tuple, y_shape: tuple) -> tuple:
+    """:func:`improvement` of the float64 matrices in ``x, y`` as items, computed once per pair (the
+    evaluation stage and the report both ask for each arm's pick)."""
+    return tuple(improvement(np.frombuffer(x).reshape(x_shape), np.frombuffer(y).reshape(y_shape)).items())
 
 
 def aggregate(scores: Mapping[str, np.ndarray], n_boot: int = 2000, seed: int = 0) -> dict:
