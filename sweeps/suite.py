@@ -345,7 +345,7 @@ def report(args, stages) -> str:
         text += ["## Ground-truth credit: where each learned reward pays, at the decision that matters", "",
                  "Tasks with a known decision (DelayedChain: the choice at time 0; KeyToDoor: the key's pick-up),"
                  " each evaluated arm whose signal gives its credit (`Signal.credit`), on its runs' final learned"
-                 " reward (sweeps/_study/analysis/chain_credit.py): spearman = rank correlation with the ground-truth"
+                 " reward (sweeps/_study/analysis/decision_credit.py): spearman = rank correlation with the ground-truth"
                  " credit over every (cue, action) pair, top1 = share of cues whose correct action is paid most (a"
                  " guess: 1/K), gap = correct less wrong actions' credit; gap at the last step (or with the key taken),"
                  " where the action has no effect, should be 0. IQM [95% CI] over runs.", "",
