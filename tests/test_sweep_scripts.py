@@ -413,10 +413,18 @@ def test_republishing_a_committed_report_is_not_flagged_as_uncommitted(tmp_path)
     assert "uncommitted" not in text and "| b |" in text
     assert "figure: study/curve.png" in text and str(tmp_path) not in text  # named where it is published
     assert (repo / "docs" / "study" / "curve.png").read_bytes() == b"second"
+    (repo / "docs" / "scores.csv").write_text("a")
+    git("add", "-A")
+    git("commit", "-qm", "scores")
+    (repo / "docs" / "scores.csv").write_text("b")  # a file the script publishes beside its report: not flagged
+    write_report(str(repo / "docs"), "study", "A study", "python s.py", "| c |", [str(fig)], 1.0, str(repo))
+    assert "uncommitted" not in open(path).read()
     (repo / "tracked.txt").write_text("x")
     git("add", "tracked.txt")  # a tracked change to the code is flagged
     write_report(str(repo / "docs"), "study", "A study", "python s.py", "| c |", [str(fig)], 1.0, str(repo))
-    assert "+ uncommitted changes" in open(path).read()
+    assert "+ uncommitted changes (tracked.txt)" in open(path).read()
+    write_report(str(repo / "docs"), "study", "A study", "python s.py", f"![c]({fig})", [str(fig)], 1.0, str(repo))
+    assert open(path).read().count("study/curve.png") == 1  # a figure the report shows is not listed again
 
 
 def test_ircr_horizon_final_means_weight_each_iteration_by_its_episodes():
