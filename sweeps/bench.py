@@ -13,6 +13,8 @@ Sections (--sections; the measurements are in sweeps/_study/bench, each in fresh
            <git clone of luchris429/purejaxrl>/purejaxrl; none of its code is in this
            repository), at --ppo-seeds seeds, in one process and (on CPU) one per core,
            interleaved, medians of --reps repetitions.
+  ppo_rnn  the same with the GRU policy against PureJaxRL's unmodified ppo_rnn.py, at --rnn-seeds seeds in one
+           process, beside this library's feed-forward PPO at those seeds; published to DIR/recurrent.md.
   methods  cost of one training iteration of every registered method relative to ppo
            (KeyDoor-5x5, 8 runs vmapped); compiled memory of the meta-gradient update.
   text     agent tokens/s of the transformer policy on Booking: rollout and full iteration.
@@ -55,7 +57,7 @@ PROFILE_METHODS = ("ppo", "rrd", "ircr", "q-advantage", "coevo-regression", "hca
 
 PRESETS = {"device_script": dict(sections="ppo,sweep", ppo_seeds="1,256,4096", reps=1, total_steps=65536,
                                  processes=1, sweep_runs="1,512,4096", sweep_steps=4096, deadline=450),
-           "smoke": dict(ppo_seeds="1,4", reps=1, total_steps=2048, sweep_runs="1,4", sweep_steps=512,
+           "smoke": dict(ppo_seeds="1,4", rnn_seeds="1,4", reps=1, total_steps=2048, sweep_runs="1,4", sweep_steps=512,
                          scale_runs="1,4", scale_budget=8192, profile_methods="ppo,coevo-regression",
                          profile_lengths="8", profile_seeds=2, deadline=900)}
 
@@ -115,6 +117,42 @@ def section_ppo(args):
     small = [s for s in args.ppo_seeds if P > 1 and s < P]
     table(head, rows, ([skip] if skip else []) + notes + bool(small) * [
         f"{', '.join(map(str, small))} seed(s): not split over {P} processes (fewer seeds than processes)."])
+
+
+def section_ppo_rnn(args):
+    budget = args.budget
+    anchor, tool, skip = launch.anchor_paths(args.purejaxrl, args.purejaxrl_tool)
+    if skip:
+        log(skip)
+    settings = [(s, 1) for s in args.rnn_seeds]
+    kw = dict(reps=args.reps, total_steps=args.total_steps, timeout=args.timeout, anchor=anchor, tool=tool,
+              budget=budget, log=log)
+    rnn, notes = launch.compare_ppo(settings, program="ppo_rnn", **kw)
+    ff, ff_notes = launch.compare_ppo(settings, impls=("coevo-jax",), **{**kw, "anchor": None})
+    rnn, ff = launch.medians(rnn), launch.medians(ff)
+    print(f"\n### Recurrent PPO on CartPole-v1: coevo-jax's GRU policy vs PureJaxRL's ppo_rnn.py ({args.total_steps:,}"
+          " steps per seed, one process)\n\nThe settings of ppo_rnn.py's __main__ block (4 envs x 128 steps, 4 epochs x 4"
+          " minibatches, lr 2.5e-4 annealed; a 128 ReLU embedding, a GRU of 128, 128 ReLU actor and critic torsos) in"
+          f" both; PureJaxRL's file unmodified, run by {os.path.relpath(tool, launch.ROOT) if tool else 'the harness'}"
+          " (its two flax-0.12 shims are named in the anchor's SOURCE.md); timing as in the PPO section. The"
+          " feed-forward column is this library's PPO of the PPO section at the same seeds, measured in the same run."
+          f" Medians over {args.reps} interleaved repetition(s).\n")
+
+    def sps(med, key):
+        return med[key]["env_steps_per_s"] if key in med else None
+
+    rows = []
+    for s, p in settings:
+        a, b, c = sps(rnn, ("purejaxrl", s, p)), sps(rnn, ("coevo-jax", s, p)), sps(ff, ("coevo-jax", s, p))
+        fmt = (lambda v: f"{v:,.0f}" if v else "-")
+        ratio = (lambda x, y: f"**{x / y:.2f}x**" if x and y else "-")
+        comp = [f"{rnn[i, s, p]['trace_lower_s']:.1f} + {rnn[i, s, p]['compile_s']:.1f}" if (i, s, p) in rnn else "-"
+                for i in launch.IMPLS]
+        ret = [f"{rnn[i, s, p]['final_return']:.1f}" if (i, s, p) in rnn else "-" for i in launch.IMPLS]
+        rows.append([s, fmt(a), fmt(b), ratio(b, a), fmt(c), ratio(c, b), *comp, *ret])
+    table(["seeds", "env steps/s PureJaxRL ppo_rnn", "env steps/s coevo-jax GRU", "coevo-jax GRU / PureJaxRL",
+           "env steps/s coevo-jax feed-forward", "feed-forward / GRU", "compile s PureJaxRL", "compile s coevo-jax",
+           "final return PureJaxRL", "final return coevo-jax"], rows, ([skip] if skip else []) + notes + ff_notes)
 
 
 def section_methods(args):
@@ -270,10 +308,11 @@ def section_profile(args):
                       f"{r['compile_s']:.0f}"] for c, r in rows], notes)
 
 
-SECTIONS = {"ppo": section_ppo, "methods": section_methods, "text": section_text, "sweep": section_sweep,
+SECTIONS = {"ppo": section_ppo, "ppo_rnn": section_ppo_rnn, "methods": section_methods, "text": section_text, "sweep": section_sweep,
             "scale": section_scale, "profile": section_profile}
 #: sections published to their own file under --publish (the others go to benchmarks.md together)
-OWN_REPORT = {"profile": ("profile", "Training iteration profile")}
+OWN_REPORT = {"profile": ("profile", "Training iteration profile"),
+              "ppo_rnn": ("recurrent", "Recurrent PPO against PureJaxRL's ppo_rnn.py")}
 
 
 def build_parser():
@@ -281,6 +320,7 @@ def build_parser():
     add = ap.add_argument
     add("--sections", default=",".join(SECTIONS), help="comma list of: " + ", ".join(SECTIONS) + " (default: all)")
     add("--ppo-seeds", "--seeds", dest="ppo_seeds", default="1,8,64,512", help="ppo section seed counts (1,8,64,512)")
+    add("--rnn-seeds", default="1,64", help="ppo_rnn section seed counts (default 1,64)")
     add("--reps", type=int, default=3, help="interleaved repetitions of each ppo measurement (medians shown) and"
         " executions per scale row (the best shown) (default 3)")
     add("--total-steps", type=int, default=131_072, help="env steps per seed in the ppo section, the most per run in"
@@ -328,14 +368,14 @@ def parse_args(argv=None):
     if bad:
         ap.error(f"--sections: unknown {bad}; choose from {', '.join(SECTIONS)}")
     try:
-        args.ppo_seeds, args.sweep_runs, args.scale_runs = ([int(s) for s in getattr(args, n).split(",")]
-                                                            for n in ("ppo_seeds", "sweep_runs", "scale_runs"))
+        args.ppo_seeds, args.rnn_seeds, args.sweep_runs, args.scale_runs = (
+            [int(s) for s in getattr(args, n).split(",")] for n in ("ppo_seeds", "rnn_seeds", "sweep_runs", "scale_runs"))
     except ValueError:
-        ap.error("--ppo-seeds, --sweep-runs and --scale-runs must be comma lists of positive integers")
-    if (min(args.ppo_seeds + args.sweep_runs + args.scale_runs + [args.reps, args.scale_budget]) < 1
+        ap.error("--ppo-seeds, --rnn-seeds, --sweep-runs and --scale-runs must be comma lists of positive integers")
+    if (min(args.ppo_seeds + args.rnn_seeds + args.sweep_runs + args.scale_runs + [args.reps, args.scale_budget]) < 1
             or args.total_steps < 512 or args.processes < 0 or args.sweep_steps < 128):
-        ap.error("--ppo-seeds, --sweep-runs, --scale-runs, --reps and --scale-budget must be >= 1, --total-steps"
-                 " >= 512, --sweep-steps >= 128, --processes >= 0")
+        ap.error("--ppo-seeds, --rnn-seeds, --sweep-runs, --scale-runs, --reps and --scale-budget must be >= 1,"
+                 " --total-steps >= 512, --sweep-steps >= 128, --processes >= 0")
     args.profile_methods = [m.strip() for m in args.profile_methods.split(",") if m.strip()]
     try:
         args.profile_lengths = [int(n) for n in args.profile_lengths.split(",")]

@@ -69,6 +69,9 @@ def test_device_script_preset_and_overrides():
     assert a.sections == ["ppo", "sweep"] and a.ppo_seeds == [2] and a.sweep_runs == [1, 4] and a.total_steps == 2048
     a = b.parse_args(["--sections", "scale", "--scale-runs", "1,8"])
     assert a.scale_runs == [1, 8] and a.deadline is None and a.budget.end is None
+    a = b.parse_args(["--sections", "ppo_rnn", "--rnn-seeds", "1,64"])
+    assert a.sections == ["ppo_rnn"] and a.rnn_seeds == [1, 64] and b.OWN_REPORT["ppo_rnn"][0] == "recurrent"
+    assert b.parse_args(["--smoke"]).rnn_seeds == [1, 4]
 
 
 def test_scale_steps_shrink_with_the_batch_in_whole_iterations():

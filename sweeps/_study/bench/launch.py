@@ -164,22 +164,24 @@ def probe(budget: Budget | None = None) -> dict:
 
 
 def ppo_batch(impl: str, seeds: int, procs: int, total_steps: int, timeout: float, anchor: str | None = None,
-              tool: str | None = None, runs: int = 2, budget: Budget | None = None) -> dict:
+              tool: str | None = None, runs: int = 2, budget: Budget | None = None, program: str = "ppo") -> dict:
     """One measurement: ``procs`` fresh processes started together, each with its
     share of ``seeds`` (pinned to one core each when ``procs > 1``). ``impl``:
-    ``"purejaxrl"`` (the harness running PureJaxRL's ppo.py, its JSON parsed),
-    ``"coevo-jax"`` (the ``ppo`` worker). Env steps/s is the sum over processes of each one's steady
-    (last) run of its compiled program; compile seconds and peak RSS the largest
+    ``"purejaxrl"`` (the harness running PureJaxRL's ``program``.py, its JSON parsed),
+    ``"coevo-jax"`` (the ``ppo`` worker, with the GRU policy for ``program="ppo_rnn"``). Env steps/s is the
+    sum over processes of each one's steady (last) run of its compiled program; compile seconds and peak RSS
+    the largest
     of any process."""
     counts = [seeds // procs + (i < seeds % procs) for i in range(procs)]
     with tempfile.TemporaryDirectory(prefix="bench_ppo_") as tmp:
         jsons = [os.path.join(tmp, f"{i}.json") for i in range(procs)]
         if impl == "purejaxrl":
             cmds = [[sys.executable, tool, "--seeds", str(n), "--total-timesteps", str(total_steps), "--mode", "aot",
-                     "--runs", str(runs), "--src", anchor, "--seed", str(42 + i), "--json", jsons[i]]
+                     "--runs", str(runs), "--src", anchor, "--seed", str(42 + i), "--json", jsons[i], "--program", program]
                     for i, n in enumerate(counts)]
         else:
-            cmds = [worker_cmd({"kind": "ppo", "seeds": n, "total_steps": total_steps, "seed": 42 + i, "runs": runs})
+            cmds = [worker_cmd({"kind": "ppo", "seeds": n, "total_steps": total_steps, "seed": 42 + i, "runs": runs,
+                                 "program": program})
                     for i, n in enumerate(counts)]
         outs = run_processes(cmds, timeout, budget, pin=procs > 1)
         if impl == "purejaxrl":
@@ -201,8 +203,9 @@ def ppo_batch(impl: str, seeds: int, procs: int, total_steps: int, timeout: floa
 
 
 def compare_ppo(settings: list, reps: int, total_steps: int, timeout: float, anchor: str | None,
-                tool: str | None, budget: Budget | None = None, log=None, impls: tuple = IMPLS) -> tuple[dict, list]:
-    """This library's PPO vs PureJaxRL's ``ppo.py`` at every ``(seeds, processes)``
+                tool: str | None, budget: Budget | None = None, log=None, impls: tuple = IMPLS,
+                program: str = "ppo") -> tuple[dict, list]:
+    """This library's PPO vs PureJaxRL's ``program``.py (``ppo`` or ``ppo_rnn``) at every ``(seeds, processes)``
     of ``settings``, interleaved: each of ``reps`` repetitions measures every
     setting for both implementations back to back, alternating which goes first.
     ``anchor=None`` leaves PureJaxRL out.
@@ -219,7 +222,8 @@ def compare_ppo(settings: list, reps: int, total_steps: int, timeout: float, anc
                     if impl == "purejaxrl" and anchor is None:
                         continue
                     try:
-                        r = ppo_batch(impl, seeds, procs, total_steps, limit, anchor, tool, budget=budget)
+                        r = ppo_batch(impl, seeds, procs, total_steps, limit, anchor, tool, budget=budget,
+                                      program=program)
                     except OutOfTime:
                         raise
                     except (RuntimeError, OSError, KeyError, ValueError) as e:

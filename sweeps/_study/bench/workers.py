@@ -35,6 +35,8 @@ from _study.admitted import load_admitted, method_static
 # PureJaxRL's CartPole config (the __main__ block of its ppo.py), in this library's terms
 PPO_STATIC = dict(method="ppo", num_envs=4, rollout_len=128, update_epochs=4, num_minibatches=4,
                   hidden_sizes=(64, 64), activation="tanh", anneal_lr=True, normalize_advantages=True)
+#: PureJaxRL's ppo_rnn.py network in this library's terms: a 128 ReLU embedding, a GRU of 128, 128 ReLU torsos
+PPO_RNN_STATIC = dict(PPO_STATIC, network="gru", hidden_sizes=(128, 128), gru_size=128, activation="relu")
 PPO_HPARAMS = dict(lr=2.5e-4, gamma=0.99, gae_lambda=0.95, clip_eps=0.2, ent_coef=0.01, vf_coef=0.5,
                    max_grad_norm=0.5)
 
@@ -124,19 +126,22 @@ def ppo(cfg):
     way ``purejaxrl_bench.py --mode aot`` times PureJaxRL: one key (no vmap) at one
     seed, else ``jit(vmap(train))`` over ``split(PRNGKey(seed), seeds)``; trace+lower
     and XLA compile timed apart; the compiled program run ``runs`` times, the last
-    run is the steady one."""
-    seeds = cfg["seeds"]
-    trainer, hp = trainer_for("CartPole-v1", {**PPO_STATIC, "total_steps": cfg["total_steps"]}, PPO_HPARAMS)
+    run is the steady one. ``cfg["program"] = "ppo_rnn"``: the GRU policy of PureJaxRL's ppo_rnn.py (no FLOPs)."""
+    seeds, rnn = cfg["seeds"], cfg.get("program") == "ppo_rnn"
+    trainer, hp = trainer_for("CartPole-v1", {**(PPO_RNN_STATIC if rnn else PPO_STATIC),
+                                              "total_steps": cfg["total_steps"]}, PPO_HPARAMS)
     static = trainer.static
     fn, args = train_program(trainer, hp, seeds, cfg.get("seed", 42), vmap_one=False)
     compiled, lower_s, compile_s = aot(fn, *args)
     out, secs = execute(compiled, args, cfg.get("runs", 2))
     env_steps = seeds * static.num_iterations * static.steps_per_iteration
     r = jnp.atleast_2d(out[1]["episode_return"])  # [seeds, iterations]
-    params = trainer.network.init(jax.random.PRNGKey(0), jnp.zeros((4,)))
+    flops = None
+    if not rnn:
+        params = trainer.network.init(jax.random.PRNGKey(0), jnp.zeros((4,)))
+        flops = _flops_per_env_step_mlp(trainer.network, params, 4, static.update_epochs)
     return {"trace_lower_s": lower_s, "compile_s": compile_s, "run_s": secs[-1], "env_steps": env_steps,
-            "env_steps_per_s": env_steps / secs[-1],
-            "flops_per_env_step": _flops_per_env_step_mlp(trainer.network, params, 4, static.update_epochs),
+            "env_steps_per_s": env_steps / secs[-1], "flops_per_env_step": flops,
             "peak_mb": peak_mb(), "final_return": float(jnp.mean(r[:, -10:]))}
 
 
