@@ -78,6 +78,7 @@ def test_luck_in_the_statistic_makes_the_credit_cleaner_than_q_advantage():
     assert cca_err * 3 <= q_err, (cca_err, q_err)
 
 
+@pytest.mark.slow  # a long learning check: python -m pytest -m slow
 def test_without_the_independence_loss_the_statistic_leaks_the_outcome():
     """The same fit with the outcome paid at the end, after the luck: Phi_0 can read the outcome
     itself, and with no independence loss it does; the return model then explains the return by

@@ -299,7 +299,8 @@ def test_minibatch_of_the_whole_replay_is_the_whole_replay_fit():
     assert abs(m_two["first_reward_loss"] - m_whole["first_reward_loss"]) > 1e-4
 
 
-@pytest.mark.parametrize("method", ["ircr", "rrd", "q-advantage", "hca", "cca"])
+@pytest.mark.parametrize("method", ["ircr", "rrd", "q-advantage", "hca",
+                                    pytest.param("cca", marks=pytest.mark.slow)])  # cca: only runs (see below)
 def test_replay_methods_fit_minibatches_of_episodes(method):
     """Each learned model on the episode replay: a refit step on a minibatch of every episode of a
     full replay is the whole replay's step (losses, gradient norm, diagnostics, parameters; CCA draws

@@ -8,7 +8,8 @@ wrong way or a broken update would fail, where every other test could still pass
   random 0.08. The methods that run on one compiled program (``dense`` on ``ppo``'s, ``coevo-ranking`` on
   ``coevo-regression``'s: the runner's own rule) learn in one ``jit(vmap(train))`` call. Not here: ``ircr``,
   whose guidance is >= 0 on every step, a living reward on a task that success ends (below random
-  on this task, published in docs/results/doorkey5-t60/tune.md), and the controls.
+  on this task, published in docs/results/doorkey5-t60/tune.md), and the controls. The default run checks
+  co-evolution (PPO: on CartPole); the other methods' checks are marked ``slow`` (``python -m pytest -m slow``).
 """
 import json
 import os
@@ -53,7 +54,12 @@ def test_ppo_solves_cartpole():
     assert (final >= 400).all(), final
 
 
-@pytest.mark.parametrize("owner", list(PROGRAMS))
+#: the programs of the default run; the others are long learning checks (``-m slow``)
+DEFAULT_RUN = ("coevo-regression",)
+
+
+@pytest.mark.parametrize("owner", [o if o in DEFAULT_RUN else pytest.param(o, marks=pytest.mark.slow)
+                                   for o in PROGRAMS])
 def test_every_method_learns_keydoor_5x5(owner):
     with open(os.path.join(ROOT, "sweeps", "admitted_tasks.json")) as f:
         task = next(t for t in json.load(f)["tasks"] if t["task"] == "doorkey5-t60")

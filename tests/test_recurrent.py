@@ -185,6 +185,7 @@ def test_recurrent_values_carry_a_heads_axis(method, heads, scalar):
     assert replay.shape == (4, 8, heads) and loss.shape == ()
 
 
+@pytest.mark.slow  # a long learning check: python -m pytest -m slow
 def test_memory_solves_recall_where_a_memoryless_policy_cannot():
     """PPO with the GRU reaches >= 0.9 success on Recall(4) in 32k steps; the MLP policy, at the
     same budget and values, stays near its ceiling of 1/4."""

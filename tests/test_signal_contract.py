@@ -328,10 +328,12 @@ def test_k_is_traced_one_trace_serves_every_k(trains, method):
     assert out[1]["signal/updated"].shape == (STATIC.num_iterations,)
 
 
-# one method per refit machinery (siop-shuffled refits siop's potential and constant refits nothing:
-# test_off_gives_sparse_ppos_advantages_bit_for_bit covers them); coevo-ranking runs on coevo-regression's program
-SINGLE_STREAM_OFF = [m for m in METHODS if m not in ("ppo", "constant", "siop-shuffled")
-                     and cj.method_spec(m).off is not None and not cj.method_spec(m).intrinsic_stream]
+# one method per refit machinery: learned.py's R_phi, potential.py's Phi, replay_model.py's return model
+# (q-advantage; hca and cca refit through it), ircr's and rrd's own; coevo-ranking runs on coevo-regression's
+# program. The placebos wrap a refit above (siop-shuffled, coevo-shuffled) or refit nothing (constant, siop-critic):
+# test_off_gives_sparse_ppos_advantages_bit_for_bit covers them and every other method's own maths.
+SINGLE_STREAM_OFF = [m for m in ("coevo-regression", "coevo-ranking", "siop", "q-advantage", "ircr", "rrd")
+                     if m in METHODS and cj.method_spec(m).off is not None and not cj.method_spec(m).intrinsic_stream]
 
 
 @pytest.fixture(scope="module")
