@@ -57,8 +57,8 @@ PROFILE_METHODS = ("ppo", "rrd", "ircr", "q-advantage", "coevo-regression", "hca
 
 PRESETS = {"device_script": dict(sections="ppo,sweep", ppo_seeds="1,256,4096", reps=1, total_steps=65536,
                                  processes=1, sweep_runs="1,512,4096", sweep_steps=4096, deadline=450),
-           "smoke": dict(ppo_seeds="1,4", rnn_seeds="1,4", reps=1, total_steps=2048, sweep_runs="1,4", sweep_steps=512,
-                         scale_runs="1,4", scale_budget=8192, profile_methods="ppo,coevo-regression",
+           "smoke": dict(ppo_seeds="1,4", rnn_seeds="1,4", reps=1, total_steps=2048, sweep_runs="1,4",
+                         sweep_steps=512, scale_runs="1,4", scale_budget=8192, profile_methods="ppo,coevo-regression",
                          profile_lengths="8", profile_seeds=2, deadline=900)}
 
 
@@ -127,12 +127,12 @@ def section_ppo_rnn(args):
     settings = [(s, 1) for s in args.rnn_seeds]
     kw = dict(reps=args.reps, total_steps=args.total_steps, timeout=args.timeout, anchor=anchor, tool=tool,
               budget=budget, log=log)
+    ff, ff_notes = launch.compare_ppo(settings, impls=("coevo-jax",), **{**kw, "anchor": None})  # fast: first
     rnn, notes = launch.compare_ppo(settings, program="ppo_rnn", **kw)
-    ff, ff_notes = launch.compare_ppo(settings, impls=("coevo-jax",), **{**kw, "anchor": None})
     rnn, ff = launch.medians(rnn), launch.medians(ff)
     print(f"\n### Recurrent PPO on CartPole-v1: coevo-jax's GRU policy vs PureJaxRL's ppo_rnn.py ({args.total_steps:,}"
-          " steps per seed, one process)\n\nThe settings of ppo_rnn.py's __main__ block (4 envs x 128 steps, 4 epochs x 4"
-          " minibatches, lr 2.5e-4 annealed; a 128 ReLU embedding, a GRU of 128, 128 ReLU actor and critic torsos) in"
+          " steps per seed, one process)\n\nThe settings of ppo_rnn.py's __main__ block (4 envs x 128 steps, 4 epochs"
+          " x 4 minibatches, lr 2.5e-4 annealed; a 128 ReLU embedding, a GRU of 128, 128 ReLU actor and critic torsos) in"
           f" both; PureJaxRL's file unmodified, run by {os.path.relpath(tool, launch.ROOT) if tool else 'the harness'}"
           " (its two flax-0.12 shims are named in the anchor's SOURCE.md); timing as in the PPO section. The"
           " feed-forward column is this library's PPO of the PPO section at the same seeds, measured in the same run."
@@ -308,8 +308,8 @@ def section_profile(args):
                       f"{r['compile_s']:.0f}"] for c, r in rows], notes)
 
 
-SECTIONS = {"ppo": section_ppo, "ppo_rnn": section_ppo_rnn, "methods": section_methods, "text": section_text, "sweep": section_sweep,
-            "scale": section_scale, "profile": section_profile}
+SECTIONS = {"ppo": section_ppo, "ppo_rnn": section_ppo_rnn, "methods": section_methods, "text": section_text,
+            "sweep": section_sweep, "scale": section_scale, "profile": section_profile}
 #: sections published to their own file under --publish (the others go to benchmarks.md together)
 OWN_REPORT = {"profile": ("profile", "Training iteration profile"),
               "ppo_rnn": ("recurrent", "Recurrent PPO against PureJaxRL's ppo_rnn.py")}
@@ -368,8 +368,9 @@ def parse_args(argv=None):
     if bad:
         ap.error(f"--sections: unknown {bad}; choose from {', '.join(SECTIONS)}")
     try:
-        args.ppo_seeds, args.rnn_seeds, args.sweep_runs, args.scale_runs = (
-            [int(s) for s in getattr(args, n).split(",")] for n in ("ppo_seeds", "rnn_seeds", "sweep_runs", "scale_runs"))
+        names = ("ppo_seeds", "rnn_seeds", "sweep_runs", "scale_runs")
+        args.ppo_seeds, args.rnn_seeds, args.sweep_runs, args.scale_runs = ([int(s) for s in getattr(args, n).split(",")]
+                                                                            for n in names)
     except ValueError:
         ap.error("--ppo-seeds, --rnn-seeds, --sweep-runs and --scale-runs must be comma lists of positive integers")
     if (min(args.ppo_seeds + args.rnn_seeds + args.sweep_runs + args.scale_runs + [args.reps, args.scale_budget]) < 1

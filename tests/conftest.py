@@ -22,9 +22,9 @@ for _flag in ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitte
 # The slowest files first (measured: each takes a minute or more of a worker's time). With
 # `--dist loadfile --no-loadscope-reorder` (pyproject.toml) xdist hands files out in this order, so
 # the two workers end together instead of one running a long file alone at the end.
-SLOWEST_FIRST = ("test_signal_contract.py", "test_learned.py", "test_experiment.py", "test_suite.py", "test_chain_credit.py",
-                 "test_text.py", "test_recurrent.py", "test_env_contract.py", "test_learning.py", "test_reward_net.py",
-                 "test_meta.py", "test_gymnax_api.py", "test_potential.py")
+SLOWEST_FIRST = ("test_signal_contract.py", "test_learned.py", "test_experiment.py", "test_suite.py",
+                 "test_chain_credit.py", "test_text.py", "test_recurrent.py", "test_env_contract.py",
+                 "test_learning.py", "test_reward_net.py", "test_meta.py", "test_gymnax_api.py", "test_potential.py")
 
 
 def pytest_collection_modifyitems(items):

@@ -177,7 +177,8 @@ def ppo_batch(impl: str, seeds: int, procs: int, total_steps: int, timeout: floa
         jsons = [os.path.join(tmp, f"{i}.json") for i in range(procs)]
         if impl == "purejaxrl":
             cmds = [[sys.executable, tool, "--seeds", str(n), "--total-timesteps", str(total_steps), "--mode", "aot",
-                     "--runs", str(runs), "--src", anchor, "--seed", str(42 + i), "--json", jsons[i], "--program", program]
+                     "--runs", str(runs), "--src", anchor, "--seed", str(42 + i), "--json", jsons[i],
+                     "--program", program]
                     for i, n in enumerate(counts)]
         else:
             cmds = [worker_cmd({"kind": "ppo", "seeds": n, "total_steps": total_steps, "seed": 42 + i, "runs": runs,
