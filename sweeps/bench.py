@@ -120,13 +120,12 @@ def section_ppo(args):
 
 
 def section_ppo_rnn(args):
-    budget = args.budget
     anchor, tool, skip = launch.anchor_paths(args.purejaxrl, args.purejaxrl_tool)
     if skip:
         log(skip)
     settings = [(s, 1) for s in args.rnn_seeds]
     kw = dict(reps=args.reps, total_steps=args.total_steps, timeout=args.timeout, anchor=anchor, tool=tool,
-              budget=budget, log=log)
+              budget=args.budget, log=log)
     ff, ff_notes = launch.compare_ppo(settings, impls=("coevo-jax",), **{**kw, "anchor": None})  # fast: first
     rnn, notes = launch.compare_ppo(settings, program="ppo_rnn", **kw)
     rnn, ff = launch.medians(rnn), launch.medians(ff)
@@ -141,11 +140,15 @@ def section_ppo_rnn(args):
     def sps(med, key):
         return med[key]["env_steps_per_s"] if key in med else None
 
+    def fmt(v):
+        return f"{v:,.0f}" if v else "-"
+
+    def ratio(x, y):
+        return f"**{x / y:.2f}x**" if x and y else "-"
+
     rows = []
     for s, p in settings:
         a, b, c = sps(rnn, ("purejaxrl", s, p)), sps(rnn, ("coevo-jax", s, p)), sps(ff, ("coevo-jax", s, p))
-        fmt = (lambda v: f"{v:,.0f}" if v else "-")
-        ratio = (lambda x, y: f"**{x / y:.2f}x**" if x and y else "-")
         comp = [f"{rnn[i, s, p]['trace_lower_s']:.1f} + {rnn[i, s, p]['compile_s']:.1f}" if (i, s, p) in rnn else "-"
                 for i in launch.IMPLS]
         ret = [f"{rnn[i, s, p]['final_return']:.1f}" if (i, s, p) in rnn else "-" for i in launch.IMPLS]

@@ -170,8 +170,7 @@ def ppo_batch(impl: str, seeds: int, procs: int, total_steps: int, timeout: floa
     ``"purejaxrl"`` (the harness running PureJaxRL's ``program``.py, its JSON parsed),
     ``"coevo-jax"`` (the ``ppo`` worker, with the GRU policy for ``program="ppo_rnn"``). Env steps/s is the
     sum over processes of each one's steady (last) run of its compiled program; compile seconds and peak RSS
-    the largest
-    of any process."""
+    the largest of any process."""
     counts = [seeds // procs + (i < seeds % procs) for i in range(procs)]
     with tempfile.TemporaryDirectory(prefix="bench_ppo_") as tmp:
         jsons = [os.path.join(tmp, f"{i}.json") for i in range(procs)]
