@@ -133,6 +133,18 @@ def studies(args) -> list:
 
 
 CONTROLS = (*TUNED_CONTROLS, *PLACEBOS)  # every control label
+PPO_AT = "ppo at a method's lr, ent"
+
+
+def arm_kind(arm) -> str:
+    """What an :class:`~coevo_jax.experiment.Arm` of this comparison is, read from its data: ``"control"``,
+    ``"ablation"``, :data:`PPO_AT` (sparse PPO under another label: at a method's policy values) or ``""``
+    (a method)."""
+    if arm.name in CONTROLS:
+        return "control"
+    if arm.name in ABLATIONS:
+        return "ablation"
+    return PPO_AT if arm.static.method == "ppo" and arm.name != "ppo" else ""
 
 
 def best_control(summary: list) -> str | None:
@@ -164,8 +176,8 @@ def report(args, results) -> str:
     rows, finals, notes, verdicts = [], {}, [], []
     for res in results:
         task = res.study.name
-        methods = [a.static.method for a in res.study.arms
-                   if a.name not in CONTROLS and a.name not in ABLATIONS and not a.name.startswith("ppo@")]
+        kinds = {a.name: arm_kind(a) for a in res.study.arms}
+        methods = [a.static.method for a in res.study.arms if not kinds[a.name]]
         labels = [a.name for a in res.study.arms]
         ctrl = [c for c in labels if c in TUNED_CONTROLS]
         untuned = admitted[task].untuned(methods + ctrl) if task in admitted else methods + ctrl
@@ -177,8 +189,7 @@ def report(args, results) -> str:
         best = best_control(res.summary)
         for r in [floor] + res.summary:
             arm = r["arm"]
-            kind = ("control" if arm in CONTROLS else "ablation" if arm in ABLATIONS
-                    else "ppo at a method's lr, ent" if arm.startswith("ppo@") else "")
+            kind = kinds.get(arm, "")  # (the random row is no arm)
             row = {"task": task, "arm": r["arm"], "kind": kind,
                    "seeds": r["n_seeds"], "diverged": r["n_diverged"],
                    "success IQM [95% CI]": ci(r, "final_success"), "AUC success": f"{r['auc_success_iqm']:.3f}",
@@ -201,8 +212,7 @@ def report(args, results) -> str:
             row["|beta_int R_phi| per step"] = paid_size(res, arm) if arm in finals[task] else "-"
             row["below random"] = "BELOW" if r["final_success_iqm"] < floor["final_success_iqm"] else ""
             rows.append(row)
-        compared = [m for m in labels if m not in CONTROLS and m not in ABLATIONS and not m.startswith("ppo@")
-                    and m not in ("ppo", "dense")]
+        compared = [m for m in labels if not kinds[m] and m not in ("ppo", "dense")]
         against = ["ppo"] + [c for c in ctrl if c in finals[task]] if "ppo" in finals[task] else []
         if compared and against:
             gaps = admitted[task].not_two_stage(against) if task in admitted else against

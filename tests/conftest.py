@@ -1,6 +1,8 @@
 import os
 import sys
 
+import pytest
+
 # jax 0.10.2 on CPU can hang in vmapped programs with batched QR (orthogonal init);
 # this flag prevents it. Set before jax starts its backend.
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_enable_concurrency_optimized_scheduler=false")
@@ -30,3 +32,21 @@ SLOWEST_FIRST = ("test_signal_contract.py", "test_learned.py", "test_experiment.
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the other files keep their order
+
+
+#: the resamples a library default of 1,000 or more bootstraps with in a test (a test passing fewer keeps them)
+TEST_BOOTSTRAP = 100
+
+
+@pytest.fixture(autouse=True)
+def few_bootstrap_resamples(monkeypatch):
+    """Every report a test writes bootstraps its CIs with :data:`TEST_BOOTSTRAP` resamples, not the library's
+    1,000-2,000: rliable's bootstrap is a Python loop per resample, and no test checks a CI's width."""
+    from coevo_jax.analysis import stats
+
+    full = stats.interval_estimates
+
+    def few(scores, func, n_boot, alpha, seed):
+        return full(scores, func, min(n_boot, TEST_BOOTSTRAP) if n_boot >= 1000 else n_boot, alpha, seed)
+
+    monkeypatch.setattr(stats, "interval_estimates", few)

@@ -78,15 +78,6 @@ def _assert_same_curves(a: dict, b: dict, exact: bool = True):
             np.testing.assert_allclose(a[name], b[name], rtol=2e-5, atol=1e-7, err_msg=name)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def few_bootstrap_samples():
-    """The in-process studies' summaries with 50 bootstrap resamples (as the subprocess scripts)."""
-    boot = stats.bootstrap_ci
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(stats, "bootstrap_ci", lambda x, stat=np.mean, n_boot=0, **kw: boot(x, stat, 50, **kw))
-        yield
-
-
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     return str(tmp_path_factory.mktemp("sweeps"))

@@ -117,6 +117,10 @@ def test_the_committed_suite_loads_and_every_task_builds():
 
 
 def test_a_user_method_gets_its_row_against_the_stored_arms(tmp_path, monkeypatch, capsys):
+    from coevo_jax.analysis import plots
+
+    # each stage's study report without its default figures (tested with the runner's reports), half this test's time
+    monkeypatch.setattr(plots, "study_default_plots", lambda out, report: [])
     mod = load()
     spath = tmp_path / "suite.json"
     spath.write_text(json.dumps({"tasks": [{**TINY, "name": "tiny"}]}))

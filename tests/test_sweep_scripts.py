@@ -240,12 +240,8 @@ def compile_cache(tmp_path_factory):
 
 
 def test_ppo_learning_end_to_end_refuse_replot(tmp_path, monkeypatch, capsys, compile_cache):
-    """The cheapest script with a tiny network (and few bootstrap samples): run, refuse the
+    """The cheapest script with a tiny network: run, refuse the
     finished folder in one line, replot without running."""
-    from coevo_jax.analysis import stats
-
-    boot = stats.bootstrap_ci
-    monkeypatch.setattr(stats, "bootstrap_ci", lambda x, stat=np.mean, n_boot=0, **kw: boot(x, stat, 50, **kw))
     mod = load("ppo_learning")
     tiny = dict(num_envs=2, rollout_len=8, total_steps=32, update_epochs=1, num_minibatches=1, hidden_sizes=(8,))
     monkeypatch.setitem(mod.TASKS, "cartpole", {**mod.TASKS["cartpole"], "static": tiny})
@@ -322,12 +318,8 @@ def test_calibration_tunes_on_separate_seeds_and_evaluates_the_best_point():
 def test_staged_script_resumes_after_its_first_stage_finished(tmp_path, monkeypatch, capsys, compile_cache):
     """A tune-then-evaluate script interrupted after its first stage: rerunning the command
     loads the finished stage (no 'holds a finished study' refusal) and goes on to the next."""
-    from coevo_jax.analysis import stats
-
     from _study import cli
 
-    boot = stats.bootstrap_ci
-    monkeypatch.setattr(stats, "bootstrap_ci", lambda x, stat=np.mean, n_boot=0, **kw: boot(x, stat, 50, **kw))
     mod = load("ppo_learning")
     tiny = dict(num_envs=2, rollout_len=8, total_steps=32, update_epochs=1, num_minibatches=1, hidden_sizes=(8,))
     monkeypatch.setitem(mod.TASKS, "cartpole", {**mod.TASKS["cartpole"], "static": tiny})

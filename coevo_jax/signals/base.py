@@ -85,6 +85,12 @@ class RewardStreams(NamedTuple):
     intrinsic_coef: jax.Array | float = 1.0  # weight of the intrinsic stream's *advantage*
 
 
+def mixed_reward(hp: HParams, r_ext: jax.Array, r_int: jax.Array) -> jax.Array:
+    """``beta_ext * r_ext + beta_int * r_int``: the episodic reward ``[T, N]`` of a method that adds its own
+    per-step reward ``r_int`` to the external ``r_ext`` (weights ``hp.signal.beta_ext``, ``beta_int``)."""
+    return hp.signal.beta_ext * r_ext + hp.signal.beta_int * r_int
+
+
 #: The one metric the loop reads from ``update``: the gradient steps this refit took (0 when the gate
 #: skipped it); a source that refits a model reports it, the loop sums it into the run's ``refit_steps``
 #: (its effective compute). Sources with nothing to fit leave it out.

@@ -50,7 +50,7 @@ from coevo_jax.reward_net import (
 )
 from coevo_jax.signals.base import (
     REFIT_STEPS, ReturnScale, RewardStreams, Signal, SignalParams, each_action, float_metrics, init_return_scale,
-    return_rms, scale_normalise,
+    mixed_reward, return_rms, scale_normalise,
 )
 from coevo_jax.signals.learned import (  # noqa: F401  (MIN_SPREAD: the targets' floor, documented here)
     MIN_SPREAD, RewardNetParams, guidance_loss, minmax_normalise, pearson,
@@ -66,7 +66,7 @@ def ircr_streams(r_ext, r_g, scale: ReturnScale, done, hp):
     n(r_g)``, ``n`` the running-RMS scale when ``hp.signal.normalize_int`` (identity
     at 0). ``r_ext, r_g, done [T, N]``."""
     scale, g = scale_normalise(scale, r_g, hp.ppo.gamma, hp.signal.normalize_int, done)
-    return scale, RewardStreams(hp.signal.beta_ext * r_ext + hp.signal.beta_int * g)
+    return scale, RewardStreams(mixed_reward(hp, r_ext, g))
 
 
 # ----------------------------------------------------------------------------- the signal

@@ -59,7 +59,7 @@ from coevo_jax.reward_net import (
 from coevo_jax.rollout import flatten_time
 from coevo_jax.signals.base import (
     REFIT_STEPS, RefitGateParams, ReturnScale, RewardStreams, Signal, SignalParams, each_action, float_metrics,
-    init_return_scale, pearson, return_rms, scale_normalise,
+    init_return_scale, mixed_reward, pearson, return_rms, scale_normalise,
 )
 
 METHODS = ("coevo-regression", "coevo-ranking", "coevo-novelty")
@@ -190,7 +190,7 @@ def coevo_streams(r_ext, r_phi, bonus, scale: ReturnScale, hp):
     """``(scale, RewardStreams)`` from ``r_ext, r_phi [T, N]`` and the RND error
     ``bonus [T, N]`` (``None``: no intrinsic stream): episodic ``beta_ext * r_ext
     + beta_int * r_phi`` (raw), intrinsic ``n(bonus)`` with advantage weight ``novelty_coef`` (see the module docstring)."""
-    episodic = hp.signal.beta_ext * r_ext + hp.signal.beta_int * r_phi
+    episodic = mixed_reward(hp, r_ext, r_phi)
     if bonus is None:
         return scale, RewardStreams(episodic, None)
     scale, b = scale_normalise(scale, bonus, hp.ppo.gamma, hp.signal.normalize_int)

@@ -23,7 +23,7 @@ from envs_jax.chain import DelayedChain, cue_matches
 
 from coevo_jax.params import INF, ConfigError, default_of, hyperparams, param, unit
 from coevo_jax.registry import MethodSpec, method_spec, register_method
-from coevo_jax.signals.base import RewardStreams, Signal, SignalParams, no_observe, no_update
+from coevo_jax.signals.base import RewardStreams, Signal, SignalParams, mixed_reward, no_observe, no_update
 from coevo_jax.signals.potential import make_potential
 
 
@@ -36,7 +36,7 @@ def make_constant(static, network, env, env_params) -> Signal:
 
     def rewards(state, traj, hp):
         c = jnp.full(traj.reward.shape, hp.signal.constant_reward, jnp.float32)
-        return state, RewardStreams(hp.signal.beta_ext * traj.reward + hp.signal.beta_int * c), {}
+        return state, RewardStreams(mixed_reward(hp, traj.reward, c)), {}
 
     return Signal(init, no_observe, no_update, rewards)
 
@@ -71,7 +71,7 @@ def make_cue_bonus(static, network, env, env_params) -> Signal:
 
     def rewards(state, traj, hp):
         bonus = cue_matches(traj.obs, traj.action, hp.signal.cue_after_choice)
-        return state, RewardStreams(hp.signal.beta_ext * traj.reward + hp.signal.beta_int * bonus), {}
+        return state, RewardStreams(mixed_reward(hp, traj.reward, bonus)), {}
 
     return Signal(init, no_observe, no_update, rewards)
 
@@ -133,7 +133,7 @@ def make_shuffled(inner_method: str, inner_factory):
             s, streams, metrics = inner.rewards(state.inner, traj, hp.replace(beta_ext=0.0, beta_int=1.0))
             key, k = jax.random.split(state.key)
             credit = shuffle_within_episodes(streams.episodic, jnp.logical_or(traj.terminated, traj.truncated), k)
-            out = RewardStreams(hp.signal.beta_ext * traj.reward + hp.signal.beta_int * credit)
+            out = RewardStreams(mixed_reward(hp, traj.reward, credit))
             return ShuffledState(s, key), out, metrics
 
         return Signal(init, observe, update, rewards)  # no credit: the shuffled reward is no function of (s, a)

@@ -49,7 +49,7 @@ from coevo_jax.params import INF, default_of, grad_clip, hyperparams, param, uni
 from coevo_jax.registry import MethodSpec, StaticOptions, register_method
 from coevo_jax.signals.base import (
     REFIT_STEPS, RefitGateParams, ReturnScale, RewardStreams, Signal, SignalParams, flat_obs, init_return_scale,
-    pearson, return_rms, scale_normalise,
+    mixed_reward, pearson, return_rms, scale_normalise,
 )
 
 sg = jax.lax.stop_gradient
@@ -171,7 +171,7 @@ def shaping_streams(unclipped, phi, traj, hp):
     """``(RewardStreams, metrics)`` of a shaping credit ``unclipped [T, N]`` from the potential ``phi [T, N]``:
     episodic ``beta_ext * r_ext + beta_int * credit``, the credit clipped at ``hp.signal.credit_clip``."""
     credit = clip_credit(unclipped, hp.signal.credit_clip)
-    streams = RewardStreams(hp.signal.beta_ext * traj.reward + hp.signal.beta_int * credit)
+    streams = RewardStreams(mixed_reward(hp, traj.reward, credit))
     metrics = {
         "potential_mean": phi.mean(), "potential_min": phi.min(), "potential_max": phi.max(),
         "credit_mean": credit.mean(), "credit_var": credit.var(),

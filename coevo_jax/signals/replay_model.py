@@ -20,7 +20,7 @@ from coevo_jax.episodes import (
 )
 from coevo_jax.fit import make_optimizer, refit_steps, refit_when
 from coevo_jax.reward_net import reward_inputs
-from coevo_jax.signals.base import REFIT_STEPS, RewardStreams, float_metrics
+from coevo_jax.signals.base import REFIT_STEPS, RewardStreams, float_metrics, mixed_reward
 
 
 @struct.dataclass
@@ -110,5 +110,5 @@ def credit_rewards(state: ReplayModelState, traj, hp, credit: jax.Array, metrics
         **metrics,
         "episodes_committed": state.replay.committed.astype(jnp.float32),
     }
-    episodic = hp.signal.beta_ext * traj.reward + hp.signal.beta_int * credit
+    episodic = mixed_reward(hp, traj.reward, credit)
     return state, RewardStreams(episodic, None), float_metrics(metrics)

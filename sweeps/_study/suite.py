@@ -31,7 +31,8 @@ from rliable import library as rly
 from rliable import metrics as rlm
 
 from coevo_jax.analysis.metrics import auc, final_score
-from coevo_jax.analysis.stats import interval_estimates, holm
+from coevo_jax.analysis import stats
+from coevo_jax.analysis.stats import holm
 from coevo_jax.config import ConfigError
 
 from _study.admitted import method_static
@@ -198,7 +199,7 @@ def improvement(x: np.ndarray, y: np.ndarray, n_boot: int = 2000, seed: int = 0)
     """P(X > Y) over tasks and runs of score matrices ``x, y [runs, tasks]`` (rliable: the mean over tasks of
     P(x_task > y_task), ties half) with its 95% stratified-bootstrap CI and the one-sided bootstrap p-value
     of P > 0.5 (resampling runs within each task): ``{"p", "ci_low", "ci_high", "pvalue"}``."""
-    point, ci = interval_estimates({"xy": (x, y)}, rlm.probability_of_improvement, n_boot, ALPHA, seed)
+    point, ci = stats.interval_estimates({"xy": (x, y)}, rlm.probability_of_improvement, n_boot, ALPHA, seed)
     rng = np.random.default_rng(seed)
     boots = np.empty(n_boot)
     for b in range(n_boot):
@@ -227,7 +228,7 @@ def aggregate(scores: Mapping[str, np.ndarray], n_boot: int = 2000, seed: int = 
     def all_three(s):
         return np.array([f(s) for f in funcs.values()])
 
-    point, ci = interval_estimates(dict(scores), all_three, n_boot, ALPHA, seed)
+    point, ci = stats.interval_estimates(dict(scores), all_three, n_boot, ALPHA, seed)
     return {a: {name: (float(point[a][i]), float(ci[a][0][i]), float(ci[a][1][i])) for i, name in enumerate(funcs)}
             for a in point}
 
@@ -235,7 +236,7 @@ def aggregate(scores: Mapping[str, np.ndarray], n_boot: int = 2000, seed: int = 
 def profile(scores: Mapping[str, np.ndarray], taus: np.ndarray, n_boot: int = 1000, seed: int = 0) -> dict:
     """Performance profiles (rliable): ``{arm: (fraction of runs above each tau [T], low, high)}`` of
     ``scores {arm: [runs, tasks]}`` (every task's runs pooled, each task weighing the same)."""
-    point, ci = interval_estimates(dict(scores), lambda s: rly.score_distributions(s, taus), n_boot, ALPHA, seed)
+    point, ci = stats.interval_estimates(dict(scores), lambda s: rly.score_distributions(s, taus), n_boot, ALPHA, seed)
     return {a: (point[a], ci[a][0], ci[a][1]) for a in point}
 
 
