@@ -337,7 +337,9 @@ def profile(cfg):
     # enough rollouts to fill the training replay once, a quarter of the episodes going to validation
     warm = cfg.get("warm") or math.ceil(4 / 3 * kept * length / static.steps_per_iteration) + 1
     # the warm-up fills the replay with one-step refits (the state's shapes do not depend on their steps)
-    cheap = {k: 1 for k in ("reward_steps", "potential_steps", "fit_batch_episodes") if hasattr(sig, k)}
+    cheap = {k: 1 for k in ("reward_steps", "potential_steps") if hasattr(sig, k)}
+    if hasattr(sig, "fit_batch_episodes"):  # a one-episode minibatch, in whichever of the two fields is set
+        cheap["fit_batch_steps" if getattr(sig, "fit_batch_steps", 0) else "fit_batch_episodes"] = 1
     warm_trainer = cj.Trainer(static.replace(**cheap), env, params) if cheap else trainer
     t0 = time.perf_counter()
     state = jax.jit(jax.vmap(trainer.init))(jax.random.split(jax.random.PRNGKey(cfg.get("seed", 0)), runs), hp)
