@@ -32,7 +32,6 @@ from rliable import metrics as rlm
 
 from coevo_jax.analysis.metrics import auc, final_score
 from coevo_jax.analysis import stats
-from coevo_jax.analysis.stats import holm
 from coevo_jax.config import ConfigError
 
 from _study.admitted import method_static
@@ -248,7 +247,7 @@ def verdicts(scores: Mapping[str, np.ndarray], methods: list[str], against: list
         poi = {a: improvement(scores[m], scores[a]) for a in against}
         cells[m] = {f"P(> {a})": f"{v['p']:.2f} [{v['ci_low']:.2f}, {v['ci_high']:.2f}]" for a, v in poi.items()}
         pvalues[m] = max(v["pvalue"] for v in poi.values()) if poi else float("nan")
-    won = holm(pvalues, ALPHA / 2)
+    won = stats.holm(pvalues, ALPHA / 2)
     order = sorted(methods, key=lambda k: (np.isnan(pvalues[k]), pvalues[k]))
     threshold = {k: ALPHA / 2 / (len(order) - i) for i, k in enumerate(order)}
     return [{"method": m, **cells[m], "p (largest)": f"{pvalues[m]:.3f}", "Holm threshold": f"{threshold[m]:.4f}",
