@@ -159,18 +159,20 @@ def _gymnax_factory(name: str):
     return factory
 
 
-def _bsuite_factory(name: str, params_fields: tuple):
+def _bsuite_factory(name: str, params_fields: tuple, episode_len=None):
     """bsuite's experiments as gymnax ships them (Osband et al. 2020, "Behaviour Suite for RL"): keyword
     arguments named in ``params_fields`` set the env's parameters (e.g. ``chain_length``), the others go
-    to its constructor (e.g. ``n_distractor``)."""
+    to its constructor (e.g. ``n_distractor``). ``episode_len(params)``: the steps after which the env
+    always terminates; the time limit is set to it (gymnax's 100 or 1000 would never bind first), so the
+    dynamics are unchanged and a replay's row (the time limit) holds the episode without padding."""
     def factory(**kwargs):
         # lazy: gymnax's import is slow and starts JAX's backend (see envs_jax.core's spaces)
         import gymnax
 
         env, params = gymnax.make(name, **{k: v for k, v in kwargs.items() if k not in params_fields})
         params = params.replace(**{k: v for k, v in kwargs.items() if k in params_fields})
-        if "chain_length" in kwargs:  # the time limit follows the chain (bsuite's episode is the chain)
-            params = params.replace(max_steps_in_episode=max(params.max_steps_in_episode, int(kwargs["chain_length"])))
+        if episode_len is not None:
+            params = params.replace(max_steps_in_episode=int(episode_len(params)))
         return GymnaxAdapter(env, params)
 
     return factory
@@ -178,6 +180,8 @@ def _bsuite_factory(name: str, params_fields: tuple):
 
 for _name in ("CartPole-v1", "Acrobot-v1", "MountainCar-v0"):
     register(_name, _gymnax_factory(_name))
-register("UmbrellaChain-bsuite", _bsuite_factory("UmbrellaChain-bsuite", ("chain_length",)))  # n_distractor
+register("UmbrellaChain-bsuite", _bsuite_factory("UmbrellaChain-bsuite", ("chain_length",),  # n_distractor
+                                                  lambda p: p.chain_length))
 register("DiscountingChain-bsuite", _bsuite_factory("DiscountingChain-bsuite", ()))  # mapping_seed, n_actions
-register("MemoryChain-bsuite", _bsuite_factory("MemoryChain-bsuite", ("memory_length",)))  # num_bits
+register("MemoryChain-bsuite", _bsuite_factory("MemoryChain-bsuite", ("memory_length",),  # num_bits
+                                               lambda p: p.memory_length + 1))

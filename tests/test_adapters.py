@@ -185,3 +185,28 @@ def test_bsuite_experiments_take_their_parameters_by_name():
     assert float(r) == 1.0  # the right umbrella, paid at the end (no distractor reward on the last step)
     env, params = envs_jax.make("MemoryChain-bsuite", memory_length=4)
     assert params.inner.memory_length == 4
+
+
+@pytest.mark.parametrize("name, kwargs, length", [("UmbrellaChain-bsuite", {"chain_length": 5, "n_distractor": 2}, 5),
+                                                  ("MemoryChain-bsuite", {"memory_length": 3}, 4)])
+def test_bsuite_time_limit_is_the_chain_and_changes_no_step(name, kwargs, length):
+    """The time limit is the chain (so a replay row holds an episode without padding), and under random actions
+    over several episodes every output equals the same env at gymnax's own time limit (100 or 1000 steps)."""
+    env, params = envs_jax.make(name, **kwargs)
+    assert params.max_steps_in_episode == length == params.inner.max_steps_in_episode
+    wide = params.replace(inner=params.inner.replace(max_steps_in_episode=1000), max_steps_in_episode=1000)
+
+    def run(p):
+        def step(carry, key):
+            obs, state = carry
+            k_act, k_step = jax.random.split(key)
+            a = jax.random.randint(k_act, (), 0, env.action_space(p).n)
+            obs, state, r, term, trunc, _ = env.step(k_step, state, a, p)
+            return (obs, state), (obs, r, term, trunc)
+
+        return jax.lax.scan(step, env.reset(jax.random.PRNGKey(0), p), jax.random.split(jax.random.PRNGKey(1), 4 * length))[1]
+
+    short, long = run(params), run(wide)
+    assert int(short[2].sum()) == 4 and not bool(short[3].any())  # four terminations, no truncation
+    for a, b in zip(short, long):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
