@@ -30,7 +30,8 @@ library code differ), so a new method runs only its own runs:
     python sweeps/suite.py --methods my-method --import my_module  # one new arm against the stored ones
     python sweeps/suite.py --tasks umbrella-l5,chain-l16-n05 --methods ppo,rrd --stored none
 
-Picks are written to ``--out/picks.json`` after the report.
+Each arm's pick goes to ``--out/picks.json`` (and beside the published scores.csv); a stored arm's comes
+from the picks.json beside the stored scores.
 """
 from __future__ import annotations
 
@@ -350,14 +351,16 @@ def report(args, stages) -> str:
                  " guess: 1/K), gap = correct less wrong actions' credit; gap at the last step (or with the key taken),"
                  " where the action has no effect, should be 0. IQM [95% CI] over runs.", "",
                  format_table(credit, markdown=True), ""]
-    text += ["## Tuning: one configuration per arm for the whole suite", "", format_table(
+    every_pick = all_picks(args, s, chosen)
+    text += ["## Tuning: one configuration per arm for the whole suite", "",
+             "Each arm's pick (picks.json beside scores.csv); a stored arm's comes from the picks.json beside"
+             " the stored scores.", "", format_table(
         [{"arm": a, "pick": ", ".join(f"{k}={v:g}" for k, v in c["config"].items()),
-          "suite score (stage 2)": f"{c['verdict']['scores'][c['verdict']['index']]:.3f}",
-          "P(pick > runner-up) [95% CI]": f"{c['verdict']['p']:.2f} [{c['verdict']['ci_low']:.2f},"
-                                          f" {c['verdict']['ci_high']:.2f}]"
-                                          + ("" if c["verdict"]["confident"] else ": cannot pick with confidence"),
-          "edge": ", ".join(tuning.edge_fields(c["config"], tuning.search_space(a))) or "-"}
-         for a, c in chosen.items()], markdown=True), ""]
+          "suite score (stage 2)": f"{c['suite_score']:.3f}",
+          "P(pick > runner-up) [95% CI]": f"{c['p_pick_over_runner_up']:.2f} [{c['ci_low']:.2f}, {c['ci_high']:.2f}]"
+                                          + ("" if c["confident"] else ": cannot pick with confidence"),
+          "edge": ", ".join(c["edge"]) or "-", "ran": "stored" if a in s["kept"] else "this run"}
+         for a, c in every_pick.items()], markdown=True), ""]
     figure = os.path.join(args.out, "suite.png")
     if keep:
         sub = {a: m[:, keep] for a, m in scores.items()}
@@ -381,8 +384,26 @@ def report(args, stages) -> str:
         os.makedirs(args.publish, exist_ok=True)
         shutil.copyfile(os.path.join(args.out, "scores.csv"), os.path.join(args.publish, "scores.csv"))
         shutil.copyfile(os.path.join(args.out, "plan.json"), os.path.join(args.publish, "plan.json"))
-    atomic_write_text(os.path.join(args.out, "picks.json"), json.dumps(
-        {a: {"config": c["config"], "p_pick_over_runner_up": c["verdict"]["p"]} for a, c in chosen.items()}, indent=1))
+    atomic_write_text(os.path.join(args.out, "picks.json"), json.dumps(every_pick, indent=1))
+    if args.publish:
+        shutil.copyfile(os.path.join(args.out, "picks.json"), os.path.join(args.publish, "picks.json"))
+    return out
+
+
+def all_picks(args, s, chosen) -> dict:
+    """``{arm: {"config", "suite_score", "p_pick_over_runner_up", "ci_low", "ci_high", "confident", "edge"}}``:
+    the arms run here from their stage-2 ``chosen`` verdicts (:func:`picks`), the stored arms from the
+    ``picks.json`` beside ``--stored`` (none where that file is missing)."""
+    out = {}
+    beside = os.path.join(os.path.dirname(args.stored), "picks.json")
+    if s["kept"] and os.path.exists(beside):
+        with open(beside) as f:
+            out = {a: c for a, c in json.load(f).items() if a in s["kept"]}
+    for a, c in chosen.items():
+        v = c["verdict"]
+        out[a] = {"config": c["config"], "suite_score": float(v["scores"][v["index"]]),
+                  "p_pick_over_runner_up": float(v["p"]), "ci_low": float(v["ci_low"]), "ci_high": float(v["ci_high"]),
+                  "confident": bool(v["confident"]), "edge": list(tuning.edge_fields(c["config"], tuning.search_space(a)))}
     return out
 
 

@@ -154,6 +154,9 @@ def test_a_user_method_gets_its_row_against_the_stored_arms(tmp_path, monkeypatc
         assert {k: v for k, v in again.items() if k[0] == "ppo"} == {("ppo", r["seed"]): r["score"] for r in rows
                                                                      if r["arm"] == "ppo"}
         assert json.loads((second / "plan.json").read_text())["stored_arms"] == ["ppo"]
+        # every arm's pick beside the scores: the user's from this run, ppo's carried over from the stored run's
+        picks = json.loads((second / "picks.json").read_text())
+        assert picks.keys() == {"ppo", "user-plus"} and picks["ppo"] == json.loads((first / "picks.json").read_text())["ppo"]
         # the plan is checked after the runs: a plan edited afterwards is refused
         plan = json.loads((second / "plan.json").read_text())
         plan["arms"]["user-plus"]["lr"] *= 2
