@@ -22,9 +22,10 @@ The report: per task the normalised IQM of each arm with its CI and the admissio
 ground-truth credit of the arms with a ``credit`` function where a task has one; over the admitted tasks
 rliable's IQM, mean and optimality gap with stratified-bootstrap CIs, P(> tuned ppo) and the verdict rule
 (:data:`_study.suite.RULE`), a performance profile and a task x arm heat map (``suite.png``). Per-seed
-scores go to ``scores.csv``;
-``--stored`` reuses a published one for the arms not in ``--methods`` (refused when its settings or
-library code differ), so a new method runs only its own runs:
+scores go to ``scores.csv``, each with its run's curve fingerprint;
+``--stored`` reuses a published one for the arms not in ``--methods`` (refused when its settings differ,
+or its library code unless ``--recheck-stored K`` first re-runs the stored arms on K seeds per task and
+finds every run bit-identical), so a new method runs only its own runs:
 
     python sweeps/suite.py                                         # every default arm on the whole suite
     python sweeps/suite.py --methods my-method --import my_module  # one new arm against the stored ones
@@ -81,6 +82,10 @@ def build_parser():
     p.add_argument("--stored", default=STORED, metavar="CSV",
                    help="published per-seed scores reused for the arms not in --methods, or none (default:"
                         " docs/results/suite/scores.csv when it exists)")
+    p.add_argument("--recheck-stored", type=int, default=0, metavar="K",
+                   help="stored scores from other library code: re-run the stored arms at their picks on the first K"
+                        " evaluation seeds of every task and use them only if every run reproduces bit for bit"
+                        " (default: 0, refuse them)")
     p.add_argument("--num-configs", type=int, default=tuning.MIN_CONFIGS, metavar="N",
                    help=f"stage 1: configurations per arm, >= {tuning.MIN_CONFIGS} (default: {tuning.MIN_CONFIGS})")
     p.add_argument("--finalists", type=int, default=tuning.MIN_FINALISTS, metavar="F",
@@ -125,22 +130,26 @@ def setup(args) -> dict:
     if args.finalists > args.num_configs or args.num_seeds < 1:
         raise ConfigError(f"--finalists={args.finalists} must be <= --num-configs={args.num_configs} and"
                           f" --num-seeds={args.num_seeds} >= 1")
+    if not 0 <= args.recheck_stored <= args.num_seeds:
+        raise ConfigError(f"--recheck-stored={args.recheck_stored} must be in [0, --num-seeds={args.num_seeds}]")
     bases = tuning.stage_bases(args.seed)
     settings = {t: suite.digest({**every[t].to_json(), "seed": args.seed, "num_seeds": args.num_seeds})
                 for t in tasks}
     code = suite.code_digest(ROOT)
-    stored, kept = {}, []
+    stored, kept, recheck = {}, [], {}
     if args.stored != "none" and os.path.exists(args.stored):
         stored = suite.stored_scores(args.stored)
         kept = sorted({a for (t, a) in stored["scores"] if a not in run and a != "random" and t in tasks})
         if kept:
-            suite.check_stored(stored, settings, code)
+            suite.check_stored(stored, settings, code, args.recheck_stored)
+            other = sorted({stored["tasks"][t]["code"] for t in tasks} - {code})
+            recheck = {"code": other, "seeds": args.recheck_stored} if other else {}
     elif args.stored not in ("none", STORED):
         raise ConfigError(f"--stored={args.stored}: no such file")
     for label in run:  # every search space valid before anything compiles
         tuning.search_space(label)
     return {"tasks": {t: every[t] for t in tasks}, "run": run, "stored": stored, "kept": kept, "bases": bases,
-            "settings": settings, "code": code}
+            "settings": settings, "code": code, "recheck": recheck}
 
 
 def _study(task: suite.SuiteTask, arms: list, num_seeds: int, base: int, args, save_final: bool = False) -> Study:
@@ -157,9 +166,43 @@ def _samples(label: str, args) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------- stages
+def recheck_studies(args, earlier) -> list:
+    """Stage 0, only when the stored scores came from other library code (``--recheck-stored K``): per task
+    the stored arms at their stored picks on the first K evaluation seeds (:func:`reproduced` checks them)."""
+    s = setup(args)
+    if not s["recheck"]:
+        return []
+    chosen = stored_picks(args, s["kept"])
+    if set(chosen) != set(s["kept"]):
+        raise ConfigError(f"--recheck-stored: no pick for {', '.join(sorted(set(s['kept']) - set(chosen)))} in the"
+                          " picks.json beside --stored: rerun the stored arms")
+    return [_study(task, [tuning.arm_of(a, _static(task, a), pick=chosen[a]["config"]) for a in s["kept"]],
+                   args.recheck_stored, s["bases"][2], args) for task in s["tasks"].values()]
+
+
+def reproduced(args, s: dict, rechecked) -> None:
+    """:class:`ConfigError` unless every re-run stored run's curves are bit-identical to the stored ones."""
+    for result in rechecked:
+        task = s["tasks"][result.study.name]
+        for a in s["kept"]:
+            seeds = suite.run_hashes(result, a, task)
+            suite.check_reproduced(s["stored"], task.name, a, {args.seed + i: h for i, h in enumerate(seeds)})
+
+
+def stored_picks(args, kept: list) -> dict:
+    """``{arm: pick}`` of the ``kept`` arms from the ``picks.json`` beside ``--stored`` (:func:`all_picks`'s
+    entries); those it lacks are left out."""
+    beside = os.path.join(os.path.dirname(args.stored), "picks.json")
+    if not kept or not os.path.exists(beside):
+        return {}
+    with open(beside) as f:
+        return {a: c for a, c in json.load(f).items() if a in kept}
+
+
 def tune_studies(args, earlier) -> list:
     """Stage 1: per task, each arm's configurations zipped, 1 seed. Writes ``plan-tuning.json`` first."""
     s = setup(args)
+    reproduced(args, s, earlier[0])
     plan = {"suite": {t: task.to_json() for t, task in s["tasks"].items()}, "arms": list(s["run"]),
             "spaces": {a: {f: list(r) for f, r in tuning.search_space(a).items()} for a in s["run"]},
             "configs": args.num_configs, "finalists": args.finalists, "finalist_seeds": args.finalist_seeds,
@@ -190,7 +233,7 @@ def screened(args, stage1) -> dict:
 def finalist_studies(args, earlier) -> list:
     """Stage 2: per task, each arm's finalists zipped, on fresh seeds."""
     s = setup(args)
-    best = screened(args, earlier[0])
+    best = screened(args, earlier[1])
     return [_study(task, [tuning.arm_of(a, _static(task, a), best[a][0]) for a in s["run"]], args.finalist_seeds,
                    s["bases"][1], args) for task in s["tasks"].values()]
 
@@ -211,7 +254,7 @@ def eval_studies(args, earlier) -> list:
     dirty = git_commit(ROOT).partition(" + ")[2]
     if dirty and not args.allow_dirty:
         raise ConfigError(f"the tree has {dirty}: commit before the evaluation (or pass --allow-dirty)")
-    chosen = picks(args, *earlier)
+    chosen = picks(args, earlier[1], earlier[2])
     _fix(os.path.join(args.out, "plan.json"), plan_of(args, s, chosen), ("commit",))
     print(plan_text(os.path.join(args.out, "plan.json")), flush=True)
     return [_study(task, [tuning.arm_of(a, _static(task, a), pick=chosen[a]["config"]) for a in s["run"]],
@@ -225,7 +268,7 @@ def plan_of(args, s: dict, chosen: dict) -> dict:
             "arms": {a: chosen[a]["config"] for a in s["run"]}, "stored_arms": s["kept"],
             "seeds": {"base": args.seed, "count": args.num_seeds}, "rule": suite.RULE,
             "admission": suite.ADMISSION,
-            "code": s["code"], "commit": git_commit(ROOT)}
+            "code": s["code"], "commit": git_commit(ROOT), **({"recheck": s["recheck"]} if s["recheck"] else {})}
 
 
 def _fix(path: str, plan: dict, loose=()) -> None:
@@ -271,6 +314,18 @@ def eval_scores(args, s: dict, results) -> dict:
     return scores
 
 
+def eval_hashes(args, s: dict, results) -> dict:
+    """``{(task, arm): [seeds]}`` curve fingerprints (:func:`_study.suite.run_hashes`) of the evaluated and the
+    stored arms."""
+    out = {}
+    for r in results:
+        t = r.study.name
+        out.update({(t, a): suite.run_hashes(r, a, s["tasks"][t]) for a in s["run"]})
+        out.update({(t, a): [s["stored"]["curves"][(t, a)].get(args.seed + i, "") for i in range(args.num_seeds)]
+                    for a in s["kept"]})
+    return out
+
+
 def check_plan(args, s: dict, results) -> str:
     """:class:`ConfigError` unless the evaluated studies ran ``plan.json``'s arms, values and seeds; its hash."""
     with open(os.path.join(args.out, "plan.json")) as f:
@@ -286,14 +341,17 @@ def check_plan(args, s: dict, results) -> str:
     return suite.digest(plan)
 
 
-def write_scores(path: str, s: dict, scores: dict, args) -> None:
+def write_scores(path: str, s: dict, scores: dict, hashes: dict, args) -> None:
+    """``scores.csv``: one row per task, arm and seed with the normalised score, the settings and code digests
+    and the run's curve fingerprint (empty for the random policy)."""
     buf = io.StringIO()
     w = csv.writer(buf)
-    w.writerow(["task", "arm", "seed", "score", "settings", "code"])
+    w.writerow(["task", "arm", "seed", "score", "settings", "code", "curve"])
     for a, m in scores.items():
         for j, t in enumerate(s["tasks"]):
             for i in range(m.shape[0]):
-                w.writerow([t, a, args.seed + i, f"{m[i, j]:.6g}", s["settings"][t], s["code"]])
+                w.writerow([t, a, args.seed + i, f"{m[i, j]:.6g}", s["settings"][t], s["code"],
+                            hashes.get((t, a), [""] * m.shape[0])[i]])
     atomic_write_text(path, buf.getvalue())
 
 
@@ -320,11 +378,12 @@ def credit_rows(ran: list) -> list[dict]:
 
 def report(args, stages) -> str:
     s = setup(args)
-    tasks, ran = s["tasks"], stages[2]
-    chosen = picks(args, stages[0], stages[1])
+    reproduced(args, s, stages[0])
+    tasks, ran = s["tasks"], stages[3]
+    chosen = picks(args, stages[1], stages[2])
     digest = check_plan(args, s, ran)
     scores = eval_scores(args, s, ran)
-    write_scores(os.path.join(args.out, "scores.csv"), s, scores, args)
+    write_scores(os.path.join(args.out, "scores.csv"), s, scores, eval_hashes(args, s, ran), args)
     arms = ["random", *[a for a in scores if a != "random"]]
     ppo_arms = [a for a in ("ppo", "ppo-lambda1") if a in scores]
     rows, admit = [], {}
@@ -339,7 +398,10 @@ def report(args, stages) -> str:
     keep = [j for j, t in enumerate(tasks) if admit[t]]
     text = [f"Evaluation plan {digest} (plan.json), {args.num_seeds} paired seeds per task (base {args.seed});"
             f" scores are normalised final scores, (x - random) / (optimum - random): 0 = the uniform policy, 1 ="
-            f" the optimum (the oracle row of every task). Stored arms (not rerun): {', '.join(s['kept']) or 'none'}.",
+            f" the optimum (the oracle row of every task). Stored arms (not rerun): {', '.join(s['kept']) or 'none'}"
+            + (f"; their scores came from library code {', '.join(s['recheck']['code'])} and every one of their runs"
+               f" re-run here on the first {s['recheck']['seeds']} seeds of each task reproduced bit for bit"
+               " (curve fingerprints)." if s["recheck"] else "."),
             "", "## Per task: normalised IQM [95% CI]", "", format_table(rows, markdown=True), ""]
     credit = credit_rows(ran)
     if credit:
@@ -394,11 +456,7 @@ def all_picks(args, s, chosen) -> dict:
     """``{arm: {"config", "suite_score", "p_pick_over_runner_up", "ci_low", "ci_high", "confident", "edge"}}``:
     the arms run here from their stage-2 ``chosen`` verdicts (:func:`picks`), the stored arms from the
     ``picks.json`` beside ``--stored`` (none where that file is missing)."""
-    out = {}
-    beside = os.path.join(os.path.dirname(args.stored), "picks.json")
-    if s["kept"] and os.path.exists(beside):
-        with open(beside) as f:
-            out = {a: c for a, c in json.load(f).items() if a in s["kept"]}
+    out = stored_picks(args, s["kept"])
     for a, c in chosen.items():
         v = c["verdict"]
         out[a] = {"config": c["config"], "suite_score": float(v["scores"][v["index"]]),
@@ -443,7 +501,8 @@ def plot(scores: dict, agg: dict, tasks: list, path: str) -> None:
     small_png(plots.save_figure(fig, path, dpi=80))
 
 
-STAGES = [("tune", tune_studies), ("finalists", finalist_studies), ("eval", eval_studies)]
+STAGES = [("recheck", recheck_studies), ("tune", tune_studies), ("finalists", finalist_studies),
+          ("eval", eval_studies)]
 
 
 def main(argv=None) -> int:

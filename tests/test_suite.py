@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 
+from coevo_jax.analysis.report import load_report
 from coevo_jax.config import ConfigError
 from coevo_jax.registry import unregister_method
 
@@ -132,24 +133,42 @@ def test_a_user_method_gets_its_row_against_the_stored_arms(tmp_path, monkeypatc
     assert plan["arms"].keys() == {"ppo"} and plan["seeds"] == {"base": 0, "count": 3}
     rows = list(csv.DictReader(open(first / "scores.csv")))
     assert {r["arm"] for r in rows} == {"ppo", "random"} and len(rows) == 6
+    assert all(len(r["curve"]) == 16 if r["arm"] == "ppo" else r["curve"] == "" for r in rows)  # run fingerprints
+
+    # from here on the library code "differs" from the stored scores': refused unless a recheck reproduces them
+    old_code = rows[0]["code"]
+    monkeypatch.setattr(mod.suite, "code_digest", lambda root: "0123456789abcdef")
 
     (tmp_path / "user_plus.py").write_text(USER_METHOD)
     monkeypatch.chdir(tmp_path)
     second = tmp_path / "second"
     try:
         argv = [*small, "--methods", "user-plus", "--import", "user_plus", "--stored",
-                str(first / "scores.csv"), "--out", str(second)]
+                str(first / "scores.csv"), "--recheck-stored", "2", "--out", str(second)]
+        with pytest.raises(ConfigError, match="came from other library code .*--recheck-stored K"):
+            mod.setup(mod.build_parser().parse_args(argv[:-4] + argv[-2:]))  # without --recheck-stored
         assert mod.main(argv) == 0
+        assert json.loads((second / "plan.json").read_text())["recheck"] == {"code": [old_code], "seeds": 2}
         # its ground-truth credit comes through its own credit function: the cue's action paid most, every cue
         lines = capsys.readouterr().out.splitlines()
         head = next(i for i, line in enumerate(lines) if line.startswith("| task | arm | spearman"))
         cells = dict(zip(*[[c.strip() for c in lines[i].split("|")[1:-1]] for i in (head, head + 2)]))
         assert cells["arm"] == "user-plus" and cells["top1"] == "1.00 [1.00, 1.00]", cells
         assert cells["gap"].startswith("0.50 ") and lines[head + 3] == ""  # plus = 0.5; one row (ppo has no credit)
+        assert "re-run here on the first 2 seeds of each task reproduced bit for bit" in "\n".join(lines)
+        # a stored run that does not reproduce is refused by task, arm and seed
+        forged = tmp_path / "forged"
+        forged.mkdir()
+        text = (first / "scores.csv").read_text()
+        (forged / "scores.csv").write_text(text.replace(rows[1]["curve"], "f" * 16))
+        args = mod.build_parser().parse_args([*small, "--methods", "user-plus", "--stored", str(forged / "scores.csv"),
+                                              "--recheck-stored", "2", "--out", str(tmp_path / "fourth")])
+        with pytest.raises(ConfigError, match=f"the stored ppo on tiny, seed {rows[1]['seed']}, does not reproduce"):
+            mod.reproduced(args, mod.setup(args), [load_report(str(second / "recheck"))])
         # only the user's arm ran; ppo's scores are the stored ones, on the same seeds
-        for stage in ("tune", "finalists", "eval"):
+        for stage, arm in (("recheck", "ppo"), ("tune", "user-plus"), ("finalists", "user-plus"), ("eval", "user-plus")):
             cfg = json.loads((second / stage / "config.json").read_text())  # one task: the stage folder itself
-            assert [a["label"] or a["static"]["method"] for a in cfg["arms"]] == ["user-plus"], stage
+            assert [a["label"] or a["static"]["method"] for a in cfg["arms"]] == [arm], stage
         again = {(r["arm"], r["seed"]): r["score"] for r in csv.DictReader(open(second / "scores.csv"))}
         assert {k: v for k, v in again.items() if k[0] == "ppo"} == {("ppo", r["seed"]): r["score"] for r in rows
                                                                      if r["arm"] == "ppo"}

@@ -164,6 +164,23 @@ def run_scores(result, label: str, task: SuiteTask, score: str) -> np.ndarray:
     return task.normalise(out)
 
 
+def run_hashes(result, label: str, task: SuiteTask) -> list[str]:
+    """``[seeds]`` fingerprints (16 hex digits of sha256) of the evaluation runs of arm ``label`` (one
+    configuration): the bytes of each run's outcome curves (the task's metric, ``env_steps``, ``episodes``),
+    which a run reproduces bit for bit on any batch or device split."""
+    idx = result.select(label)
+    _, arm = result.arm(label)
+    n_it = arm.static.num_iterations
+    out = [""] * result.study.num_seeds
+    for j, i in enumerate(idx):
+        h = hashlib.sha256()
+        for key in (task.metric, "env_steps", "episodes"):
+            if key in result.curves:
+                h.update(np.ascontiguousarray(result.curves[key][i, :n_it]).tobytes())
+        out[int(result.runs["seed"][i])] = h.hexdigest()[:16]
+    return out
+
+
 def suite_score(per_task: Mapping[str, np.ndarray]) -> np.ndarray:
     """A configuration's suite score ``[configs]``: the mean over tasks of the mean over seeds of
     ``per_task {task: [configs, seeds]}`` normalised scores."""
@@ -266,19 +283,35 @@ def admitted(ppo_iqms: Mapping[str, float], random_iqm: float) -> tuple[bool, st
 
 
 def stored_scores(path: str) -> dict:
-    """``{"tasks": {task: {"settings", "code"}}, "scores": {(task, arm): {seed: score}}}`` from a published
-    ``scores.csv`` (columns task, arm, seed, score, settings, code)."""
-    out = {"tasks": {}, "scores": {}}
+    """``{"tasks": {task: {"settings", "code"}}, "scores": {(task, arm): {seed: score}}, "curves": {(task, arm):
+    {seed: fingerprint}}}`` from a published ``scores.csv`` (columns task, arm, seed, score, settings, code and
+    curve, :func:`run_hashes`; a file without the last gives empty fingerprints)."""
+    out = {"tasks": {}, "scores": {}, "curves": {}}
     with open(path) as f:
         for row in csv.DictReader(f):
             out["tasks"][row["task"]] = {"settings": row["settings"], "code": row["code"]}
             out["scores"].setdefault((row["task"], row["arm"]), {})[int(row["seed"])] = float(row["score"])
+            out["curves"].setdefault((row["task"], row["arm"]), {})[int(row["seed"])] = row.get("curve") or ""
     return out
 
 
-def check_stored(stored: dict, settings: Mapping[str, str], code: str) -> None:
+def check_reproduced(stored: dict, task: str, arm: str, seeds: Mapping[int, str]) -> None:
+    """:class:`ConfigError` unless each run ``{seed: fingerprint}`` of ``arm`` on ``task`` re-run here has the
+    fingerprint stored for it (:func:`run_hashes`), naming the first that differs."""
+    for seed, got in seeds.items():
+        want = stored["curves"].get((task, arm), {}).get(seed, "")
+        if not want:
+            raise ConfigError(f"the stored scores hold no curve fingerprint for {arm} on {task}, seed {seed} (written"
+                              " before scores.csv kept them): rerun the stored arms")
+        if got != want:
+            raise ConfigError(f"the stored {arm} on {task}, seed {seed}, does not reproduce at this library code"
+                              f" (curve {got}, stored {want}): rerun the stored arms")
+
+
+def check_stored(stored: dict, settings: Mapping[str, str], code: str, recheck: int = 0) -> None:
     """:class:`ConfigError` unless every task of ``settings {task: digest}`` has stored scores made with the
-    same settings digest and the same library ``code`` digest (:func:`code_digest`)."""
+    same settings digest and the same library ``code`` digest (:func:`code_digest`), or, with ``recheck > 0``,
+    other code whose runs the caller re-runs on ``recheck`` seeds (:func:`check_reproduced`)."""
     for task, digest_now in settings.items():
         rec = stored["tasks"].get(task)
         if rec is None:
@@ -287,6 +320,6 @@ def check_stored(stored: dict, settings: Mapping[str, str], code: str) -> None:
             raise ConfigError(f"the stored scores of {task} came from other settings (digest {rec['settings']}, now"
                               f" {digest_now}: its budget, shape, normaliser or evaluation seeds differ); rerun the"
                               " stored arms")
-        if rec["code"] != code:
+        if rec["code"] != code and not recheck:
             raise ConfigError(f"the stored scores of {task} came from other library code (digest {rec['code']}, now"
-                              f" {code}); rerun the stored arms")
+                              f" {code}); rerun the stored arms, or --recheck-stored K to reproduce K seeds of each")
