@@ -386,9 +386,9 @@ def report(args, stages) -> str:
     write_scores(os.path.join(args.out, "scores.csv"), s, scores, eval_hashes(args, s, ran), args)
     arms = ["random", *[a for a in scores if a != "random"]]
     ppo_arms = [a for a in ("ppo", "ppo-lambda1") if a in scores]
-    rows, admit = [], {}
+    rows, admit, per_task = [], {}, {}
     for j, (t, task) in enumerate(tasks.items()):
-        iqm = {a: suite.aggregate({a: scores[a][:, [j]]}, n_boot=500)[a]["IQM"] for a in arms}
+        iqm = per_task[t] = {a: suite.aggregate({a: scores[a][:, [j]]}, n_boot=500)[a]["IQM"] for a in arms}
         best = {a: iqm[a][0] for a in ppo_arms}
         ok, why = suite.admitted(best, iqm["random"][0]) if ppo_arms else (False, "no ppo arm")
         admit[t] = ok
@@ -402,7 +402,8 @@ def report(args, stages) -> str:
             + (f"; their scores came from library code {', '.join(s['recheck']['code'])} and every one of their runs"
                f" re-run here on the first {s['recheck']['seeds']} seeds of each task reproduced bit for bit"
                " (curve fingerprints)." if s["recheck"] else "."),
-            "", "## Per task: normalised IQM [95% CI]", "", format_table(rows, markdown=True), ""]
+            "", None, "## Per task: normalised IQM [95% CI]", "", format_table(rows, markdown=True), ""]
+    agg, verdict_rows = {}, []
     credit = credit_rows(ran)
     if credit:
         text += ["## Ground-truth credit: where each learned reward pays, at the decision that matters", "",
@@ -433,12 +434,17 @@ def report(args, stages) -> str:
         methods = [a for a in arms if a not in ("random", "ppo") and a not in CONTROLS]
         against = [a for a in ppo_arms + [c for c in scores if c in CONTROLS and c != "ppo-lambda1"]]
         if methods and "ppo" in sub:
+            verdict_rows = suite.verdicts(sub, methods, against)
             text += ["## Verdict", "", f"The rule, fixed in advance: {suite.RULE}.", "",
-                     format_table(suite.verdicts(sub, methods, against), markdown=True), ""]
+                     format_table(verdict_rows, markdown=True), ""]
         plot(sub, agg, [t for t in tasks if admit[t]], figure)
         text += [f"![aggregate and heat map]({figure})", ""]
     else:
         text += ["No task is admitted: the suite cannot rank methods at these budgets.", ""]
+    at = text.index(None)
+    text[at:at + 1] = ["## At a glance", "", "Normalised IQM per task and over the admitted tasks (their CIs in the tables"
+                       " below) and each method's verdict under the rule below.", "",
+                       format_table(glance(per_task, admit, agg, verdict_rows), markdown=True), ""]
     if args.protocol_check:
         text += ["**Protocol check**: stage sizes below the protocol's minimums; these numbers rank nothing.", ""]
     out = "\n".join(text)
@@ -450,6 +456,18 @@ def report(args, stages) -> str:
     if args.publish:
         shutil.copyfile(os.path.join(args.out, "picks.json"), os.path.join(args.publish, "picks.json"))
     return out
+
+
+def glance(per_task: dict, admit: dict, agg: dict, verdict_rows: list) -> list[dict]:
+    """One row per arm: its normalised IQM per task (``per_task {task: {arm: (iqm, lo, hi)}}``), over the
+    admitted tasks (``agg``, empty when none is admitted) and its verdict; a last row marks the admitted tasks."""
+    verdict = {r["method"]: r["verdict"] for r in verdict_rows}
+    arms = next(iter(per_task.values()))
+    rows = [{"arm": a, **{t: f"{v[a][0]:.2f}" for t, v in per_task.items()},
+             "over admitted": f"{agg[a]['IQM'][0]:.3f}" if a in agg else "-", "verdict": verdict.get(a, "")}
+            for a in arms]
+    return rows + [{"arm": "admitted", **{t: "yes" if ok else "no" for t, ok in admit.items()}, "over admitted": "",
+                    "verdict": ""}]
 
 
 def all_picks(args, s, chosen) -> dict:

@@ -156,6 +156,9 @@ def test_a_user_method_gets_its_row_against_the_stored_arms(tmp_path, monkeypatc
         assert cells["arm"] == "user-plus" and cells["top1"] == "1.00 [1.00, 1.00]", cells
         assert cells["gap"].startswith("0.50 ") and lines[head + 3] == ""  # plus = 0.5; one row (ppo has no credit)
         assert "re-run here on the first 2 seeds of each task reproduced bit for bit" in "\n".join(lines)
+        glance = max(i for i, ln in enumerate(lines) if ln == "| arm | tiny | over admitted | verdict |")  # this run's
+        assert [ln.split(" | ")[0] for ln in lines[glance + 2:glance + 6]] == ["| random", "| user-plus", "| ppo",
+                                                                               "| admitted"]
         # a stored run that does not reproduce is refused by task, arm and seed
         forged = tmp_path / "forged"
         forged.mkdir()
