@@ -396,13 +396,13 @@ def report(args, stages) -> str:
                      **{a: f"{v[0]:.2f} [{v[1]:.2f}, {v[2]:.2f}]" for a, v in iqm.items()},
                      "admitted": "yes" if ok else f"no: {why}"})
     keep = [j for j, t in enumerate(tasks) if admit[t]]
-    text = [f"Evaluation plan {digest} (plan.json), {args.num_seeds} paired seeds per task (base {args.seed});"
+    head = [f"Evaluation plan {digest} (plan.json), {args.num_seeds} paired seeds per task (base {args.seed});"
             f" scores are normalised final scores, (x - random) / (optimum - random): 0 = the uniform policy, 1 ="
             f" the optimum (the oracle row of every task). Stored arms (not rerun): {', '.join(s['kept']) or 'none'}"
             + (f"; their scores came from library code {', '.join(s['recheck']['code'])} and every one of their runs"
                f" re-run here on the first {s['recheck']['seeds']} seeds of each task reproduced bit for bit"
-               " (curve fingerprints)." if s["recheck"] else "."),
-            "", None, "## Per task: normalised IQM [95% CI]", "", format_table(rows, markdown=True), ""]
+               " (curve fingerprints)." if s["recheck"] else "."), ""]
+    text = ["## Per task: normalised IQM [95% CI]", "", format_table(rows, markdown=True), ""]
     agg, verdict_rows = {}, []
     credit = credit_rows(ran)
     if credit:
@@ -441,10 +441,9 @@ def report(args, stages) -> str:
         text += [f"![aggregate and heat map]({figure})", ""]
     else:
         text += ["No task is admitted: the suite cannot rank methods at these budgets.", ""]
-    at = text.index(None)
-    text[at:at + 1] = ["## At a glance", "", "Normalised IQM per task and over the admitted tasks (their CIs in the tables"
-                       " below) and each method's verdict under the rule below.", "",
-                       format_table(glance(per_task, admit, agg, verdict_rows), markdown=True), ""]
+    text = head + ["## At a glance", "", "Normalised IQM per task and over the admitted tasks (their CIs in the tables"
+                   " below) and each method's verdict under the rule below.", "",
+                   format_table(glance(per_task, admit, agg, verdict_rows), markdown=True), ""] + text
     if args.protocol_check:
         text += ["**Protocol check**: stage sizes below the protocol's minimums; these numbers rank nothing.", ""]
     out = "\n".join(text)
