@@ -51,6 +51,7 @@ from coevo_jax.analysis.metrics import final_score
 from coevo_jax.analysis.stats import iqm
 from coevo_jax.config import ConfigError
 from coevo_jax.experiment import Study
+from coevo_jax.experiment.plan import build_plan
 from coevo_jax.files import atomic_write_text
 from coevo_jax.registry import registered_methods
 
@@ -166,10 +167,25 @@ def _samples(label: str, args) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------- stages
+def check_arms(args, s: dict) -> None:
+    """:class:`ConfigError` before anything runs when an arm to run cannot run on a task (e.g. ``meta``, which
+    refuses the recurrent policy a memory task needs), naming both: each task's arms are built at their
+    defaults (networks and signals, nothing compiled)."""
+    if args.replot:
+        return
+    for task in s["tasks"].values():
+        try:
+            build_plan(_study(task, [tuning.arm_of(a, _static(task, a), pick={}) for a in s["run"]], 1, 0, args))
+        except ConfigError as e:
+            raise ConfigError(f"task {task.name}: {e}") from None
+
+
 def recheck_studies(args, earlier) -> list:
-    """Stage 0, only when the stored scores came from other library code (``--recheck-stored K``): per task
-    the stored arms at their stored picks on the first K evaluation seeds (:func:`reproduced` checks them)."""
+    """Stage 0 (first, so :func:`check_arms` runs before anything else): only when the stored scores came
+    from other library code (``--recheck-stored K``), per task the stored arms at their stored picks on the
+    first K evaluation seeds (:func:`reproduced` checks them)."""
     s = setup(args)
+    check_arms(args, s)
     if not s["recheck"]:
         return []
     chosen = stored_picks(args, s["kept"])

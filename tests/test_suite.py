@@ -107,6 +107,19 @@ def test_an_invalid_suite_entry_is_refused_by_name(tmp_path, entry, msg):
         suite.load_suite(str(path))
 
 
+def test_an_arm_that_cannot_run_on_a_task_is_refused_before_anything_runs(tmp_path, capsys):
+    """meta refuses the recurrent policy a memory task needs: the whole command stops before its first run
+    (on the first task, which meta could run, nothing is written), naming the task and the reason."""
+    spath = tmp_path / "suite.json"
+    gru = {**TINY, "name": "tiny-gru", "static_overrides": {"network": "gru"}}
+    spath.write_text(json.dumps({"tasks": [{**TINY, "name": "tiny"}, gru]}))
+    out = tmp_path / "out"
+    assert load().main(["--suite", str(spath), "--methods", "ppo,meta", "--stored", "none", "--protocol-check",
+                        "--num-configs", "2", "--finalists", "2", "--quiet", "--out", str(out)]) == 2
+    assert "task tiny-gru: meta: method 'meta' needs a feed-forward policy" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_the_committed_suite_loads_and_every_task_builds():
     from coevo_jax.experiment import Study
     from coevo_jax.experiment.spec import Arm
