@@ -145,6 +145,10 @@ def setup(args) -> dict:
             suite.check_stored(stored, settings, code, args.recheck_stored)
             other = sorted({stored["tasks"][t]["code"] for t in tasks} - {code})
             recheck = {"code": other, "seeds": args.recheck_stored} if other else {}
+            if recheck and not all(all(stored["curves"][(t, a)].values()) for (t, a) in stored["curves"]
+                                   if a in kept and t in tasks):
+                raise ConfigError(f"--recheck-stored: {args.stored} keeps no run fingerprints (written before"
+                                  " scores.csv kept them), so its runs cannot be checked: rerun the stored arms")
     elif args.stored not in ("none", STORED):
         raise ConfigError(f"--stored={args.stored}: no such file")
     for label in run:  # every search space valid before anything compiles

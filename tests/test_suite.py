@@ -181,6 +181,10 @@ def test_a_user_method_gets_its_row_against_the_stored_arms(tmp_path, monkeypatc
                                               "--recheck-stored", "2", "--out", str(tmp_path / "fourth")])
         with pytest.raises(ConfigError, match=f"the stored ppo on tiny, seed {rows[1]['seed']}, does not reproduce"):
             mod.reproduced(args, mod.setup(args), [load_report(str(second / "recheck"))])
+        # scores written before the fingerprints were kept cannot be rechecked: refused before anything runs
+        (forged / "scores.csv").write_text("\n".join(",".join(line.split(",")[:6]) for line in text.splitlines()))
+        with pytest.raises(ConfigError, match="keeps no run fingerprints"):
+            mod.setup(args)
         # only the user's arm ran; ppo's scores are the stored ones, on the same seeds
         for stage, arm in (("recheck", "ppo"), ("tune", "user-plus"), ("finalists", "user-plus"), ("eval", "user-plus")):
             cfg = json.loads((second / stage / "config.json").read_text())  # one task: the stage folder itself
