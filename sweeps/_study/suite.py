@@ -172,7 +172,7 @@ def run_hashes(result, label: str, task: SuiteTask) -> list[str]:
     _, arm = result.arm(label)
     n_it = arm.static.num_iterations
     out = [""] * result.study.num_seeds
-    for j, i in enumerate(idx):
+    for i in idx:
         h = hashlib.sha256()
         for key in (task.metric, "env_steps", "episodes"):
             if key in result.curves:
