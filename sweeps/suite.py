@@ -396,6 +396,60 @@ def credit_rows(ran: list) -> list[dict]:
     return rows
 
 
+def task_table(scores: dict, tasks: dict, arms: list) -> tuple[list, dict, dict]:
+    """Per task: its table row (each arm's normalised IQM [CI] and the admission rule on its tuned PPO arms),
+    whether it is admitted, and ``{arm: (iqm, lo, hi)}``; returns ``(rows, {task: admitted}, {task: iqms})``."""
+    ppo_arms = [a for a in ("ppo", "ppo-lambda1") if a in scores]
+    rows, admit, per_task = [], {}, {}
+    for j, (t, task) in enumerate(tasks.items()):
+        iqm = per_task[t] = {a: suite.aggregate({a: scores[a][:, [j]]}, n_boot=500)[a]["IQM"] for a in arms}
+        ok, why = (suite.admitted({a: iqm[a][0] for a in ppo_arms}, iqm["random"][0]) if ppo_arms
+                   else (False, "no ppo arm"))
+        admit[t] = ok
+        rows.append({"task": t, "source": task.source, "axis": task.why,
+                     **{a: f"{v[0]:.2f} [{v[1]:.2f}, {v[2]:.2f}]" for a, v in iqm.items()},
+                     "admitted": "yes" if ok else f"no: {why}"})
+    return rows, admit, per_task
+
+
+def tuning_section(every_pick: dict, kept: list) -> list[str]:
+    """The report's tuning section: each arm's pick (:func:`all_picks`), its stage-2 suite score and
+    P(pick > runner-up), the search-space edges it sits on, and whether it ran here or is stored."""
+    return ["## Tuning: one configuration per arm for the whole suite", "",
+            "Each arm's pick (picks.json beside scores.csv); a stored arm's comes from the picks.json beside"
+            " the stored scores.", "", format_table(
+                [{"arm": a, "pick": ", ".join(f"{k}={v:g}" for k, v in c["config"].items()),
+                  "suite score (stage 2)": f"{c['suite_score']:.3f}",
+                  "P(pick > runner-up) [95% CI]": f"{c['p_pick_over_runner_up']:.2f} [{c['ci_low']:.2f},"
+                                                  f" {c['ci_high']:.2f}]"
+                                                  + ("" if c["confident"] else ": cannot pick with confidence"),
+                  "edge": ", ".join(c["edge"]) or "-", "ran": "stored" if a in kept else "this run"}
+                 for a, c in every_pick.items()], markdown=True), ""]
+
+
+def admitted_sections(scores: dict, arms: list, tasks: dict, admit: dict, figure: str) -> tuple[list, dict, list]:
+    """Over the admitted tasks: rliable's aggregates, the verdict of every method against the tuned PPO arms
+    and controls, and the figure (:func:`plot`); returns ``(text, aggregates, verdict rows)``."""
+    keep = [j for j, t in enumerate(tasks) if admit[t]]
+    if not keep:
+        return ["No task is admitted: the suite cannot rank methods at these budgets.", ""], {}, []
+    sub = {a: m[:, keep] for a, m in scores.items()}
+    agg = suite.aggregate(sub)
+    text = [f"## Over the {len(keep)} admitted tasks", "", format_table(
+        [{"arm": a, **{k: f"{v[0]:.3f} [{v[1]:.3f}, {v[2]:.3f}]" for k, v in agg[a].items()}} for a in arms],
+        markdown=True), ""]
+    methods = [a for a in arms if a not in ("random", "ppo") and a not in CONTROLS]
+    against = [a for a in ("ppo", "ppo-lambda1") if a in scores] + [c for c in scores if c in CONTROLS
+                                                                  and c != "ppo-lambda1"]
+    verdict_rows = []
+    if methods and "ppo" in sub:
+        verdict_rows = suite.verdicts(sub, methods, against)
+        text += ["## Verdict", "", f"The rule, fixed in advance: {suite.RULE}.", "",
+                 format_table(verdict_rows, markdown=True), ""]
+    plot(sub, agg, [t for t in tasks if admit[t]], figure)
+    return text + [f"![aggregate and heat map]({figure})", ""], agg, verdict_rows
+
+
 def report(args, stages) -> str:
     s = setup(args)
     reproduced(args, s, stages[0])
@@ -405,17 +459,7 @@ def report(args, stages) -> str:
     scores = eval_scores(args, s, ran)
     write_scores(os.path.join(args.out, "scores.csv"), s, scores, eval_hashes(args, s, ran), args)
     arms = ["random", *[a for a in scores if a != "random"]]
-    ppo_arms = [a for a in ("ppo", "ppo-lambda1") if a in scores]
-    rows, admit, per_task = [], {}, {}
-    for j, (t, task) in enumerate(tasks.items()):
-        iqm = per_task[t] = {a: suite.aggregate({a: scores[a][:, [j]]}, n_boot=500)[a]["IQM"] for a in arms}
-        best = {a: iqm[a][0] for a in ppo_arms}
-        ok, why = suite.admitted(best, iqm["random"][0]) if ppo_arms else (False, "no ppo arm")
-        admit[t] = ok
-        rows.append({"task": t, "source": task.source, "axis": task.why,
-                     **{a: f"{v[0]:.2f} [{v[1]:.2f}, {v[2]:.2f}]" for a, v in iqm.items()},
-                     "admitted": "yes" if ok else f"no: {why}"})
-    keep = [j for j, t in enumerate(tasks) if admit[t]]
+    rows, admit, per_task = task_table(scores, tasks, arms)
     head = [f"Evaluation plan {digest} (plan.json), {args.num_seeds} paired seeds per task (base {args.seed});"
             f" scores are normalised final scores, (x - random) / (optimum - random): 0 = the uniform policy, 1 ="
             f" the optimum (the oracle row of every task). Stored arms (not rerun): {', '.join(s['kept']) or 'none'}"
@@ -423,7 +467,6 @@ def report(args, stages) -> str:
                f" re-run here on the first {s['recheck']['seeds']} seeds of each task reproduced bit for bit"
                " (curve fingerprints)." if s["recheck"] else "."), ""]
     text = ["## Per task: normalised IQM [95% CI]", "", format_table(rows, markdown=True), ""]
-    agg, verdict_rows = {}, []
     credit = credit_rows(ran)
     if credit:
         text += ["## Ground-truth credit: where each learned reward pays, at the decision that matters", "",
@@ -435,46 +478,19 @@ def report(args, stages) -> str:
                  " where the action has no effect, should be 0. IQM [95% CI] over runs.", "",
                  format_table(credit, markdown=True), ""]
     every_pick = all_picks(args, s, chosen)
-    text += ["## Tuning: one configuration per arm for the whole suite", "",
-             "Each arm's pick (picks.json beside scores.csv); a stored arm's comes from the picks.json beside"
-             " the stored scores.", "", format_table(
-        [{"arm": a, "pick": ", ".join(f"{k}={v:g}" for k, v in c["config"].items()),
-          "suite score (stage 2)": f"{c['suite_score']:.3f}",
-          "P(pick > runner-up) [95% CI]": f"{c['p_pick_over_runner_up']:.2f} [{c['ci_low']:.2f}, {c['ci_high']:.2f}]"
-                                          + ("" if c["confident"] else ": cannot pick with confidence"),
-          "edge": ", ".join(c["edge"]) or "-", "ran": "stored" if a in s["kept"] else "this run"}
-         for a, c in every_pick.items()], markdown=True), ""]
-    figure = os.path.join(args.out, "suite.png")
-    if keep:
-        sub = {a: m[:, keep] for a, m in scores.items()}
-        agg = suite.aggregate(sub)
-        text += [f"## Over the {len(keep)} admitted tasks", "", format_table(
-            [{"arm": a, **{k: f"{v[0]:.3f} [{v[1]:.3f}, {v[2]:.3f}]" for k, v in agg[a].items()}} for a in arms],
-            markdown=True), ""]
-        methods = [a for a in arms if a not in ("random", "ppo") and a not in CONTROLS]
-        against = [a for a in ppo_arms + [c for c in scores if c in CONTROLS and c != "ppo-lambda1"]]
-        if methods and "ppo" in sub:
-            verdict_rows = suite.verdicts(sub, methods, against)
-            text += ["## Verdict", "", f"The rule, fixed in advance: {suite.RULE}.", "",
-                     format_table(verdict_rows, markdown=True), ""]
-        plot(sub, agg, [t for t in tasks if admit[t]], figure)
-        text += [f"![aggregate and heat map]({figure})", ""]
-    else:
-        text += ["No task is admitted: the suite cannot rank methods at these budgets.", ""]
+    text += tuning_section(every_pick, s["kept"])
+    over, agg, verdict_rows = admitted_sections(scores, arms, tasks, admit, os.path.join(args.out, "suite.png"))
     text = head + ["## At a glance", "", "Normalised IQM per task and over the admitted tasks (their CIs in the tables"
                    " below) and each method's verdict under the rule below.", "",
-                   format_table(glance(per_task, admit, agg, verdict_rows), markdown=True), ""] + text
+                   format_table(glance(per_task, admit, agg, verdict_rows), markdown=True), ""] + text + over
     if args.protocol_check:
         text += ["**Protocol check**: stage sizes below the protocol's minimums; these numbers rank nothing.", ""]
-    out = "\n".join(text)
-    if args.publish:
-        os.makedirs(args.publish, exist_ok=True)
-        shutil.copyfile(os.path.join(args.out, "scores.csv"), os.path.join(args.publish, "scores.csv"))
-        shutil.copyfile(os.path.join(args.out, "plan.json"), os.path.join(args.publish, "plan.json"))
     atomic_write_text(os.path.join(args.out, "picks.json"), json.dumps(every_pick, indent=1))
     if args.publish:
-        shutil.copyfile(os.path.join(args.out, "picks.json"), os.path.join(args.publish, "picks.json"))
-    return out
+        os.makedirs(args.publish, exist_ok=True)
+        for name in ("scores.csv", "plan.json", "picks.json"):
+            shutil.copyfile(os.path.join(args.out, name), os.path.join(args.publish, name))
+    return "\n".join(text)
 
 
 def glance(per_task: dict, admit: dict, agg: dict, verdict_rows: list) -> list[dict]:

@@ -96,6 +96,29 @@ def test_over_tasks_p_improvement_and_aggregates_come_from_rliable():
     assert not suite.admitted({"ppo": 0.25}, 0.19)[0]  # umbrella-l50's case: above 0.1, but not above its random row
 
 
+def test_the_report_admits_tasks_ranks_arms_and_a_clear_winner_wins(tmp_path):
+    """The report's tables on made-up scores: a task where PPO is near random is not admitted, the aggregates and
+    the verdict are over the admitted ones, and a method far above PPO, lambda = 1 PPO and a control wins while one
+    equal to PPO does not; the glance table carries both."""
+    mod = load()
+    rng = np.random.default_rng(0)
+    tasks = {n: suite.SuiteTask(**{**TINY, "name": n}) for n in ("a", "b", "c")}
+    base = rng.random((20, 3)) * 0.2
+    scores = {"random": base * 0.1, "ppo": base + [0.4, 0.4, 0.0], "ppo-lambda1": base + [0.4, 0.4, 0.0],
+              "step-bonus": base + [0.4, 0.4, 0.0], "better": base + [0.9, 0.9, 0.0],
+              "same": base + [0.4, 0.4, 0.0] + rng.normal(0, 0.01, (20, 3))}
+    arms = list(scores)
+    rows, admit, per_task = mod.task_table(scores, tasks, arms)
+    assert admit == {"a": True, "b": True, "c": False} and rows[2]["admitted"].startswith("no: tuned ppo near random")
+    text, agg, verdicts = mod.admitted_sections(scores, arms, tasks, admit, str(tmp_path / "suite.png"))
+    assert "## Over the 2 admitted tasks" in text and (tmp_path / "suite.png").exists()
+    assert {r["method"]: r["verdict"] for r in verdicts} == {"better": "wins", "same": "no"}
+    assert "P(> step-bonus)" in verdicts[0]  # the control is one of the arms a method must beat
+    glance = {r["arm"]: r for r in mod.glance(per_task, admit, agg, verdicts)}
+    assert glance["better"]["verdict"] == "wins" and glance["admitted"]["c"] == "no"
+    assert float(glance["better"]["over admitted"]) > float(glance["ppo"]["over admitted"]) + 0.4
+
+
 @pytest.mark.parametrize("entry, msg", [({"nope": 1}, "unknown field 'nope'"),
                                         ({"metric": "wins"}, "metric='wins' must be one of"),
                                         ({"optimum": 0.1}, "optimum=0.1 must be above random=0.125"),
