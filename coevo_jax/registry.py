@@ -59,12 +59,12 @@ class CoreStatic:
     activation: str = "tanh"
     anneal_lr: bool = True
     normalize_advantages: bool = True
-    # "mlp", "transformer", "bag" (bag-of-exchanges MLP over token buffers, dialogue.BagActorCritic),
+    # "mlp", "transformer", "bag" (bag-of-exchanges MLP over token buffers, networks.BagActorCritic),
     # "gru" (recurrent: recurrent.GRUActorCritic), or "auto" (transformer for int token observations, else mlp)
     network: str = "auto"
     gru_size: int = 128  # hidden units of network "gru" (its features' width)
     # "dense": one logit per action; "utterance": an utterance's logit adds its tokens' scores
-    # (network "bag" on the turn-level text envs, see dialogue.BagActorCritic)
+    # (network "bag" on the turn-level text envs, see networks.BagActorCritic)
     action_head: str = "dense"
     # transformer policy (text environments); d_model is also the bag network's embedding width
     d_model: int = 64

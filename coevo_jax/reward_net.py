@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from coevo_jax.config import check_choice, check_int, check_sizes
 from coevo_jax.encoding import encode_obs, obs_vocab
 from coevo_jax.episodes import MAX_WINDOW, check_fit_batch, check_fit_steps
-from coevo_jax.layers import orthogonal
+from coevo_jax.networks import orthogonal
 from coevo_jax.registry import StaticOptions
 from coevo_jax.signals.base import flat_obs
 

@@ -145,7 +145,7 @@ def test_orthogonal_init_equals_flax_and_has_no_qr(shape):
     hit the batched-QR XLA:CPU hang."""
     import flax.linen as nn
 
-    from coevo_jax.layers import orthogonal
+    from coevo_jax.networks import orthogonal
 
     key = jax.random.PRNGKey(7)
     ours = orthogonal(1.4)(key, shape)
@@ -162,7 +162,7 @@ def test_head_dot_general_is_the_same_matmul_by_columns(n_out):
     """``head_dot_general`` gives ``x @ w`` and its gradients to float rounding;
     it computes 2-4 output columns as separate matrix-vector products and leaves
     other widths to one unchanged ``dot_general`` (bit for bit)."""
-    from coevo_jax.layers import NARROW_OUTPUTS, head_dot_general
+    from coevo_jax.networks import NARROW_OUTPUTS, head_dot_general
 
     kx, kw, kg = jax.random.split(jax.random.PRNGKey(3), 3)
     x = jax.random.normal(kx, (5, 7, 64))

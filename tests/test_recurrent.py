@@ -13,7 +13,7 @@ from flax import struct
 
 import coevo_jax as cj
 import envs_jax
-from coevo_jax.recurrent import GRUActorCritic
+from coevo_jax.networks import GRUActorCritic
 from coevo_jax.ppo import policy_outputs
 from coevo_jax.recurrent import Sequences
 from coevo_jax.rollout import rollout

@@ -266,8 +266,7 @@ def random_params(module, x):
 
 def test_exchange_starts_and_bag_network_outputs():
     import coevo_jax as cj
-    from coevo_jax.dialogue import BagActorCritic, ExchangeBag, exchange_starts
-    from coevo_jax.networks import features_dim, make_policy_network
+    from coevo_jax.networks import BagActorCritic, ExchangeBag, exchange_starts, features_dim, make_policy_network
 
     env, params = env_of("TwentyQuestions-Turns")
 
@@ -302,8 +301,7 @@ def test_bag_slots_fit_the_longest_episode_and_change_nothing():
     those of the 32-slot encoder (a slot too few would merge the last two
     exchanges and change them)."""
     import coevo_jax as cj
-    from coevo_jax.dialogue import exchange_slots
-    from coevo_jax.networks import make_policy_network
+    from coevo_jax.networks import exchange_slots, make_policy_network
 
     env, params = env_of("TwentyQuestions-Turns")
     assert exchange_slots(env, params) == params.max_steps_in_episode + 1 == 11
@@ -326,8 +324,7 @@ def test_bag_slots_fit_the_longest_episode_and_change_nothing():
 
 def test_utterance_head_scores_utterances_by_their_tokens():
     import coevo_jax as cj
-    from coevo_jax.dialogue import said_by
-    from coevo_jax.networks import make_policy_network
+    from coevo_jax.networks import make_policy_network, said_by
 
     env, params = env_of("Booking-Turns")
     v = env.vocab
@@ -353,8 +350,7 @@ def test_utterance_head_scores_utterances_by_their_tokens():
 
 def test_bag_network_config_errors():
     import coevo_jax as cj
-    from coevo_jax.dialogue import UtteranceTransformer
-    from coevo_jax.networks import make_policy_network
+    from coevo_jax.networks import UtteranceTransformer, make_policy_network
 
     cj.validate_static(cj.StaticConfig(network="bag", action_head="utterance"))
     with pytest.raises(cj.ConfigError, match="network='bags' must be"):

@@ -43,7 +43,7 @@ import jax.numpy as jnp
 from coevo_jax.encoding import encode_obs
 from coevo_jax.episodes import episode_minibatches
 from coevo_jax.fit import fit, init_optimizer
-from coevo_jax.layers import orthogonal
+from coevo_jax.networks import orthogonal
 from coevo_jax.params import default_of, hyperparams, param, weight
 from coevo_jax.ppo import gae
 from coevo_jax.registry import MethodSpec, register_method

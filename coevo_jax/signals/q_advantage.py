@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from coevo_jax.encoding import encode_obs
 from coevo_jax.episodes import episode_minibatches
 from coevo_jax.fit import fit, init_optimizer
-from coevo_jax.layers import orthogonal
+from coevo_jax.networks import orthogonal
 from coevo_jax.params import default_of, hyperparams, weight
 from coevo_jax.registry import MethodSpec, register_method
 from coevo_jax.reward_net import HEAD_GAIN, RewardNetStatic, input_vocab, relu_layers
