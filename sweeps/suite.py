@@ -25,7 +25,8 @@ rliable's IQM, mean and optimality gap with stratified-bootstrap CIs, P(> tuned 
 scores go to ``scores.csv``, each with its run's curve fingerprint;
 ``--stored`` reuses a published one for the arms not in ``--methods`` (refused when its settings differ,
 or its library code unless ``--recheck-stored K`` first re-runs the stored arms on K seeds per task and
-finds every run bit-identical), so a new method runs only its own runs:
+finds every run bit-identical: runs reproduce only in the evaluation's batch and device layout, so K is the
+evaluation's seed count), so a new method runs only its own runs:
 
     python sweeps/suite.py                                         # every default arm on the whole suite
     python sweeps/suite.py --methods my-method --import my_module  # one new arm against the stored ones
@@ -85,8 +86,9 @@ def build_parser():
                         " docs/results/suite/scores.csv when it exists)")
     p.add_argument("--recheck-stored", type=int, default=0, metavar="K",
                    help="stored scores from other library code: re-run the stored arms at their picks on the first K"
-                        " evaluation seeds of every task and use them only if every run reproduces bit for bit"
-                        " (default: 0, refuse them)")
+                        " evaluation seeds of every task and use them only if every run reproduces bit for bit; runs"
+                        " reproduce only in the evaluation's batch and device layout, so K = --num-seeds on as many"
+                        " devices as it ran on (default: 0, refuse them)")
     p.add_argument("--num-configs", type=int, default=tuning.MIN_CONFIGS, metavar="N",
                    help=f"stage 1: configurations per arm, >= {tuning.MIN_CONFIGS} (default: {tuning.MIN_CONFIGS})")
     p.add_argument("--finalists", type=int, default=tuning.MIN_FINALISTS, metavar="F",
