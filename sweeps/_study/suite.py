@@ -167,8 +167,8 @@ def run_scores(result, label: str, task: SuiteTask, score: str) -> np.ndarray:
 def run_hashes(result, label: str, task: SuiteTask) -> list[str]:
     """``[seeds]`` fingerprints (16 hex digits of sha256) of the evaluation runs of arm ``label`` (one
     configuration): the bytes of each run's outcome curves (the task's metric, ``env_steps``, ``episodes``),
-    which a run reproduces bit for bit in the same batch and device layout (not in another: XLA:CPU's code
-    for 2 runs per batch rounds differently from its code for 10 or 20)."""
+    which a run reproduces bit for bit only in the same batch and device layout (XLA:CPU compiles each layout
+    to its own code, and their float rounding differs)."""
     idx = result.select(label)
     _, arm = result.arm(label)
     n_it = arm.static.num_iterations
